@@ -1,0 +1,216 @@
+/*
+ * polychip plugin ABI — the compute domain's op set.
+ *
+ * Ops are of medium granularity: enough to express the forward pass of llama/qwen2-family
+ * models in about ten kinds of launch, so that a new chip implements tens of functions, while
+ * the framework keeps the model graph, the KV cache policy and the scheduler.
+ *
+ * Every op is launched with pc_backend_iface.op_launch(stream, op, args): the args struct is
+ * read during the call only (the plugin copies what it needs); the device memory it points at
+ * must stay valid until the op has completed on the stream. Ops are stream-ordered: an op sees
+ * the effects of every earlier operation on the same stream.
+ *
+ * Layout conventions:
+ *   - Shapes are written outermost first: [rows, cols] means `cols` contiguous elements per row.
+ *   - Activations are F32 unless a member says otherwise. Index arrays are int32.
+ *   - Quantized weights are rows of GGUF blocks: a row of k elements occupies
+ *     (k / block_elems) * block_bytes bytes; k is a multiple of the block size.
+ *
+ * Adding an op: append an enum value and an args struct (beginning with struct_size), bump
+ * PC_ABI_MINOR, add the reference in the conformance kit. Old plugins answer `supports` with 0.
+ */
+#ifndef POLYCHIP_PLUGIN_PC_OPS_H_
+#define POLYCHIP_PLUGIN_PC_OPS_H_
+
+#include "polychip/plugin/pc_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A device address. Opaque to the host: the host may add byte offsets within one allocation
+ * but must never dereference it (on a discrete device it is not a host pointer at all). */
+typedef uint64_t pc_devptr_t;
+
+typedef enum pc_op {
+  PC_OP_EMBEDDING = 1, /* gather rows of a (possibly quantized) table into F32 */
+  PC_OP_RMS_NORM = 2,  /* y = x / sqrt(mean(x^2) + eps) * weight */
+  PC_OP_MATMUL = 3,    /* y = x * W^T (+ bias) (+ y), W of any weight dtype */
+  PC_OP_ROPE = 4,      /* rotary position embedding, normal or NeoX pairing, YaRN scaling */
+  PC_OP_KV_STORE = 5,  /* scatter new K and V rows into paged cache blocks */
+  PC_OP_ATTENTION = 6, /* paged attention with GQA, causal; prefill and decode */
+  PC_OP_SWIGLU = 7,    /* y = silu(gate) * up */
+  PC_OP_ADD = 8,       /* y = a + b */
+  PC_OP_CONVERT = 9,   /* copy with dtype conversion (F32/F16/BF16; quantized -> F32) */
+  PC_OP_COUNT = 10     /* one past the last op of this minor version */
+} pc_op_t;
+
+/* Shape classes a plugin may distinguish in `supports` (e.g. a fast kernel only for decode). */
+typedef enum pc_shape_class {
+  PC_SHAPE_ANY = 0,
+  PC_SHAPE_DECODE = 1,  /* few rows (one token per sequence) */
+  PC_SHAPE_PREFILL = 2, /* many rows */
+} pc_shape_class_t;
+
+typedef struct pc_op_query {
+  size_t struct_size;
+  pc_op_t op;
+  /* Op-specific: EMBEDDING {table}; MATMUL {weight}; KV_STORE and ATTENTION {cache};
+   * CONVERT {src, dst}; others {F32}. Unused entries are PC_DTYPE_INVALID. */
+  pc_dtype_t dtypes[4];
+  pc_shape_class_t shape_class;
+} pc_op_query_t;
+
+/* PC_OP_EMBEDDING. out[i, :] = dequantize(table[ids[i], :]). Also used to gather F32 rows. */
+typedef struct pc_embedding_args {
+  size_t struct_size;
+  pc_devptr_t table;      /* [n_rows, row_len] of table_dtype */
+  pc_dtype_t table_dtype;
+  int64_t n_rows;
+  int64_t row_len;
+  pc_devptr_t ids;        /* int32 [n_ids], each in [0, n_rows) */
+  int64_t n_ids;
+  pc_devptr_t out;        /* f32 [n_ids, row_len] */
+} pc_embedding_args_t;
+
+/* PC_OP_RMS_NORM. out may equal x (in place). */
+typedef struct pc_rms_norm_args {
+  size_t struct_size;
+  pc_devptr_t x;      /* f32 [n_rows, dim] */
+  pc_devptr_t weight; /* f32 [dim], or 0 for no scaling */
+  pc_devptr_t out;    /* f32 [n_rows, dim] */
+  int64_t n_rows;
+  int64_t dim;
+  float eps;
+} pc_rms_norm_args_t;
+
+/* Weight layouts. 0 is the GGUF layout every plugin understands; a plugin that repacks weights
+ * at upload (pc_backend_iface.weight_upload) returns its own non-zero tag and recognises it. */
+#define PC_LAYOUT_GGUF 0u
+
+/* PC_OP_MATMUL. out[i, j] = sum_k x[i, k] * W[j, k] + bias[j] (+ out[i, j] if accumulate). */
+typedef struct pc_matmul_args {
+  size_t struct_size;
+  pc_devptr_t x;        /* f32 [m, k], rows x_stride elements apart */
+  pc_devptr_t w;        /* w_dtype [n, k] in layout w_layout */
+  pc_dtype_t w_dtype;
+  uint32_t w_layout;
+  pc_devptr_t bias;     /* f32 [n], or 0 */
+  pc_devptr_t out;      /* f32 [m, n], rows out_stride elements apart; must not alias x */
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int64_t x_stride;     /* >= k */
+  int64_t out_stride;   /* >= n */
+  int32_t accumulate;   /* non-zero: add into out (fuses the residual connection) */
+} pc_matmul_args_t;
+
+typedef enum pc_rope_mode {
+  PC_ROPE_NORMAL = 0, /* rotate adjacent pairs (x[2i], x[2i+1])        — llama */
+  PC_ROPE_NEOX = 2,   /* rotate halves (x[i], x[i + n_rot/2])          — qwen2, gpt-neox */
+} pc_rope_mode_t;
+
+/* PC_OP_ROPE, in place. For pair i < n_rot/2 at position p:
+ *   theta = p * freq_base^(-2i/n_rot) / freq_factors[i]   (freq_factors absent: 1)
+ * with YaRN interpolation between theta*freq_scale and theta when ext_factor != 0, and the
+ * rotated values scaled by attn_factor (times YaRN's magnitude correction). Dimensions at or
+ * beyond n_rot pass through unchanged. */
+typedef struct pc_rope_args {
+  size_t struct_size;
+  pc_devptr_t x;            /* f32 [n_tokens, n_heads, head_dim] */
+  pc_devptr_t positions;    /* int32 [n_tokens] */
+  pc_devptr_t freq_factors; /* f32 [n_rot / 2], or 0 */
+  int64_t n_tokens;
+  int64_t n_heads;
+  int64_t head_dim;
+  int32_t n_rot;
+  pc_rope_mode_t mode;
+  float freq_base;
+  float freq_scale;  /* 1 / linear scaling factor */
+  float ext_factor;  /* YaRN extrapolation mix; 0 disables YaRN */
+  float attn_factor; /* magnitude scale, normally 1 */
+  float beta_fast;
+  float beta_slow;
+  int32_t n_ctx_orig; /* training context, for YaRN's correction dims */
+} pc_rope_args_t;
+
+/* Paged KV cache layout, shared by KV_STORE and ATTENTION: K and V are separate buffers of
+ * [n_blocks, block_size, n_kv_heads, head_dim] elements of cache_dtype (F32, F16 or BF16).
+ * A slot is block_index * block_size + offset_in_block. */
+
+/* PC_OP_KV_STORE. Writes token t's K/V rows into slot slots[t]; slots[t] < 0 skips the token. */
+typedef struct pc_kv_store_args {
+  size_t struct_size;
+  pc_devptr_t k;       /* f32 [n_tokens, n_kv_heads, head_dim] */
+  pc_devptr_t v;       /* f32 [n_tokens, n_kv_heads, head_dim] */
+  pc_devptr_t k_cache;
+  pc_devptr_t v_cache;
+  pc_devptr_t slots;   /* int32 [n_tokens] */
+  pc_dtype_t cache_dtype;
+  int64_t n_tokens;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t block_size;
+} pc_kv_store_args_t;
+
+/* PC_OP_ATTENTION. The batch holds n_seqs sequences; sequence s owns query rows
+ * [query_start[s], query_start[s+1]) and has seq_lens[s] positions in the cache (its new tokens
+ * included, already stored by KV_STORE). Its j-th query row (of n_q) is at position
+ * seq_lens[s] - n_q + j and attends causally to positions 0..that position, found through
+ * block_tables[s, position / block_size]. Query head h reads KV head h / (n_heads / n_kv_heads).
+ * out = softmax(scale * q k^T) v, computed in F32. */
+typedef struct pc_attention_args {
+  size_t struct_size;
+  pc_devptr_t q;            /* f32 [n_tokens, n_heads, head_dim] */
+  pc_devptr_t k_cache;
+  pc_devptr_t v_cache;
+  pc_devptr_t out;          /* f32 [n_tokens, n_heads, head_dim] */
+  pc_devptr_t query_start;  /* int32 [n_seqs + 1] */
+  pc_devptr_t seq_lens;     /* int32 [n_seqs] */
+  pc_devptr_t block_tables; /* int32 [n_seqs, max_blocks_per_seq] */
+  pc_dtype_t cache_dtype;
+  int64_t n_tokens;
+  int64_t n_seqs;
+  int64_t n_heads;
+  int64_t n_kv_heads;
+  int64_t head_dim;
+  int64_t block_size;
+  int64_t max_blocks_per_seq;
+  int64_t max_seq_len;      /* upper bound of seq_lens, a sizing hint */
+  float scale;              /* usually 1 / sqrt(head_dim) */
+} pc_attention_args_t;
+
+/* PC_OP_SWIGLU. out[i] = gate[i] / (1 + exp(-gate[i])) * up[i]. out may alias gate or up. */
+typedef struct pc_swiglu_args {
+  size_t struct_size;
+  pc_devptr_t gate; /* f32 [n] */
+  pc_devptr_t up;   /* f32 [n] */
+  pc_devptr_t out;  /* f32 [n] */
+  int64_t n;
+} pc_swiglu_args_t;
+
+/* PC_OP_ADD. out[i] = a[i] + b[i]. out may alias a or b. */
+typedef struct pc_add_args {
+  size_t struct_size;
+  pc_devptr_t a;   /* f32 [n] */
+  pc_devptr_t b;   /* f32 [n] */
+  pc_devptr_t out; /* f32 [n] */
+  int64_t n;
+} pc_add_args_t;
+
+/* PC_OP_CONVERT. n elements from src (src_dtype) to dst (dst_dtype). Float types convert with
+ * round-to-nearest-even; a quantized src is dequantized (dst must then be F32). */
+typedef struct pc_convert_args {
+  size_t struct_size;
+  pc_devptr_t src;
+  pc_devptr_t dst;
+  pc_dtype_t src_dtype;
+  pc_dtype_t dst_dtype;
+  int64_t n;
+} pc_convert_args_t;
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* POLYCHIP_PLUGIN_PC_OPS_H_ */

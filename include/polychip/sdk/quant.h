@@ -1,0 +1,39 @@
+// polychip SDK — element types and GGUF block formats, for plugin authors and the framework.
+//
+// The SDK is a small static library installed with the ABI headers. It is not part of the ABI
+// (nothing here crosses a plugin boundary); it spares every plugin from re-deriving the block
+// layouts: half/bfloat conversion, row sizes, and reference quantize/dequantize of one row.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "polychip/plugin/pc_common.h"
+
+namespace polychip::sdk {
+
+struct DtypeInfo {
+  const char* name;      // "F32", "Q4_K", ... as GGUF tools print them
+  int64_t block_elems;   // elements per block (1 for plain types)
+  int64_t block_bytes;   // bytes per block
+  bool quantized;
+};
+
+// nullptr for an unknown dtype.
+const DtypeInfo* GetDtypeInfo(pc_dtype_t dtype);
+// nullptr if unknown; accepts upper or lower case ("q8_0").
+const DtypeInfo* FindDtypeByName(const char* name, pc_dtype_t* dtype);
+// Bytes of a row of n elements; -1 if n is not a multiple of the block or dtype is unknown.
+int64_t RowBytes(pc_dtype_t dtype, int64_t n);
+
+float Fp16ToFp32(uint16_t h);
+uint16_t Fp32ToFp16(float f);     // round to nearest even
+float Bf16ToFp32(uint16_t b);
+uint16_t Fp32ToBf16(float f);     // round to nearest even
+
+// Reference (scalar) conversions of one row of n elements. Return false for an unsupported
+// dtype or an n that is not a multiple of the block size.
+bool DequantizeRow(pc_dtype_t dtype, const void* src, float* dst, int64_t n);
+bool QuantizeRow(pc_dtype_t dtype, const float* src, void* dst, int64_t n);
+
+}  // namespace polychip::sdk

@@ -1,0 +1,2 @@
+// PLACEHOLDER being written by the plugins helper: GGUF block formats.
+#include "polychip/sdk/quant.h"

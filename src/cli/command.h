@@ -1,0 +1,35 @@
+// The `polychip` command line: each subcommand lives in its own cmd_<name>.cc and registers
+// itself here, so adding a command never touches main.cc.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace polychip::cli {
+
+// Options every subcommand may read (set before the subcommand runs).
+struct GlobalOptions {
+  std::string device;       // --device backend:i[,j...]
+  std::string config_path;  // --config FILE.yaml
+  int verbosity = 0;        // -v
+};
+GlobalOptions& Globals();
+
+struct Command {
+  std::string name;
+  std::string help;
+  // Adds the subcommand's options to `app` and returns the function that runs it (exit code).
+  std::function<std::function<int()>(CLI::App& app)> setup;
+};
+
+// Called from a static initializer in each cmd_<name>.cc:
+//   static const bool kRegistered = RegisterCommand({"devices", "...", SetupDevices});
+bool RegisterCommand(Command command);
+std::vector<Command>& Commands();
+
+}  // namespace polychip::cli

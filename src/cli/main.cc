@@ -1,0 +1,55 @@
+// polychip — entry point. Subcommands register themselves (see command.h).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+
+namespace polychip::cli {
+
+GlobalOptions& Globals() {
+  static GlobalOptions options;
+  return options;
+}
+
+std::vector<Command>& Commands() {
+  static std::vector<Command> commands;
+  return commands;
+}
+
+bool RegisterCommand(Command command) {
+  Commands().push_back(std::move(command));
+  return true;
+}
+
+}  // namespace polychip::cli
+
+int main(int argc, char** argv) {
+  using namespace polychip::cli;
+  CLI::App app{"polychip — LLM inference on any accelerator through plugins"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "polychip 0.1.0");
+  auto& commands = Commands();
+  std::sort(commands.begin(), commands.end(),
+            [](const Command& a, const Command& b) { return a.name < b.name; });
+  std::vector<std::function<int()>> runners(commands.size());
+  std::vector<CLI::App*> subs(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    subs[i] = app.add_subcommand(commands[i].name, commands[i].help);
+    subs[i]->add_option("--device", Globals().device,
+                        "devices to use, backend:i[,j...] (logical i -> physical)");
+    subs[i]->add_option("--config", Globals().config_path, "YAML configuration file");
+    runners[i] = commands[i].setup(*subs[i]);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (subs[i]->parsed()) return runners[i]();
+  }
+  return 2;
+}
