@@ -1,0 +1,45 @@
+// The seam between the engine (scheduler, KV block manager, server) and a model executing on
+// devices. The engine decides WHICH tokens run and WHERE their KV lives (block ids); the runner
+// computes them. The runner owns the KV cache memory: num_kv_blocks() blocks of
+// block_size() token slots per layer, allocated from the device memory pool.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "util/status.h"
+
+namespace polychip::engine {
+
+enum class LogitsMode {
+  kNone,  // no logits (a prefill chunk that does not reach the end of the prompt)
+  kLast,  // logits of the last token of this step (sampling)
+  kAll,   // logits of every token of this step (perplexity, prompt logprobs)
+};
+
+// One sequence's share of a forward step.
+struct SequenceStep {
+  int64_t seq_id = 0;
+  std::span<const int32_t> tokens;       // new tokens to process this step
+  int32_t start_pos = 0;                 // position of tokens[0] = tokens already in the KV cache
+  std::span<const int32_t> block_table;  // block ids covering positions [0, start_pos + n)
+  LogitsMode logits = LogitsMode::kLast;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t context_length() const = 0;  // max positions per sequence
+  virtual int64_t block_size() const = 0;      // token slots per KV block
+  virtual int64_t num_kv_blocks() const = 0;   // KV blocks available to the engine
+
+  // Runs one step over the batch. `logits` receives, in batch order, one row of vocab_size()
+  // floats per requested logit (1 for kLast, tokens.size() for kAll, 0 for kNone).
+  // RESOURCE_EXHAUSTED means the step did not fit on the device (the engine retries smaller).
+  virtual Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) = 0;
+};
+
+}  // namespace polychip::engine
