@@ -1,0 +1,152 @@
+// Plugin discovery, loading, validation, registry and selection.
+//
+// Plugins are files libpolychip_backend_<name>.so / libpolychip_comm_<name>.so found on the
+// search path (POLYCHIP_PLUGIN_PATH, then <dir of the executable>/../lib/polychip). They are
+// dlopen'ed RTLD_NOW|RTLD_LOCAL, probed, asked for their table, and validated (ABI major,
+// struct_size, required members). A plugin that was asked for and cannot be loaded is an error
+// naming every path tried and its reason: never a silent fallback to another backend.
+//
+// This header is usable outside src/runtime: ABI types appear only as forward declarations.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/config.h"
+#include "util/status.h"
+
+struct pc_backend_iface;  // include/polychip/plugin/pc_backend.h
+struct pc_comm_iface;     // include/polychip/plugin/pc_comm.h
+
+namespace polychip::runtime {
+
+class Backend;     // runtime/device.h
+class CommPlugin;  // runtime/comm.h
+
+enum class PluginKind { kBackend, kComm };
+const char* PluginKindName(PluginKind kind);  // "backend" / "comm"
+
+// "libpolychip_backend_emu.so"
+std::string PluginFileName(PluginKind kind, std::string_view name);
+
+// POLYCHIP_PLUGIN_PATH entries (colon-separated), then <exe dir>/../lib/polychip.
+// `extra` directories (from the config file) come first.
+std::vector<std::string> PluginSearchPath(const std::vector<std::string>& extra = {});
+
+// A plugin file found by a directory scan.
+struct PluginFile {
+  PluginKind kind;
+  std::string name;  // from the file name
+  std::string path;
+  bool shadowed = false;  // an earlier directory has a plugin of the same kind and name
+};
+// Every libpolychip_{backend,comm}_*.so in `dirs`, in search order, first one of a name wins
+// (later duplicates are still listed, with shadowed = true, for `doctor`).
+std::vector<PluginFile> DiscoverPlugins(const std::vector<std::string>& dirs);
+
+// ldd-like: the DT_NEEDED entries of an ELF file that cannot be found (through the file's
+// RPATH/RUNPATH, LD_LIBRARY_PATH, the loader cache and the default directories). Each
+// entry is the library's soname. Empty when all are found or the file is not a readable ELF.
+std::vector<std::string> MissingLibraries(const std::string& path);
+// Every DT_NEEDED soname of the file (empty if unreadable).
+std::vector<std::string> NeededLibraries(const std::string& path);
+
+// The diagnosis of one load attempt; `ToString()` is the one-line reason shown to the user.
+struct LoadReport {
+  std::string path;
+  PluginKind kind = PluginKind::kBackend;
+  std::string name;  // the table's name if loaded, else from the file name
+  bool usable = false;
+  // Where it failed: "not found", "dlopen", "symbol", "get_api", "abi", "validate", "probe",
+  // "initialize"; empty when usable.
+  std::string stage;
+  std::string reason;                          // precise message, e.g. "plugin ABI 2.0, host ABI 1.0"
+  std::vector<std::string> missing_libraries;  // with stage "dlopen"
+  int32_t probe_score = -1;                    // -1: the plugin has no probe
+  std::string probe_reason;
+  std::string version;  // the plugin's version string, when the table was obtained
+  uint32_t abi_major = 0, abi_minor = 0;
+  std::string ToString() const;  // "<path>: <reason>"
+};
+
+// Loads, validates and initializes one plugin file. On failure the Status message is the
+// report's text (and *report, if given, holds the details). Loading the same file twice
+// returns the already-loaded object (initialize is called once).
+StatusOr<std::shared_ptr<Backend>> LoadBackendFromPath(const std::string& path,
+                                                       const PluginParams& params = {},
+                                                       LoadReport* report = nullptr);
+StatusOr<std::shared_ptr<CommPlugin>> LoadCommFromPath(const std::string& path,
+                                                       const PluginParams& params = {},
+                                                       LoadReport* report = nullptr);
+
+// Inspects a plugin file as `doctor` does: dlopen, symbols, ABI, validation, probe; does not
+// call initialize. The library is unloaded again unless it is already in use.
+LoadReport DiagnosePlugin(const std::string& path, PluginKind kind);
+
+// The process-wide registry of loaded plugins. Thread-safe.
+class PluginRegistry {
+ public:
+  static PluginRegistry& Global();
+
+  // By name: tries each directory of `search_path` in order; on failure the NOT_FOUND /
+  // FAILED_PRECONDITION message lists every path tried with its reason. `reports`, if given,
+  // receives one entry per path tried.
+  StatusOr<std::shared_ptr<Backend>> LoadBackend(const std::string& name,
+                                                 const std::vector<std::string>& search_path,
+                                                 const PluginParams& params = {},
+                                                 std::vector<LoadReport>* reports = nullptr);
+  StatusOr<std::shared_ptr<CommPlugin>> LoadComm(const std::string& name,
+                                                 const std::vector<std::string>& search_path,
+                                                 const PluginParams& params = {},
+                                                 std::vector<LoadReport>* reports = nullptr);
+
+  // Registration from code (an embedding program). A table is validated like a loaded one;
+  // `source` is shown as its path (e.g. "<registered from code>").
+  StatusOr<std::shared_ptr<Backend>> RegisterBackendTable(const pc_backend_iface* table,
+                                                          const PluginParams& params = {},
+                                                          const std::string& source = "");
+  StatusOr<std::shared_ptr<Backend>> RegisterBackendPath(const std::string& path,
+                                                         const PluginParams& params = {});
+  StatusOr<std::shared_ptr<CommPlugin>> RegisterCommTable(const pc_comm_iface* table,
+                                                          const PluginParams& params = {},
+                                                          const std::string& source = "");
+
+  // Already-loaded (or registered) plugins, by table name; nullptr if none.
+  std::shared_ptr<Backend> FindBackend(const std::string& name) const;
+  std::shared_ptr<CommPlugin> FindComm(const std::string& name) const;
+  std::vector<std::shared_ptr<Backend>> Backends() const;
+  std::vector<std::shared_ptr<CommPlugin>> Comms() const;
+
+  // Drops the registry's references (plugins unload when their last object goes). For tests.
+  void Clear();
+
+ private:
+  friend StatusOr<std::shared_ptr<Backend>> LoadBackendFromPath(const std::string&,
+                                                                const PluginParams&, LoadReport*);
+  friend StatusOr<std::shared_ptr<CommPlugin>> LoadCommFromPath(const std::string&,
+                                                                const PluginParams&, LoadReport*);
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Backend>> backends_;  // by table name
+  std::map<std::string, std::shared_ptr<CommPlugin>> comms_;
+  std::map<std::string, std::shared_ptr<Backend>> backends_by_path_;  // by canonical path
+  std::map<std::string, std::shared_ptr<CommPlugin>> comms_by_path_;
+};
+
+// Selection for a program: applies a resolved RuntimeConfig. Loads the configured backend (by
+// path if given, else by name on the search path); with no backend configured and
+// `load_all_if_unset`, loads every backend discovered (failures are then only logged) and
+// returns the highest-probe-score one. Errors name every path tried.
+struct Selection {
+  std::shared_ptr<Backend> backend;   // the chosen backend (null only if none was found)
+  std::shared_ptr<CommPlugin> comm;   // null unless configured
+  std::vector<LoadReport> reports;    // every attempt made
+};
+StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_unset = false);
+
+}  // namespace polychip::runtime
