@@ -1,0 +1,327 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace polychip::engine {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// log(sum(exp(x))) in double, stable.
+double LogSumExp(std::span<const float> x) {
+  float max_v = kNegInf;
+  for (float v : x) max_v = std::max(max_v, v);
+  if (max_v == kNegInf) return kNegInf;
+  double sum = 0;
+  for (float v : x) sum += std::exp(double(v) - max_v);
+  return max_v + std::log(sum);
+}
+
+}  // namespace
+
+int32_t ArgMax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+double LogSoftmaxAt(std::span<const float> logits, int32_t token) {
+  return double(logits[token]) - LogSumExp(logits);
+}
+
+Sampler::Sampler(SamplingParams params, int64_t vocab_size, std::vector<int32_t> eog_tokens,
+                 std::span<const int32_t> prompt)
+    : params_(std::move(params)), vocab_size_(vocab_size), history_(prompt.begin(), prompt.end()),
+      n_prompt_(prompt.size()) {
+  if (!params_.ignore_eos) masked_until_min_ = std::move(eog_tokens);
+  for (int32_t t : params_.stop_token_ids) masked_until_min_.push_back(t);
+  seed_ = params_.seed ? *params_.seed : std::random_device{}();
+  rng_.seed(seed_);
+}
+
+void Sampler::Accept(int32_t token) {
+  history_.push_back(token);
+  ++n_generated_;
+}
+
+double Sampler::NextUniform() {
+  // 53 random bits: the same on every standard library (std::uniform_real_distribution is not).
+  return double(rng_() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void Sampler::ApplyPenalties(std::vector<float>& logits) const {
+  const bool repetition = params_.repetition_penalty != 1.f;
+  const bool freq_presence = params_.frequency_penalty != 0.f || params_.presence_penalty != 0.f;
+  if (!repetition && !freq_presence) return;
+  size_t begin = 0;
+  if (params_.penalty_last_n >= 0 && history_.size() > size_t(params_.penalty_last_n)) {
+    begin = history_.size() - params_.penalty_last_n;
+  }
+  // token -> {seen anywhere in the window, occurrences among generated tokens}
+  std::unordered_map<int32_t, std::pair<bool, int32_t>> counts;
+  for (size_t i = begin; i < history_.size(); ++i) {
+    auto& c = counts[history_[i]];
+    c.first = true;
+    if (i >= n_prompt_) ++c.second;
+  }
+  for (const auto& [token, c] : counts) {
+    if (token < 0 || token >= vocab_size_) continue;
+    float& l = logits[token];
+    if (repetition) l = l > 0 ? l / params_.repetition_penalty : l * params_.repetition_penalty;
+    if (c.second > 0) {
+      l -= c.second * params_.frequency_penalty + params_.presence_penalty;
+    }
+  }
+}
+
+SampleResult Sampler::Sample(std::span<const float> raw) {
+  SampleResult result;
+  const double lse = LogSumExp(raw);
+
+  std::vector<float> logits(raw.begin(), raw.end());
+  ApplyPenalties(logits);
+  if (n_generated_ < params_.min_tokens) {
+    for (int32_t t : masked_until_min_) {
+      if (t >= 0 && t < vocab_size_) logits[t] = kNegInf;
+    }
+  }
+
+  if (params_.temperature <= 0.f) {
+    result.token = ArgMax(logits);
+  } else {
+    // Candidates sorted by logit, best first (stable: lower id first among equals).
+    std::vector<int32_t> idx(logits.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    size_t n = idx.size();
+    const float inv_t = 1.f / params_.temperature;
+    for (float& l : logits) l *= inv_t;
+    auto better = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    if (params_.top_k > 0 && size_t(params_.top_k) < n) {
+      n = params_.top_k;
+      std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), better);
+      idx.resize(n);
+    } else {
+      std::sort(idx.begin(), idx.end(), better);
+    }
+    // Probabilities of the candidates (renormalised over them).
+    const float max_l = logits[idx[0]];
+    std::vector<double> p(n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += p[i] = std::exp(double(logits[idx[i]]) - max_l);
+    for (double& v : p) v /= sum;
+    if (params_.top_p < 1.f) {
+      double cum = 0;
+      size_t keep = n;
+      for (size_t i = 0; i < n; ++i) {
+        cum += p[i];
+        if (cum >= params_.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+      n = keep;
+    }
+    if (params_.min_p > 0.f) {
+      const double threshold = p[0] * params_.min_p;
+      size_t keep = 1;
+      while (keep < n && p[keep] >= threshold) ++keep;
+      n = keep;
+    }
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) total += p[i];
+    const double u = NextUniform() * total;
+    double cum = 0;
+    result.token = idx[n - 1];
+    for (size_t i = 0; i < n; ++i) {
+      cum += p[i];
+      if (u < cum) {
+        result.token = idx[i];
+        break;
+      }
+    }
+  }
+
+  result.logprob = static_cast<float>(double(raw[result.token]) - lse);
+  if (params_.top_logprobs > 0) {
+    const size_t k = std::min<size_t>(params_.top_logprobs, raw.size());
+    std::vector<int32_t> idx(raw.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+      return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) {
+      result.top_logprobs.push_back({idx[i], static_cast<float>(double(raw[idx[i]]) - lse)});
+    }
+  }
+  Accept(result.token);
+  return result;
+}
+
+const char* FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    default:
+      return "";
+  }
+}
+
+// ---- UTF-8 --------------------------------------------------------------------------------
+
+namespace {
+
+// Length of the sequence a lead byte starts (0: not a lead byte).
+int Utf8SeqLen(unsigned char c) {
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return 2;
+  if (c >= 0xE0 && c <= 0xEF) return 3;
+  if (c >= 0xF0 && c <= 0xF4) return 4;
+  return 0;
+}
+
+bool IsCont(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+// Validity of the second byte given the lead (excludes overlongs and surrogates).
+bool SecondOk(unsigned char lead, unsigned char c) {
+  if (!IsCont(c)) return false;
+  if (lead == 0xE0) return c >= 0xA0;
+  if (lead == 0xED) return c <= 0x9F;
+  if (lead == 0xF0) return c >= 0x90;
+  if (lead == 0xF4) return c <= 0x8F;
+  return true;
+}
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+
+}  // namespace
+
+std::string TakeCompleteUtf8(std::string_view text, size_t* consumed) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const int len = Utf8SeqLen(lead);
+    if (len == 0) {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    // Check the bytes that are present.
+    int have = 1;
+    bool bad = false;
+    while (have < len && i + have < text.size()) {
+      const auto c = static_cast<unsigned char>(text[i + have]);
+      if (have == 1 ? !SecondOk(lead, c) : !IsCont(c)) {
+        bad = true;
+        break;
+      }
+      ++have;
+    }
+    if (bad) {
+      out += kReplacement;
+      i += have;  // the valid prefix of a broken sequence is one replacement
+      continue;
+    }
+    if (have < len) break;  // incomplete at the end: keep for the next piece
+    out.append(text.substr(i, len));
+    i += len;
+  }
+  *consumed = i;
+  return out;
+}
+
+// ---- StopChecker --------------------------------------------------------------------------
+
+StopChecker::StopChecker(const SamplingParams& params, std::vector<int32_t> eog_tokens)
+    : min_tokens_(params.min_tokens), max_tokens_(params.max_tokens) {
+  for (const auto& s : params.stop) {
+    if (!s.empty()) stop_.push_back(s);
+  }
+  if (!params.ignore_eos) stop_tokens_ = std::move(eog_tokens);
+  for (int32_t t : params.stop_token_ids) stop_tokens_.push_back(t);
+}
+
+size_t StopChecker::HoldBack() const {
+  // The longest suffix of pending_ that is a proper prefix of a stop string.
+  size_t hold = 0;
+  for (const auto& s : stop_) {
+    const size_t max_len = std::min(s.size() - 1, pending_.size());
+    for (size_t len = max_len; len > hold; --len) {
+      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+StopChecker::Step StopChecker::Push(int32_t token, std::string_view piece) {
+  Step step;
+  if (finished_) {
+    step.finish = FinishReason::kStop;
+    return step;
+  }
+  ++n_generated_;
+  const bool may_stop = n_generated_ > min_tokens_;
+  if (may_stop && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
+    step.text = Flush();
+    step.finish = FinishReason::kStop;
+    step.stop_token = token;
+    finished_ = true;
+    return step;
+  }
+  // Only text from just before the new piece can complete a stop string.
+  const size_t old_size = pending_.size();
+  pending_.append(piece);
+  if (may_stop) {
+    size_t best = std::string::npos;
+    for (const auto& s : stop_) {
+      const size_t from = old_size >= s.size() ? old_size - s.size() + 1 : 0;
+      const size_t pos = pending_.find(s, from);
+      if (pos != std::string::npos && pos < best) {
+        best = pos;
+        step.stop_matched = s;
+      }
+    }
+    if (best != std::string::npos) {
+      pending_.resize(best);
+      step.text = Flush();
+      step.finish = FinishReason::kStop;
+      finished_ = true;
+      return step;
+    }
+  }
+  if (max_tokens_ > 0 && n_generated_ >= max_tokens_) {
+    step.text = Flush();
+    step.finish = FinishReason::kLength;
+    finished_ = true;
+    return step;
+  }
+  const size_t emit_limit = pending_.size() - (may_stop ? HoldBack() : 0);
+  size_t consumed = 0;
+  step.text = TakeCompleteUtf8(std::string_view(pending_).substr(0, emit_limit), &consumed);
+  pending_.erase(0, consumed);
+  return step;
+}
+
+std::string StopChecker::Flush() {
+  size_t consumed = 0;
+  std::string out = TakeCompleteUtf8(pending_, &consumed);
+  if (consumed < pending_.size()) out += kReplacement;  // an incomplete sequence at the end
+  pending_.clear();
+  return out;
+}
+
+}  // namespace polychip::engine
