@@ -1,0 +1,66 @@
+// Model hyper-parameters read from GGUF metadata (key names as llama.cpp's llama-arch.cpp:
+// "<arch>.embedding_length", "<arch>.attention.head_count_kv", ...), and the check that a file
+// carries every tensor its architecture needs, with the right shape and a supported type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "model/gguf.h"
+#include "util/status.h"
+
+namespace polychip::model {
+
+enum class Arch { kLlama, kQwen2 };
+const char* ArchName(Arch arch);  // "llama", "qwen2"
+// Unimplemented "unsupported architecture X (supported: llama, qwen2)" for anything else.
+StatusOr<Arch> ArchFromName(std::string_view name);
+
+enum class RopeScaling { kNone, kLinear, kYarn };
+const char* RopeScalingName(RopeScaling s);
+
+struct ModelConfig {
+  Arch arch = Arch::kLlama;
+  std::string name;  // general.name, informational
+
+  int64_t n_vocab = 0;
+  int64_t n_ctx_train = 0;
+  int64_t n_embd = 0;
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_head_kv = 0;
+  int64_t n_ff = 0;
+  int64_t head_dim = 0;    // per-head size of q and k (attention.key_length or n_embd/n_head)
+  int64_t head_dim_v = 0;  // per-head size of v (attention.value_length or head_dim)
+  float rms_eps = 1e-5f;
+
+  // RoPE (NeoX-style for qwen2, normal for llama; the architecture decides, not the file).
+  int64_t n_rot = 0;                // rotated dims per head (rope.dimension_count or head_dim)
+  float rope_freq_base = 10000.0f;  // rope.freq_base
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  float rope_scaling_factor = 1.0f;  // positions are divided by this (linear / yarn)
+  int64_t rope_orig_ctx = 0;         // rope.scaling.original_context_length (yarn)
+  // Llama-3 style scaling: a "rope_freqs.weight" tensor [n_rot/2] of per-frequency divisors.
+  bool has_rope_freqs = false;
+
+  bool tied_output = false;    // no output.weight: the logits reuse token_embd.weight
+  bool has_qkv_bias = false;   // blk.N.attn_{q,k,v}.bias present (qwen2)
+  bool has_output_bias = false;  // output.bias present
+
+  int64_t q_dim() const { return n_head * head_dim; }      // rows of attn_q
+  int64_t kv_dim() const { return n_head_kv * head_dim; }  // rows of attn_k
+  int64_t v_dim() const { return n_head_kv * head_dim_v; }
+  std::string Summary() const;  // one line for logs
+
+  // Reads the hyper-parameters and validates them and the tensors (ValidateTensors).
+  static StatusOr<ModelConfig> FromGguf(const GgufFile& file);
+  // Every tensor the architecture needs exists with its expected shape and a supported type;
+  // optional ones (biases, output, rope_freqs) are checked when present.
+  Status ValidateTensors(const GgufFile& file) const;
+};
+
+// "blk.3.attn_q.weight"
+std::string LayerTensorName(int64_t layer, std::string_view suffix);
+
+}  // namespace polychip::model
