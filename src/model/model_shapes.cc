@@ -1,0 +1,107 @@
+#include "model/model_shapes.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <numbers>
+
+namespace polychip::model {
+
+std::vector<TensorSpec> ArchTensors(const ModelConfig& c) {
+  std::vector<TensorSpec> t;
+  t.push_back({"token_embd.weight", {c.n_embd, c.n_vocab}, TensorRole::kEmbedding});
+  if (c.has_rope_freqs) t.push_back({"rope_freqs.weight", {c.n_rot / 2}, TensorRole::kRopeFreqs});
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    auto n = [l](std::string_view s) { return LayerTensorName(l, s); };
+    t.push_back({n("attn_norm.weight"), {c.n_embd}, TensorRole::kNorm});
+    t.push_back({n("attn_q.weight"), {c.n_embd, c.q_dim()}, TensorRole::kMatrix});
+    t.push_back({n("attn_k.weight"), {c.n_embd, c.kv_dim()}, TensorRole::kMatrix});
+    t.push_back({n("attn_v.weight"), {c.n_embd, c.v_dim()}, TensorRole::kMatrix});
+    if (c.has_qkv_bias) {
+      t.push_back({n("attn_q.bias"), {c.q_dim()}, TensorRole::kBias});
+      t.push_back({n("attn_k.bias"), {c.kv_dim()}, TensorRole::kBias});
+      t.push_back({n("attn_v.bias"), {c.v_dim()}, TensorRole::kBias});
+    }
+    t.push_back({n("attn_output.weight"), {c.n_head * c.head_dim_v, c.n_embd}, TensorRole::kMatrix});
+    t.push_back({n("ffn_norm.weight"), {c.n_embd}, TensorRole::kNorm});
+    t.push_back({n("ffn_gate.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
+    t.push_back({n("ffn_up.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
+    t.push_back({n("ffn_down.weight"), {c.n_ff, c.n_embd}, TensorRole::kMatrix});
+  }
+  t.push_back({"output_norm.weight", {c.n_embd}, TensorRole::kNorm});
+  if (!c.tied_output) t.push_back({"output.weight", {c.n_embd, c.n_vocab}, TensorRole::kOutput});
+  if (c.has_output_bias) t.push_back({"output.bias", {c.n_vocab}, TensorRole::kBias});
+  return t;
+}
+
+namespace {
+
+ModelConfig Make(Arch arch, int64_t layers, int64_t embd, int64_t heads, int64_t kv_heads,
+                 int64_t ff, int64_t ctx, float base, float eps, bool tied) {
+  ModelConfig c;
+  c.arch = arch;
+  c.n_layer = layers;
+  c.n_embd = embd;
+  c.n_head = heads;
+  c.n_head_kv = kv_heads;
+  c.n_ff = ff;
+  c.n_ctx_train = ctx;
+  c.head_dim = c.head_dim_v = c.n_rot = embd / heads;
+  c.rope_freq_base = base;
+  c.rms_eps = eps;
+  c.tied_output = tied;
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> ShapePresetNames() {
+  return {"qwen2.5-0.5b", "llama-3.2-1b", "tinyllama-1.1b", "tiny"};
+}
+
+StatusOr<ModelConfig> ShapePreset(std::string_view name) {
+  ModelConfig c;
+  if (name == "qwen2.5-0.5b") {
+    // Qwen/Qwen2.5-0.5B config.json
+    c = Make(Arch::kQwen2, 24, 896, 14, 2, 4864, 32768, 1e6f, 1e-6f, /*tied=*/true);
+    c.has_qkv_bias = true;
+  } else if (name == "llama-3.2-1b") {
+    // meta-llama/Llama-3.2-1B config.json: rope_scaling llama3, factor 32, original ctx 8192
+    c = Make(Arch::kLlama, 16, 2048, 32, 8, 8192, 131072, 500000.0f, 1e-5f, /*tied=*/true);
+    c.has_rope_freqs = true;
+  } else if (name == "tinyllama-1.1b") {
+    // TinyLlama/TinyLlama-1.1B-Chat-v1.0 config.json
+    c = Make(Arch::kLlama, 22, 2048, 32, 4, 5632, 2048, 10000.0f, 1e-5f, /*tied=*/false);
+  } else if (name == "tiny") {
+    // For tests: small enough to run anywhere, GQA, untied, rows of 128 and 256.
+    c = Make(Arch::kLlama, 2, 128, 4, 2, 256, 2048, 10000.0f, 1e-5f, /*tied=*/false);
+  } else {
+    std::string names;
+    for (const std::string& n : ShapePresetNames()) names += (names.empty() ? "" : ", ") + n;
+    return InvalidArgument(fmt::format("unknown shape '{}' (known: {})", name, names));
+  }
+  c.name = std::string(name);
+  return c;
+}
+
+std::vector<float> Llama3RopeFreqs(int64_t n_rot, float freq_base, const Llama3RopeScaling& s) {
+  const double low_wavelen = s.original_context / s.low_freq_factor;
+  const double high_wavelen = s.original_context / s.high_freq_factor;
+  std::vector<float> factors;
+  for (int64_t i = 0; i < n_rot; i += 2) {
+    double freq = 1.0 / std::pow(static_cast<double>(freq_base), static_cast<double>(i) / n_rot);
+    double wavelen = 2 * std::numbers::pi / freq;
+    if (wavelen < high_wavelen) {
+      factors.push_back(1.0f);  // high frequencies: unchanged
+    } else if (wavelen > low_wavelen) {
+      factors.push_back(s.factor);  // low frequencies: fully scaled
+    } else {  // in between: interpolate smoothly
+      double smooth = (s.original_context / wavelen - s.low_freq_factor) /
+                      (s.high_freq_factor - s.low_freq_factor);
+      factors.push_back(static_cast<float>(1.0 / ((1 - smooth) / s.factor + smooth)));
+    }
+  }
+  return factors;
+}
+
+}  // namespace polychip::model
