@@ -1,0 +1,55 @@
+// polychip SDK — reference (scalar, readable) kernels for every op of pc_ops.h.
+//
+// These define the semantics the conformance kit checks and give a new plugin correct results
+// on day one. A plugin whose device memory is not host memory (the emu plugin) passes a
+// DeviceMemory that translates device addresses into host pointers; a host-memory plugin passes
+// IdentityMemory(). Every kernel translates each operand range before touching it, so a bad
+// address becomes an error message, never a crash.
+#pragma once
+
+#include <cstdint>
+
+#include "polychip/plugin/pc_ops.h"
+
+namespace polychip::sdk {
+
+// How a kernel reaches its operands.
+struct DeviceMemory {
+  void* ctx = nullptr;
+  // Host pointer for [ptr, ptr + bytes), or nullptr when the range is not valid device memory.
+  void* (*to_host)(void* ctx, pc_devptr_t ptr, uint64_t bytes) = nullptr;
+  // When true, kernels translate their fixed-size operands and return without computing: a
+  // plugin uses it to reject bad addresses at launch. (Ranges found through indices stored in
+  // device memory, such as KV-cache slots, can only be checked while running.)
+  bool validate_only = false;
+};
+
+// devptr == host pointer; rejects only null.
+DeviceMemory IdentityMemory();
+
+// Every kernel returns nullptr on success or a static message describing the first problem.
+const char* RefEmbedding(const pc_embedding_args_t& a, const DeviceMemory& mem);
+const char* RefRmsNorm(const pc_rms_norm_args_t& a, const DeviceMemory& mem);
+const char* RefMatmul(const pc_matmul_args_t& a, const DeviceMemory& mem);
+const char* RefRope(const pc_rope_args_t& a, const DeviceMemory& mem);
+const char* RefKvStore(const pc_kv_store_args_t& a, const DeviceMemory& mem);
+const char* RefAttention(const pc_attention_args_t& a, const DeviceMemory& mem);
+const char* RefSwiglu(const pc_swiglu_args_t& a, const DeviceMemory& mem);
+const char* RefAdd(const pc_add_args_t& a, const DeviceMemory& mem);
+const char* RefConvert(const pc_convert_args_t& a, const DeviceMemory& mem);
+
+// Byte size of an op's args struct as this SDK was compiled, 0 for an unknown op.
+size_t OpArgsSize(pc_op_t op);
+// Checks struct_size and the shape/dtype members (not the addresses). nullptr when valid.
+const char* ValidateOpArgs(pc_op_t op, const void* args);
+// ValidateOpArgs, then the matching Ref* kernel.
+const char* RefLaunch(pc_op_t op, const void* args, const DeviceMemory& mem);
+// True when the reference kernels implement the query (every op, every dtype they decode).
+bool RefSupports(const pc_op_query_t& query);
+
+// The rotation angle of pair i at position p as pc_rope_args documents it (YaRN included),
+// with cos/sin already scaled by the magnitude factor. Exposed for fast kernels and tests.
+void RopeCosSin(const pc_rope_args_t& a, int32_t position, int64_t pair, float freq_factor,
+                float* cos_theta, float* sin_theta);
+
+}  // namespace polychip::sdk

@@ -1,0 +1,422 @@
+// polychip SDK — reference kernels. Plain loops, float accumulation, one function per op.
+#include "polychip/sdk/ref_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "polychip/sdk/quant.h"
+
+namespace polychip::sdk {
+namespace {
+
+void* IdentityToHost(void*, pc_devptr_t ptr, uint64_t) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
+}
+
+template <typename T>
+T* Map(const DeviceMemory& mem, pc_devptr_t ptr, uint64_t bytes) {
+  if (ptr == 0) return nullptr;
+  return static_cast<T*>(mem.to_host(mem.ctx, ptr, bytes));
+}
+
+bool IsCacheDtype(pc_dtype_t t) {
+  return t == PC_DTYPE_F32 || t == PC_DTYPE_F16 || t == PC_DTYPE_BF16;
+}
+int64_t CacheElemBytes(pc_dtype_t t) { return t == PC_DTYPE_F32 ? 4 : 2; }
+
+float LoadCache(pc_dtype_t t, const void* base, int64_t i) {
+  switch (t) {
+    case PC_DTYPE_F16: return Fp16ToFp32(static_cast<const uint16_t*>(base)[i]);
+    case PC_DTYPE_BF16: return Bf16ToFp32(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+void StoreCache(pc_dtype_t t, void* base, int64_t i, float v) {
+  switch (t) {
+    case PC_DTYPE_F16: static_cast<uint16_t*>(base)[i] = Fp32ToFp16(v); break;
+    case PC_DTYPE_BF16: static_cast<uint16_t*>(base)[i] = Fp32ToBf16(v); break;
+    default: static_cast<float*>(base)[i] = v; break;
+  }
+}
+
+constexpr const char* kBadAddress = "operand address is not valid device memory";
+
+}  // namespace
+
+DeviceMemory IdentityMemory() {
+  DeviceMemory mem;
+  mem.to_host = IdentityToHost;
+  return mem;
+}
+
+const char* RefEmbedding(const pc_embedding_args_t& a, const DeviceMemory& mem) {
+  const int64_t row_bytes = RowBytes(a.table_dtype, a.row_len);
+  auto* table = Map<const uint8_t>(mem, a.table, a.n_rows * row_bytes);
+  auto* ids = Map<const int32_t>(mem, a.ids, a.n_ids * 4);
+  auto* out = Map<float>(mem, a.out, a.n_ids * a.row_len * 4);
+  if (!table || !ids || !out) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  for (int64_t i = 0; i < a.n_ids; ++i) {
+    if (ids[i] < 0 || ids[i] >= a.n_rows) return "embedding id out of range";
+    DequantizeRow(a.table_dtype, table + ids[i] * row_bytes, out + i * a.row_len, a.row_len);
+  }
+  return nullptr;
+}
+
+const char* RefRmsNorm(const pc_rms_norm_args_t& a, const DeviceMemory& mem) {
+  const uint64_t bytes = a.n_rows * a.dim * 4;
+  auto* x = Map<const float>(mem, a.x, bytes);
+  auto* out = Map<float>(mem, a.out, bytes);
+  const float* w = a.weight ? Map<const float>(mem, a.weight, a.dim * 4) : nullptr;
+  if (!x || !out || (a.weight && !w)) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  for (int64_t r = 0; r < a.n_rows; ++r) {
+    const float* xr = x + r * a.dim;
+    float* yr = out + r * a.dim;
+    double ss = 0;
+    for (int64_t i = 0; i < a.dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / a.dim) + a.eps);
+    for (int64_t i = 0; i < a.dim; ++i) yr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+  }
+  return nullptr;
+}
+
+const char* RefMatmul(const pc_matmul_args_t& a, const DeviceMemory& mem) {
+  if (a.m == 0) return nullptr;  // nothing to read or write
+  const int64_t w_row_bytes = RowBytes(a.w_dtype, a.k);
+  auto* x = Map<const float>(mem, a.x, ((a.m - 1) * a.x_stride + a.k) * 4);
+  auto* w = Map<const uint8_t>(mem, a.w, a.n * w_row_bytes);
+  auto* out = Map<float>(mem, a.out, ((a.m - 1) * a.out_stride + a.n) * 4);
+  const float* bias = a.bias ? Map<const float>(mem, a.bias, a.n * 4) : nullptr;
+  if (!x || !w || !out || (a.bias && !bias)) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  std::vector<float> w_row(a.k);  // one dequantized weight row, reused for every x row
+  for (int64_t j = 0; j < a.n; ++j) {
+    DequantizeRow(a.w_dtype, w + j * w_row_bytes, w_row.data(), a.k);
+    for (int64_t i = 0; i < a.m; ++i) {
+      const float* xi = x + i * a.x_stride;
+      float sum = 0;
+      for (int64_t k = 0; k < a.k; ++k) sum += xi[k] * w_row[k];
+      if (bias) sum += bias[j];
+      float& y = out[i * a.out_stride + j];
+      y = a.accumulate ? y + sum : sum;
+    }
+  }
+  return nullptr;
+}
+
+void RopeCosSin(const pc_rope_args_t& a, int32_t position, int64_t pair, float freq_factor,
+                float* cos_theta, float* sin_theta) {
+  // theta_extrap: the unscaled angle; theta_interp: the angle with linear position scaling.
+  const float theta_extrap =
+      position * std::pow(a.freq_base, -2.0f * pair / a.n_rot) / freq_factor;
+  const float theta_interp = a.freq_scale * theta_extrap;
+  float theta = theta_interp;
+  float mscale = a.attn_factor;
+  if (a.ext_factor != 0.0f) {
+    // YaRN: pairs below the low correction dim extrapolate (keep theta), pairs above the high
+    // one interpolate; a linear ramp mixes the two in between.
+    auto corr_dim = [&](float n_rotations) {
+      return a.n_rot * std::log(a.n_ctx_orig / (n_rotations * 2 * static_cast<float>(M_PI))) /
+             (2 * std::log(a.freq_base));
+    };
+    const float low = std::max(0.0f, std::floor(corr_dim(a.beta_fast)));
+    const float high = std::min(static_cast<float>(a.n_rot - 1), std::ceil(corr_dim(a.beta_slow)));
+    const float y = (pair - low) / std::max(0.001f, high - low);
+    const float ramp = 1 - std::min(1.0f, std::max(0.0f, y));
+    const float mix = ramp * a.ext_factor;
+    theta = theta_interp * (1 - mix) + theta_extrap * mix;
+    mscale *= 1.0f + 0.1f * std::log(1.0f / a.freq_scale);
+  }
+  *cos_theta = std::cos(theta) * mscale;
+  *sin_theta = std::sin(theta) * mscale;
+}
+
+const char* RefRope(const pc_rope_args_t& a, const DeviceMemory& mem) {
+  auto* x = Map<float>(mem, a.x, a.n_tokens * a.n_heads * a.head_dim * 4);
+  auto* pos = Map<const int32_t>(mem, a.positions, a.n_tokens * 4);
+  const float* ff = a.freq_factors ? Map<const float>(mem, a.freq_factors, a.n_rot / 2 * 4) : nullptr;
+  if (!x || !pos || (a.freq_factors && !ff)) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  const int64_t half = a.n_rot / 2;
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      float c, s;
+      RopeCosSin(a, pos[t], i, ff ? ff[i] : 1.0f, &c, &s);
+      for (int64_t h = 0; h < a.n_heads; ++h) {
+        float* v = x + (t * a.n_heads + h) * a.head_dim;  // [head_dim]
+        // NORMAL pairs adjacent elements; NEOX pairs element i with i + n_rot/2.
+        const int64_t i0 = a.mode == PC_ROPE_NEOX ? i : 2 * i;
+        const int64_t i1 = a.mode == PC_ROPE_NEOX ? i + half : 2 * i + 1;
+        const float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * c - x1 * s;
+        v[i1] = x0 * s + x1 * c;
+      }
+    }
+  }
+  return nullptr;
+}
+
+const char* RefKvStore(const pc_kv_store_args_t& a, const DeviceMemory& mem) {
+  const int64_t row = a.n_kv_heads * a.head_dim;  // elements per token
+  auto* k = Map<const float>(mem, a.k, a.n_tokens * row * 4);
+  auto* v = Map<const float>(mem, a.v, a.n_tokens * row * 4);
+  auto* slots = Map<const int32_t>(mem, a.slots, a.n_tokens * 4);
+  if (!k || !v || !slots) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  const int64_t esize = CacheElemBytes(a.cache_dtype);
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    // Slot s lives at element s * row of the cache ([n_blocks, block_size] flattens to slots).
+    const uint64_t offset = static_cast<uint64_t>(slots[t]) * row * esize;
+    void* kc = Map<void>(mem, a.k_cache + offset, row * esize);
+    void* vc = Map<void>(mem, a.v_cache + offset, row * esize);
+    if (!kc || !vc) return "kv slot outside the cache allocation";
+    for (int64_t i = 0; i < row; ++i) {
+      StoreCache(a.cache_dtype, kc, i, k[t * row + i]);
+      StoreCache(a.cache_dtype, vc, i, v[t * row + i]);
+    }
+  }
+  return nullptr;
+}
+
+const char* RefAttention(const pc_attention_args_t& a, const DeviceMemory& mem) {
+  const int64_t q_bytes = a.n_tokens * a.n_heads * a.head_dim * 4;
+  auto* q = Map<const float>(mem, a.q, q_bytes);
+  auto* out = Map<float>(mem, a.out, q_bytes);
+  auto* qstart = Map<const int32_t>(mem, a.query_start, (a.n_seqs + 1) * 4);
+  auto* seq_lens = Map<const int32_t>(mem, a.seq_lens, a.n_seqs * 4);
+  auto* tables = Map<const int32_t>(mem, a.block_tables, a.n_seqs * a.max_blocks_per_seq * 4);
+  if (!q || !out || !qstart || !seq_lens || !tables) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  const int64_t group = a.n_heads / a.n_kv_heads;         // query heads per KV head
+  const int64_t kv_row = a.n_kv_heads * a.head_dim;       // elements per cached token
+  const int64_t block_bytes = a.block_size * kv_row * CacheElemBytes(a.cache_dtype);
+  std::vector<float> scores;
+  std::vector<const void*> k_blocks, v_blocks;
+  for (int64_t s = 0; s < a.n_seqs; ++s) {
+    const int64_t q0 = qstart[s], q1 = qstart[s + 1], len = seq_lens[s];
+    const int64_t n_q = q1 - q0;
+    if (q0 < 0 || q1 > a.n_tokens || n_q < 0 || n_q > len) return "bad query_start/seq_lens";
+    const int64_t n_blocks = (len + a.block_size - 1) / a.block_size;
+    if (n_blocks > a.max_blocks_per_seq) return "seq_len exceeds the block table";
+    // Resolve the sequence's blocks once.
+    k_blocks.assign(n_blocks, nullptr);
+    v_blocks.assign(n_blocks, nullptr);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int32_t block = tables[s * a.max_blocks_per_seq + b];
+      if (block < 0) return "negative block index";
+      const uint64_t offset = static_cast<uint64_t>(block) * block_bytes;
+      k_blocks[b] = Map<const void>(mem, a.k_cache + offset, block_bytes);
+      v_blocks[b] = Map<const void>(mem, a.v_cache + offset, block_bytes);
+      if (!k_blocks[b] || !v_blocks[b]) return "block index outside the cache allocation";
+    }
+    for (int64_t j = 0; j < n_q; ++j) {
+      const int64_t t = q0 + j;
+      const int64_t last = len - n_q + j;  // causal: attend to positions 0..last
+      scores.resize(last + 1);
+      for (int64_t h = 0; h < a.n_heads; ++h) {
+        const float* qv = q + (t * a.n_heads + h) * a.head_dim;  // [head_dim]
+        const int64_t kvh = h / group;
+        float max_score = -INFINITY;
+        for (int64_t p = 0; p <= last; ++p) {
+          const void* kb = k_blocks[p / a.block_size];
+          const int64_t base = (p % a.block_size) * kv_row + kvh * a.head_dim;
+          float dot = 0;
+          for (int64_t d = 0; d < a.head_dim; ++d) {
+            dot += qv[d] * LoadCache(a.cache_dtype, kb, base + d);
+          }
+          scores[p] = dot * a.scale;
+          max_score = std::max(max_score, scores[p]);
+        }
+        // Numerically stable softmax: subtract the max before exponentiating.
+        float denom = 0;
+        for (int64_t p = 0; p <= last; ++p) {
+          scores[p] = std::exp(scores[p] - max_score);
+          denom += scores[p];
+        }
+        float* o = out + (t * a.n_heads + h) * a.head_dim;  // [head_dim]
+        for (int64_t d = 0; d < a.head_dim; ++d) o[d] = 0;
+        for (int64_t p = 0; p <= last; ++p) {
+          const void* vb = v_blocks[p / a.block_size];
+          const int64_t base = (p % a.block_size) * kv_row + kvh * a.head_dim;
+          const float w = scores[p] / denom;
+          for (int64_t d = 0; d < a.head_dim; ++d) {
+            o[d] += w * LoadCache(a.cache_dtype, vb, base + d);
+          }
+        }
+      }
+    }
+  }
+  return nullptr;
+}
+
+const char* RefSwiglu(const pc_swiglu_args_t& a, const DeviceMemory& mem) {
+  auto* gate = Map<const float>(mem, a.gate, a.n * 4);
+  auto* up = Map<const float>(mem, a.up, a.n * 4);
+  auto* out = Map<float>(mem, a.out, a.n * 4);
+  if (!gate || !up || !out) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  for (int64_t i = 0; i < a.n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  return nullptr;
+}
+
+const char* RefAdd(const pc_add_args_t& a, const DeviceMemory& mem) {
+  auto* x = Map<const float>(mem, a.a, a.n * 4);
+  auto* y = Map<const float>(mem, a.b, a.n * 4);
+  auto* out = Map<float>(mem, a.out, a.n * 4);
+  if (!x || !y || !out) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  for (int64_t i = 0; i < a.n; ++i) out[i] = x[i] + y[i];
+  return nullptr;
+}
+
+const char* RefConvert(const pc_convert_args_t& a, const DeviceMemory& mem) {
+  auto* src = Map<const uint8_t>(mem, a.src, RowBytes(a.src_dtype, a.n));
+  auto* dst = Map<uint8_t>(mem, a.dst, RowBytes(a.dst_dtype, a.n));
+  if (!src || !dst) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  // Through F32 in chunks of whole blocks: exact for every supported pair, since F16 and BF16
+  // are subsets of F32 and the final rounding happens once.
+  const int64_t block = GetDtypeInfo(a.src_dtype)->block_elems;
+  const int64_t chunk = std::max<int64_t>(block, 4096 / block * block);
+  std::vector<float> tmp(chunk);
+  for (int64_t i = 0; i < a.n; i += chunk) {
+    const int64_t len = std::min(chunk, a.n - i);
+    DequantizeRow(a.src_dtype, src + RowBytes(a.src_dtype, i), tmp.data(), len);
+    QuantizeRow(a.dst_dtype, tmp.data(), dst + RowBytes(a.dst_dtype, i), len);
+  }
+  return nullptr;
+}
+
+size_t OpArgsSize(pc_op_t op) {
+  switch (op) {
+    case PC_OP_EMBEDDING: return sizeof(pc_embedding_args_t);
+    case PC_OP_RMS_NORM: return sizeof(pc_rms_norm_args_t);
+    case PC_OP_MATMUL: return sizeof(pc_matmul_args_t);
+    case PC_OP_ROPE: return sizeof(pc_rope_args_t);
+    case PC_OP_KV_STORE: return sizeof(pc_kv_store_args_t);
+    case PC_OP_ATTENTION: return sizeof(pc_attention_args_t);
+    case PC_OP_SWIGLU: return sizeof(pc_swiglu_args_t);
+    case PC_OP_ADD: return sizeof(pc_add_args_t);
+    case PC_OP_CONVERT: return sizeof(pc_convert_args_t);
+    default: return 0;
+  }
+}
+
+namespace {
+
+bool IsFloatType(pc_dtype_t t) { return IsCacheDtype(t); }
+bool Decodable(pc_dtype_t t) {
+  const DtypeInfo* info = GetDtypeInfo(t);
+  return info != nullptr && (info->quantized || IsFloatType(t));
+}
+
+}  // namespace
+
+const char* ValidateOpArgs(pc_op_t op, const void* args) {
+  const size_t want = OpArgsSize(op);
+  if (want == 0) return "unknown op";
+  if (args == nullptr) return "null args";
+  // Every args struct of this ABI minor is complete at its first version: a shorter struct is
+  // a caller bug. A longer one (a newer host) is fine; we read only what we know.
+  if (*static_cast<const size_t*>(args) < want) return "args struct_size too small";
+  switch (op) {
+    case PC_OP_EMBEDDING: {
+      auto& a = *static_cast<const pc_embedding_args_t*>(args);
+      if (!Decodable(a.table_dtype)) return "unsupported table dtype";
+      if (a.n_rows < 0 || a.n_ids < 0 || a.row_len <= 0) return "bad shape";
+      if (RowBytes(a.table_dtype, a.row_len) < 0) return "row_len not a multiple of the block";
+      return nullptr;
+    }
+    case PC_OP_RMS_NORM: {
+      auto& a = *static_cast<const pc_rms_norm_args_t*>(args);
+      if (a.n_rows < 0 || a.dim <= 0) return "bad shape";
+      return nullptr;
+    }
+    case PC_OP_MATMUL: {
+      auto& a = *static_cast<const pc_matmul_args_t*>(args);
+      if (a.w_layout != PC_LAYOUT_GGUF) return "unknown weight layout";
+      if (!Decodable(a.w_dtype)) return "unsupported weight dtype";
+      if (a.m < 0 || a.n <= 0 || a.k <= 0) return "bad shape";
+      if (a.x_stride < a.k || a.out_stride < a.n) return "stride smaller than the row";
+      if (RowBytes(a.w_dtype, a.k) < 0) return "k not a multiple of the weight block";
+      return nullptr;
+    }
+    case PC_OP_ROPE: {
+      auto& a = *static_cast<const pc_rope_args_t*>(args);
+      if (a.n_tokens < 0 || a.n_heads <= 0 || a.head_dim <= 0) return "bad shape";
+      if (a.n_rot <= 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim) return "bad n_rot";
+      if (a.mode != PC_ROPE_NORMAL && a.mode != PC_ROPE_NEOX) return "unknown rope mode";
+      if (!(a.freq_base > 0) || !(a.freq_scale > 0)) return "bad frequency parameters";
+      return nullptr;
+    }
+    case PC_OP_KV_STORE: {
+      auto& a = *static_cast<const pc_kv_store_args_t*>(args);
+      if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
+      if (a.n_tokens < 0 || a.n_kv_heads <= 0 || a.head_dim <= 0 || a.block_size <= 0)
+        return "bad shape";
+      return nullptr;
+    }
+    case PC_OP_ATTENTION: {
+      auto& a = *static_cast<const pc_attention_args_t*>(args);
+      if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
+      if (a.n_tokens < 0 || a.n_seqs < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
+          a.head_dim <= 0 || a.block_size <= 0 || a.max_blocks_per_seq < 0)
+        return "bad shape";
+      if (a.n_heads % a.n_kv_heads != 0) return "n_heads not a multiple of n_kv_heads";
+      return nullptr;
+    }
+    case PC_OP_SWIGLU:
+      return static_cast<const pc_swiglu_args_t*>(args)->n < 0 ? "bad shape" : nullptr;
+    case PC_OP_ADD:
+      return static_cast<const pc_add_args_t*>(args)->n < 0 ? "bad shape" : nullptr;
+    case PC_OP_CONVERT: {
+      auto& a = *static_cast<const pc_convert_args_t*>(args);
+      if (!Decodable(a.src_dtype) || !IsFloatType(a.dst_dtype)) return "unsupported dtype pair";
+      if (GetDtypeInfo(a.src_dtype)->quantized && a.dst_dtype != PC_DTYPE_F32)
+        return "a quantized source converts to F32 only";
+      if (a.n < 0 || RowBytes(a.src_dtype, a.n) < 0) return "n not a multiple of the block";
+      return nullptr;
+    }
+    default: return "unknown op";
+  }
+}
+
+const char* RefLaunch(pc_op_t op, const void* args, const DeviceMemory& mem) {
+  if (const char* why = ValidateOpArgs(op, args)) return why;
+  switch (op) {
+    case PC_OP_EMBEDDING: return RefEmbedding(*static_cast<const pc_embedding_args_t*>(args), mem);
+    case PC_OP_RMS_NORM: return RefRmsNorm(*static_cast<const pc_rms_norm_args_t*>(args), mem);
+    case PC_OP_MATMUL: return RefMatmul(*static_cast<const pc_matmul_args_t*>(args), mem);
+    case PC_OP_ROPE: return RefRope(*static_cast<const pc_rope_args_t*>(args), mem);
+    case PC_OP_KV_STORE: return RefKvStore(*static_cast<const pc_kv_store_args_t*>(args), mem);
+    case PC_OP_ATTENTION: return RefAttention(*static_cast<const pc_attention_args_t*>(args), mem);
+    case PC_OP_SWIGLU: return RefSwiglu(*static_cast<const pc_swiglu_args_t*>(args), mem);
+    case PC_OP_ADD: return RefAdd(*static_cast<const pc_add_args_t*>(args), mem);
+    case PC_OP_CONVERT: return RefConvert(*static_cast<const pc_convert_args_t*>(args), mem);
+    default: return "unknown op";
+  }
+}
+
+bool RefSupports(const pc_op_query_t& q) {
+  switch (q.op) {
+    case PC_OP_EMBEDDING:
+    case PC_OP_MATMUL: return Decodable(q.dtypes[0]);
+    case PC_OP_KV_STORE:
+    case PC_OP_ATTENTION: return IsCacheDtype(q.dtypes[0]);
+    case PC_OP_CONVERT:
+      if (!Decodable(q.dtypes[0]) || !IsFloatType(q.dtypes[1])) return false;
+      return !GetDtypeInfo(q.dtypes[0])->quantized || q.dtypes[1] == PC_DTYPE_F32;
+    case PC_OP_RMS_NORM:
+    case PC_OP_ROPE:
+    case PC_OP_SWIGLU:
+    case PC_OP_ADD:
+      return q.dtypes[0] == PC_DTYPE_F32 || q.dtypes[0] == PC_DTYPE_INVALID;
+    default: return false;
+  }
+}
+
+}  // namespace polychip::sdk

@@ -1,0 +1,256 @@
+// Tests of the SDK reference kernels against small hand-computed cases and independent loops.
+#include "polychip/sdk/ref_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "polychip/sdk/quant.h"
+
+namespace polychip::sdk {
+namespace {
+
+pc_devptr_t D(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+TEST(RefKernels, MatmulAllWeightTypesStridesBiasAccumulate) {
+  const int64_t m = 3, n = 5, k = 256, xs = 260, os = 7;
+  auto x = Random(m * xs, 1), wf = Random(n * k, 2), bias = Random(n, 3);
+  for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16, PC_DTYPE_Q8_0, PC_DTYPE_Q4_0,
+                       PC_DTYPE_Q4_K, PC_DTYPE_Q6_K, PC_DTYPE_Q2_K}) {
+    const int64_t rb = RowBytes(t, k);
+    std::vector<uint8_t> w(n * rb);
+    std::vector<float> wd(n * k);  // what the kernel should see
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_TRUE(QuantizeRow(t, wf.data() + j * k, w.data() + j * rb, k));
+      ASSERT_TRUE(DequantizeRow(t, w.data() + j * rb, wd.data() + j * k, k));
+    }
+    std::vector<float> out(m * os, 0.5f);
+    pc_matmul_args_t a{sizeof(a), D(x.data()), D(w.data()), t, PC_LAYOUT_GGUF, D(bias.data()),
+                       D(out.data()), m, n, k, xs, os, /*accumulate=*/1};
+    ASSERT_EQ(RefLaunch(PC_OP_MATMUL, &a, IdentityMemory()), nullptr);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = 0.5 + bias[j];
+        for (int64_t kk = 0; kk < k; ++kk) ref += x[i * xs + kk] * wd[j * k + kk];
+        EXPECT_NEAR(out[i * os + j], ref, 1e-4) << GetDtypeInfo(t)->name;
+      }
+      EXPECT_EQ(out[i * os + n], 0.5f) << "padding between rows untouched";
+    }
+  }
+}
+
+TEST(RefKernels, MatmulRejectsBadArgs) {
+  float x[32], w[32], out[1];
+  pc_matmul_args_t a{sizeof(a), D(x), D(w), PC_DTYPE_Q4_0, PC_LAYOUT_GGUF, 0, D(out), 1, 1, 31, 31, 1, 0};
+  EXPECT_NE(RefLaunch(PC_OP_MATMUL, &a, IdentityMemory()), nullptr);  // k not a block multiple
+  a.k = a.x_stride = 32;
+  a.w_layout = 77;
+  EXPECT_NE(RefLaunch(PC_OP_MATMUL, &a, IdentityMemory()), nullptr);  // unknown layout
+  a.w_layout = PC_LAYOUT_GGUF;
+  a.struct_size = 8;
+  EXPECT_NE(RefLaunch(PC_OP_MATMUL, &a, IdentityMemory()), nullptr);  // truncated struct
+}
+
+TEST(RefKernels, RmsNormInPlace) {
+  std::vector<float> x = {3, 4, 0, 0, 1, 1, 1, 1};  // [2, 4]
+  std::vector<float> w = {1, 2, 1, 1};
+  pc_rms_norm_args_t a{sizeof(a), D(x.data()), D(w.data()), D(x.data()), 2, 4, 0.0f};
+  ASSERT_EQ(RefLaunch(PC_OP_RMS_NORM, &a, IdentityMemory()), nullptr);
+  // row 0: rms = sqrt(25/4) = 2.5
+  EXPECT_NEAR(x[0], 3 / 2.5, 1e-6);
+  EXPECT_NEAR(x[1], 2 * 4 / 2.5, 1e-6);
+  EXPECT_NEAR(x[5], 2.0, 1e-6);
+}
+
+TEST(RefKernels, RopeNormalAndNeox) {
+  // head_dim 4, n_rot 4, base 10000: pair 0 has theta = p, pair 1 theta = p / 100.
+  const float p = 3;
+  int32_t pos[1] = {3};
+  for (pc_rope_mode_t mode : {PC_ROPE_NORMAL, PC_ROPE_NEOX}) {
+    std::vector<float> x = {1, 2, 3, 4};
+    pc_rope_args_t a{sizeof(a), D(x.data()), D(pos), 0, 1, 1, 4, 4, mode,
+                     10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 4096};
+    ASSERT_EQ(RefLaunch(PC_OP_ROPE, &a, IdentityMemory()), nullptr);
+    const float c0 = std::cos(p), s0 = std::sin(p), c1 = std::cos(p / 100), s1 = std::sin(p / 100);
+    if (mode == PC_ROPE_NORMAL) {  // pairs (0,1) and (2,3)
+      EXPECT_NEAR(x[0], 1 * c0 - 2 * s0, 1e-5);
+      EXPECT_NEAR(x[1], 1 * s0 + 2 * c0, 1e-5);
+      EXPECT_NEAR(x[2], 3 * c1 - 4 * s1, 1e-5);
+      EXPECT_NEAR(x[3], 3 * s1 + 4 * c1, 1e-5);
+    } else {  // pairs (0,2) and (1,3)
+      EXPECT_NEAR(x[0], 1 * c0 - 3 * s0, 1e-5);
+      EXPECT_NEAR(x[2], 1 * s0 + 3 * c0, 1e-5);
+      EXPECT_NEAR(x[1], 2 * c1 - 4 * s1, 1e-5);
+      EXPECT_NEAR(x[3], 2 * s1 + 4 * c1, 1e-5);
+    }
+  }
+}
+
+TEST(RefKernels, RopeFreqFactorsPassThroughAndYarn) {
+  int32_t pos[1] = {5};
+  float ff[2] = {2.0f, 1.0f};
+  std::vector<float> x = {1, 0, 1, 0, 7, 8};  // head_dim 6, n_rot 4: last two pass through
+  pc_rope_args_t a{sizeof(a), D(x.data()), D(pos), D(ff), 1, 1, 6, 4, PC_ROPE_NORMAL,
+                   10000.0f, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 4096};
+  ASSERT_EQ(RefLaunch(PC_OP_ROPE, &a, IdentityMemory()), nullptr);
+  EXPECT_NEAR(x[0], std::cos(2.5f), 1e-5);  // theta = 5 / ff[0]
+  EXPECT_EQ(x[4], 7.0f);
+  EXPECT_EQ(x[5], 8.0f);
+  // YaRN with freq_scale 0.25: the magnitude grows by 1 + 0.1 ln 4, and the lowest pair (a
+  // high-frequency one, below the correction range) keeps its unscaled angle.
+  pc_rope_args_t y = a;
+  y.freq_factors = 0;
+  y.freq_scale = 0.25f;
+  y.ext_factor = 1.0f;
+  y.n_rot = 128;
+  y.head_dim = 128;
+  float c, s;
+  RopeCosSin(y, 5, 0, 1.0f, &c, &s);
+  const float mscale = 1.0f + 0.1f * std::log(4.0f);
+  EXPECT_NEAR(c, std::cos(5.0f) * mscale, 1e-5);
+  RopeCosSin(y, 5, 63, 1.0f, &c, &s);  // the lowest frequency: fully interpolated
+  EXPECT_NEAR(s, std::sin(0.25f * 5 * std::pow(10000.0f, -126.0f / 128)) * mscale, 1e-6);
+}
+
+// A paged cache: KV_STORE through slots, then ATTENTION, checked against a dense loop.
+TEST(RefKernels, PagedAttentionGqaCausalAgainstDense) {
+  const int64_t n_heads = 4, n_kv = 2, hd = 8, bs = 4, n_blocks = 8, max_blocks = 4;
+  for (pc_dtype_t cache_t : {PC_DTYPE_F32, PC_DTYPE_F16}) {
+    const int64_t es = cache_t == PC_DTYPE_F32 ? 4 : 2;
+    std::vector<uint8_t> kc(n_blocks * bs * n_kv * hd * es), vc(kc.size());
+    // Two sequences: seq 0 has 6 positions (prefill of all 6), seq 1 has 3 (decode 1 token,
+    // the first 2 stored earlier). Blocks are scattered on purpose.
+    std::vector<int32_t> table = {5, 2, -1, -1, 7, -1, -1, -1};  // [2, max_blocks]
+    const int64_t lens[2] = {6, 3};
+    auto k_all = Random(9 * n_kv * hd, 10), v_all = Random(9 * n_kv * hd, 11);
+    std::vector<int32_t> slots;
+    for (int s = 0; s < 2; ++s)
+      for (int p = 0; p < lens[s]; ++p) slots.push_back(table[s * 4 + p / bs] * bs + p % bs);
+    pc_kv_store_args_t st{sizeof(st), D(k_all.data()), D(v_all.data()), D(kc.data()),
+                          D(vc.data()), D(slots.data()), cache_t, 9, n_kv, hd, bs};
+    ASSERT_EQ(RefLaunch(PC_OP_KV_STORE, &st, IdentityMemory()), nullptr);
+    // A skipped slot writes nothing.
+    std::vector<uint8_t> before = kc;
+    int32_t skip[1] = {-1};
+    st.slots = D(skip);
+    st.n_tokens = 1;
+    ASSERT_EQ(RefLaunch(PC_OP_KV_STORE, &st, IdentityMemory()), nullptr);
+    EXPECT_EQ(before, kc);
+
+    const int64_t n_tok = 7;  // 6 query rows for seq 0, 1 for seq 1
+    auto q = Random(n_tok * n_heads * hd, 12);
+    std::vector<float> out(q.size(), -9);
+    std::vector<int32_t> qstart = {0, 6, 7}, seq_lens = {6, 3};
+    pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), D(out.data()),
+                          D(qstart.data()), D(seq_lens.data()), D(table.data()), cache_t,
+                          n_tok, 2, n_heads, n_kv, hd, bs, max_blocks, 6, 0.35f};
+    ASSERT_EQ(RefLaunch(PC_OP_ATTENTION, &a, IdentityMemory()), nullptr);
+    auto round = [&](float v) { return cache_t == PC_DTYPE_F16 ? Fp16ToFp32(Fp32ToFp16(v)) : v; };
+    const int64_t tok_base[2] = {0, 6};  // row of each sequence's position 0 in k_all
+    for (int s = 0; s < 2; ++s) {
+      const int64_t n_q = qstart[s + 1] - qstart[s];
+      for (int64_t j = 0; j < n_q; ++j) {
+        const int64_t t = qstart[s] + j, last = lens[s] - n_q + j;
+        for (int64_t h = 0; h < n_heads; ++h) {
+          const int64_t kvh = h / (n_heads / n_kv);
+          std::vector<double> w(last + 1);
+          double mx = -1e30, den = 0;
+          for (int64_t p = 0; p <= last; ++p) {
+            double dot = 0;
+            for (int64_t d = 0; d < hd; ++d)
+              dot += q[(t * n_heads + h) * hd + d] *
+                     round(k_all[((tok_base[s] + p) * n_kv + kvh) * hd + d]);
+            w[p] = dot * 0.35;
+            mx = std::max(mx, w[p]);
+          }
+          for (auto& v : w) den += (v = std::exp(v - mx));
+          for (int64_t d = 0; d < hd; ++d) {
+            double o = 0;
+            for (int64_t p = 0; p <= last; ++p)
+              o += w[p] / den * round(v_all[((tok_base[s] + p) * n_kv + kvh) * hd + d]);
+            EXPECT_NEAR(out[(t * n_heads + h) * hd + d], o, 1e-5) << s << " " << j << " " << h;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(RefKernels, AttentionIsStableForHugeScores) {
+  // A score of 2e4 overflows exp() unless the max is subtracted first: output is exactly v.
+  float q[2] = {100, 100}, k[2] = {100, 100}, v[2] = {3, -4}, out[2];
+  int32_t qs[2] = {0, 1}, lens[1] = {1}, table[1] = {0};
+  pc_attention_args_t a{sizeof(a), D(q), D(k), D(v), D(out), D(qs), D(lens), D(table),
+                        PC_DTYPE_F32, 1, 1, 1, 1, 2, 1, 1, 1, 1.0f};
+  ASSERT_EQ(RefLaunch(PC_OP_ATTENTION, &a, IdentityMemory()), nullptr);
+  EXPECT_EQ(out[0], 3.0f);
+  EXPECT_EQ(out[1], -4.0f);
+}
+
+TEST(RefKernels, SwigluAddEmbeddingConvert) {
+  float g[3] = {0, 1, -2}, u[3] = {5, 2, 3}, o[3];
+  pc_swiglu_args_t sw{sizeof(sw), D(g), D(u), D(o), 3};
+  ASSERT_EQ(RefLaunch(PC_OP_SWIGLU, &sw, IdentityMemory()), nullptr);
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_NEAR(o[1], 2 / (1 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(o[2], 3 * -2 / (1 + std::exp(2.0)), 1e-6);
+  pc_add_args_t ad{sizeof(ad), D(g), D(u), D(g), 3};  // in place
+  ASSERT_EQ(RefLaunch(PC_OP_ADD, &ad, IdentityMemory()), nullptr);
+  EXPECT_EQ(g[2], 1.0f);
+
+  auto table = Random(4 * 32, 7);
+  std::vector<uint8_t> q8(4 * 34);
+  for (int r = 0; r < 4; ++r) QuantizeRow(PC_DTYPE_Q8_0, &table[r * 32], &q8[r * 34], 32);
+  int32_t ids[3] = {3, 0, 3};
+  std::vector<float> emb(3 * 32);
+  pc_embedding_args_t e{sizeof(e), D(q8.data()), PC_DTYPE_Q8_0, 4, 32, D(ids), 3, D(emb.data())};
+  ASSERT_EQ(RefLaunch(PC_OP_EMBEDDING, &e, IdentityMemory()), nullptr);
+  float row3[32];
+  DequantizeRow(PC_DTYPE_Q8_0, &q8[3 * 34], row3, 32);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(emb[i], row3[i]);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(emb[64 + i], row3[i]);
+  ids[1] = 4;
+  EXPECT_NE(RefLaunch(PC_OP_EMBEDDING, &e, IdentityMemory()), nullptr);  // id out of range
+
+  float f[3] = {1.0f, 1.0f + std::ldexp(1.0f, -11), 65504.0f};
+  uint16_t h[3];
+  pc_convert_args_t c{sizeof(c), D(f), D(h), PC_DTYPE_F32, PC_DTYPE_F16, 3};
+  ASSERT_EQ(RefLaunch(PC_OP_CONVERT, &c, IdentityMemory()), nullptr);
+  EXPECT_EQ(h[1], 0x3C00);
+  EXPECT_EQ(h[2], 0x7BFF);
+  c.src_dtype = PC_DTYPE_Q8_0;
+  c.dst_dtype = PC_DTYPE_F16;
+  EXPECT_NE(RefLaunch(PC_OP_CONVERT, &c, IdentityMemory()), nullptr);  // quantized -> F32 only
+}
+
+TEST(RefKernels, BadAddressIsAnErrorNotACrash) {
+  DeviceMemory none;
+  none.to_host = [](void*, pc_devptr_t, uint64_t) -> void* { return nullptr; };
+  pc_add_args_t ad{sizeof(ad), 0x1000, 0x2000, 0x3000, 4};
+  EXPECT_NE(RefLaunch(PC_OP_ADD, &ad, none), nullptr);
+}
+
+TEST(RefKernels, Supports) {
+  pc_op_query_t q{sizeof(q), PC_OP_MATMUL, {PC_DTYPE_Q5_K, PC_DTYPE_INVALID, PC_DTYPE_INVALID, PC_DTYPE_INVALID}, PC_SHAPE_ANY};
+  EXPECT_TRUE(RefSupports(q));
+  q.dtypes[0] = PC_DTYPE_I32;
+  EXPECT_FALSE(RefSupports(q));
+  q.op = PC_OP_ATTENTION;
+  q.dtypes[0] = PC_DTYPE_Q8_0;
+  EXPECT_FALSE(RefSupports(q));
+  q.op = static_cast<pc_op_t>(99);
+  EXPECT_FALSE(RefSupports(q));
+}
+
+}  // namespace
+}  // namespace polychip::sdk
