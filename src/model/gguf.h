@@ -75,7 +75,7 @@ struct GgufTensor {
   const uint8_t* data = nullptr;  // into the mapping
 
   int64_t row_len() const { return dims.empty() ? 1 : dims[0]; }
-  int64_t n_rows() const { return dims.empty() || dims[0] == 0 ? 0 : n_elements / dims[0]; }
+  int64_t n_rows() const { return row_len() == 0 ? 0 : n_elements / row_len(); }
   std::string ShapeString() const;  // "[896, 151936]"
 };
 
