@@ -1,0 +1,347 @@
+// The cpu device plugin. Device memory is host memory (devptr == host pointer, 64-byte
+// aligned), every operation runs synchronously on the calling thread, and the flags say so.
+// Kernels: the SDK reference kernels, with a threaded matmul (cpu_kernels.cc).
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "polychip/plugin/pc_backend.h"
+#include "polychip/sdk/plugin_util.h"
+#include "polychip/sdk/quant.h"
+#include "polychip/sdk/ref_kernels.h"
+
+using polychip::sdk::Guard;
+using polychip::sdk::MakeError;
+
+struct pc_device {
+  int32_t ordinal;
+  std::mutex mu;
+  std::unordered_map<void*, uint64_t> allocations;  // live allocations and their sizes
+  uint64_t allocated = 0;
+};
+
+struct pc_stream {
+  pc_device* device;
+};
+
+struct pc_event {
+  pc_device* device;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;  // execution is synchronous: record time = done
+};
+
+namespace {
+
+constexpr uint64_t kAlignment = 64;
+
+struct State {
+  const pc_host_services_t* host = nullptr;
+  int threads = 1;
+  int n_devices = 1;
+  std::mutex mu;
+  std::vector<pc_device*> open;  // by ordinal, nullptr when closed
+};
+State& G() {
+  static State s;
+  return s;
+}
+
+void Log(pc_log_level_t level, const std::string& msg) {
+  const pc_host_services_t* h = G().host;
+  if (h && h->log) h->log(h->host_ctx, level, "cpu", msg.c_str());
+}
+
+uint64_t PhysicalMemory() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+uint64_t AvailableMemory() {
+  return static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+pc_error_t* BadArg(const std::string& msg) { return MakeError(PC_CODE_INVALID_ARGUMENT, msg); }
+
+pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
+  return Guard([&]() -> pc_error_t* {
+    State& s = G();
+    s.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    s.n_devices = 1;
+    for (size_t i = 0; i < n_params; ++i) {
+      const std::string key = params[i].key ? params[i].key : "";
+      long long v = 0;
+      if (key == "threads" || key == "devices") {
+        if (!polychip::sdk::ParseInt(params[i].value, &v) || v < 1 || v > 1024) {
+          return BadArg("parameter " + key + " must be a positive integer, got '" +
+                        (params[i].value ? params[i].value : "") + "'");
+        }
+        (key == "threads" ? s.threads : s.n_devices) = static_cast<int>(v);
+      } else {
+        Log(PC_LOG_WARNING, "unknown parameter '" + key + "' ignored");
+      }
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.open.assign(s.n_devices, nullptr);
+    Log(PC_LOG_INFO, std::to_string(s.n_devices) + " device(s), " + std::to_string(s.threads) +
+                         " thread(s)");
+    return nullptr;
+  });
+}
+
+void Shutdown() {}
+
+pc_error_t* DeviceCount(int32_t* count) {
+  if (!count) return BadArg("count is null");
+  *count = G().n_devices;
+  return nullptr;
+}
+
+pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
+  return Guard([&]() -> pc_error_t* {
+    if (!props || props->struct_size < sizeof(size_t)) return BadArg("props is null or too small");
+    if (ordinal < 0 || ordinal >= G().n_devices) return BadArg("no such device ordinal");
+    // Fill only as much as the caller's struct holds (it may be an older, shorter one).
+    pc_device_props_t p{};
+    p.struct_size = sizeof(p);
+    std::snprintf(p.name, sizeof(p.name), "cpu device %d (host memory, %d threads)", ordinal,
+                  G().threads);
+    std::snprintf(p.physical_id, sizeof(p.physical_id), "cpu:%d", ordinal);
+    p.total_memory = PhysicalMemory();
+    p.free_memory = AvailableMemory();
+    p.alignment = kAlignment;
+    p.max_alloc_size = p.total_memory;
+    p.flags = PC_DEVICE_FLAG_HOST_ACCESSIBLE | PC_DEVICE_FLAG_TIMING;
+    p.priority_low = 0;
+    p.priority_high = 0;
+    p.compute_units = G().threads;
+    const size_t n = std::min(props->struct_size, sizeof(p));
+    std::memcpy(reinterpret_cast<char*>(props) + sizeof(size_t),
+                reinterpret_cast<const char*>(&p) + sizeof(size_t), n - sizeof(size_t));
+    return nullptr;
+  });
+}
+
+pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
+  return Guard([&]() -> pc_error_t* {
+    if (!device) return BadArg("device is null");
+    State& s = G();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (ordinal < 0 || ordinal >= static_cast<int32_t>(s.open.size()))
+      return BadArg("no such device ordinal");
+    if (s.open[ordinal]) return MakeError(PC_CODE_FAILED_PRECONDITION, "device already open");
+    auto* d = new pc_device;
+    d->ordinal = ordinal;
+    s.open[ordinal] = d;
+    *device = d;
+    return nullptr;
+  });
+}
+
+void DeviceClose(pc_device_t* device) {
+  if (!device) return;
+  State& s = G();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (device->ordinal < static_cast<int32_t>(s.open.size())) s.open[device->ordinal] = nullptr;
+  }
+  for (auto& [ptr, size] : device->allocations) std::free(ptr);  // leaked by the caller
+  delete device;
+}
+
+pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
+  return Guard([&]() -> pc_error_t* {
+    if (!device || !out) return BadArg("null argument");
+    const uint64_t rounded = (std::max<uint64_t>(size, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, rounded);
+    if (!p) {
+      return MakeError(PC_CODE_RESOURCE_EXHAUSTED,
+                       "cannot allocate " + std::to_string(size) + " bytes of host memory");
+    }
+    std::lock_guard<std::mutex> lock(device->mu);
+    device->allocations[p] = rounded;
+    device->allocated += rounded;
+    *out = reinterpret_cast<uintptr_t>(p);
+    return nullptr;
+  });
+}
+
+pc_error_t* MemFree(pc_device_t* device, pc_devptr_t ptr) {
+  return Guard([&]() -> pc_error_t* {
+    if (!device) return BadArg("device is null");
+    if (ptr == 0) return nullptr;
+    void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
+    std::lock_guard<std::mutex> lock(device->mu);
+    auto it = device->allocations.find(p);
+    if (it == device->allocations.end()) return BadArg("pointer was not allocated by mem_alloc");
+    device->allocated -= it->second;
+    device->allocations.erase(it);
+    std::free(p);  // execution is synchronous, so no work can still be using it
+    return nullptr;
+  });
+}
+
+pc_error_t* MemGetInfo(pc_device_t* device, uint64_t* free_bytes, uint64_t* total_bytes) {
+  if (!device || !free_bytes || !total_bytes) return BadArg("null argument");
+  *total_bytes = PhysicalMemory();
+  *free_bytes = AvailableMemory();
+  return nullptr;
+}
+
+void* Host(pc_devptr_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+
+pc_error_t* MemcpyH2D(pc_stream_t* stream, pc_devptr_t dst, const void* src, uint64_t n) {
+  if (!stream || (n && (!dst || !src))) return BadArg("null argument");
+  if (n) std::memcpy(Host(dst), src, n);
+  return nullptr;
+}
+pc_error_t* MemcpyD2H(pc_stream_t* stream, void* dst, pc_devptr_t src, uint64_t n) {
+  if (!stream || (n && (!dst || !src))) return BadArg("null argument");
+  if (n) std::memcpy(dst, Host(src), n);
+  return nullptr;
+}
+pc_error_t* MemcpyD2D(pc_stream_t* stream, pc_devptr_t dst, pc_devptr_t src, uint64_t n) {
+  if (!stream || (n && (!dst || !src))) return BadArg("null argument");
+  if (n) std::memmove(Host(dst), Host(src), n);
+  return nullptr;
+}
+pc_error_t* Memset(pc_stream_t* stream, pc_devptr_t dst, uint8_t value, uint64_t n) {
+  if (!stream || (n && !dst)) return BadArg("null argument");
+  if (n) std::memset(Host(dst), value, n);
+  return nullptr;
+}
+
+pc_error_t* StreamCreate(pc_device_t* device, int32_t priority, pc_stream_t** out) {
+  return Guard([&]() -> pc_error_t* {
+    if (!device || !out) return BadArg("null argument");
+    *out = new pc_stream{device};  // priorities are accepted and ignored (range is [0, 0])
+    return nullptr;
+  });
+}
+void StreamDestroy(pc_stream_t* stream) { delete stream; }
+pc_error_t* StreamSynchronize(pc_stream_t* stream) {
+  return stream ? nullptr : BadArg("stream is null");  // nothing is ever pending
+}
+
+pc_error_t* EventCreate(pc_device_t* device, pc_event_t** out) {
+  return Guard([&]() -> pc_error_t* {
+    if (!device || !out) return BadArg("null argument");
+    *out = new pc_event{device};
+    return nullptr;
+  });
+}
+void EventDestroy(pc_event_t* event) { delete event; }
+pc_error_t* EventRecord(pc_event_t* event, pc_stream_t* stream) {
+  if (!event || !stream) return BadArg("null argument");
+  event->recorded = true;
+  event->when = std::chrono::steady_clock::now();
+  return nullptr;
+}
+pc_error_t* StreamWaitEvent(pc_stream_t* stream, pc_event_t* event) {
+  return stream && event ? nullptr : BadArg("null argument");  // already complete
+}
+pc_error_t* EventQuery(pc_event_t* event, int32_t* done) {
+  if (!event || !done) return BadArg("null argument");
+  *done = 1;
+  return nullptr;
+}
+pc_error_t* EventSynchronize(pc_event_t* event) {
+  return event ? nullptr : BadArg("event is null");
+}
+pc_error_t* EventElapsedMs(pc_event_t* start, pc_event_t* end, float* ms) {
+  if (!start || !end || !ms) return BadArg("null argument");
+  if (!start->recorded || !end->recorded)
+    return MakeError(PC_CODE_FAILED_PRECONDITION, "event was never recorded");
+  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+  return nullptr;
+}
+
+int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
+  if (!device || !query || query->struct_size < sizeof(pc_op_query_t)) return 0;
+  return polychip::sdk::RefSupports(*query) ? 1 : 0;
+}
+
+pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
+  return Guard([&]() -> pc_error_t* {
+    if (!stream) return BadArg("stream is null");
+    if (const char* why = polychip::sdk::ValidateOpArgs(op, args)) {
+      return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
+                                                  : PC_CODE_UNIMPLEMENTED,
+                       why);
+    }
+    const char* why = nullptr;
+    if (op == PC_OP_MATMUL) {
+      why = polychip::cpu::Matmul(*static_cast<const pc_matmul_args_t*>(args), G().threads);
+    } else {
+      why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
+    }
+    return why ? MakeError(PC_CODE_INVALID_ARGUMENT, why) : nullptr;
+  });
+}
+
+const pc_backend_iface_t kIface = [] {
+  pc_backend_iface_t t{};
+  t.struct_size = sizeof(t);
+  t.abi_major = PC_ABI_MAJOR;
+  t.abi_minor = PC_ABI_MINOR;
+  t.name = "cpu";
+  t.version = "0.1.0";
+  t.error_code = polychip::sdk::ErrorCode;
+  t.error_message = polychip::sdk::ErrorMessage;
+  t.error_destroy = polychip::sdk::ErrorDestroy;
+  t.initialize = Initialize;
+  t.shutdown = Shutdown;
+  t.device_count = DeviceCount;
+  t.device_get_props = DeviceGetProps;
+  t.device_open = DeviceOpen;
+  t.device_close = DeviceClose;
+  t.visible_devices_env = nullptr;
+  t.mem_alloc = MemAlloc;
+  t.mem_free = MemFree;
+  t.mem_free_async = nullptr;  // frees are synchronous; PC_DEVICE_FLAG_ASYNC_FREE is absent
+  t.mem_get_info = MemGetInfo;
+  t.memcpy_h2d = MemcpyH2D;
+  t.memcpy_d2h = MemcpyD2H;
+  t.memcpy_d2d = MemcpyD2D;
+  t.memset = Memset;
+  t.stream_create = StreamCreate;
+  t.stream_destroy = StreamDestroy;
+  t.stream_synchronize = StreamSynchronize;
+  t.event_create = EventCreate;
+  t.event_destroy = EventDestroy;
+  t.event_record = EventRecord;
+  t.stream_wait_event = StreamWaitEvent;
+  t.event_query = EventQuery;
+  t.event_synchronize = EventSynchronize;
+  t.event_elapsed_ms = EventElapsedMs;
+  t.op_supports = OpSupports;
+  t.op_launch = OpLaunch;
+  return t;
+}();
+
+}  // namespace
+
+extern "C" {
+
+PC_EXPORT void pc_backend_probe(pc_probe_result_t* result) {
+  if (!result) return;
+  result->score = 10;  // always usable, but any real accelerator should win auto-selection
+  std::snprintf(result->reason, sizeof(result->reason), "host CPU, %u hardware threads",
+                std::thread::hardware_concurrency());
+}
+
+PC_EXPORT const pc_backend_iface_t* pc_backend_get_api(uint32_t host_abi_major,
+                                                       uint32_t host_abi_minor,
+                                                       const pc_host_services_t* host) {
+  if (host_abi_major != PC_ABI_MAJOR) return nullptr;
+  G().host = host;
+  return &kIface;
+}
+
+}  // extern "C"
