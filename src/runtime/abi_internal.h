@@ -2,7 +2,10 @@
 // conformance kit in src/runtime/conformance) may include this header.
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "polychip/plugin/pc_backend.h"

@@ -48,8 +48,9 @@ class MemoryPool {
   StatusOr<PoolBlock> Allocate(uint64_t bytes, const Stream* stream = nullptr);
   // stream == nullptr: the caller guarantees no pending work uses the block (immediate reuse).
   Status Free(const PoolBlock& block, const Stream* stream = nullptr);
-  // Returns fully free arenas to the plugin.
-  Status Trim();
+  // Returns fully free arenas to the plugin: stream-ordered on `stream` when the device has
+  // ASYNC_FREE, else (or with no stream) after the pending frees completed, with mem_free.
+  Status Trim(const Stream* stream = nullptr);
 
   uint64_t in_use_bytes() const;    // handed out and not yet freed
   uint64_t peak_bytes() const;      // the maximum of in_use_bytes since creation
@@ -64,6 +65,7 @@ class MemoryPool {
   Status PollPending(bool wait_all);
   Status AddArena(uint64_t min_bytes);
   bool TryAllocate(uint64_t bytes, const Stream* stream, PoolBlock* out);
+  void Hand(const PoolBlock& block, PoolBlock* out);
   void InsertFree(int32_t arena, uint64_t offset, uint64_t size);
 
   std::shared_ptr<Device> device_;
@@ -73,6 +75,8 @@ class MemoryPool {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Arena>> arenas_;  // a slot is null once its arena is trimmed
   std::vector<std::unique_ptr<Pending>> pending_;
+  std::vector<std::unique_ptr<Event>> spare_events_;  // recycled for later frees
+  std::map<DevPtr, PoolBlock> live_;                  // handed-out blocks, to catch bad frees
   uint64_t in_use_ = 0;
   uint64_t peak_ = 0;
   uint64_t reserved_ = 0;

@@ -131,6 +131,7 @@ class PluginRegistry {
                                                                 const PluginParams&, LoadReport*);
   friend StatusOr<std::shared_ptr<CommPlugin>> LoadCommFromPath(const std::string&,
                                                                 const PluginParams&, LoadReport*);
+  friend LoadReport DiagnosePlugin(const std::string&, PluginKind);
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Backend>> backends_;  // by table name
   std::map<std::string, std::shared_ptr<CommPlugin>> comms_;

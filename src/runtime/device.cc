@@ -1,0 +1,358 @@
+#include "runtime/device.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/abi_internal.h"
+
+namespace polychip::runtime {
+
+StatusCode FromPcCode(pc_code_t code) {
+  switch (code) {
+    case PC_CODE_OK: return StatusCode::kOk;
+    case PC_CODE_INVALID_ARGUMENT: return StatusCode::kInvalidArgument;
+    case PC_CODE_NOT_FOUND: return StatusCode::kNotFound;
+    case PC_CODE_RESOURCE_EXHAUSTED: return StatusCode::kResourceExhausted;
+    case PC_CODE_UNIMPLEMENTED: return StatusCode::kUnimplemented;
+    case PC_CODE_UNAVAILABLE: return StatusCode::kUnavailable;
+    case PC_CODE_FAILED_PRECONDITION: return StatusCode::kFailedPrecondition;
+    case PC_CODE_CANCELLED: return StatusCode::kCancelled;
+    case PC_CODE_INTERNAL: return StatusCode::kInternal;
+  }
+  return StatusCode::kInternal;  // an unknown code from a newer or buggy plugin
+}
+
+namespace {
+
+template <typename Table>
+Status TakeErrorImpl(const Table* table, pc_error_t* error, const char* what) {
+  if (error == nullptr) return Status::Ok();
+  StatusCode code = FromPcCode(table->error_code(error));
+  const char* msg = table->error_message(error);
+  std::string text = std::string(table->name) + " " + what + ": " + (msg != nullptr ? msg : "");
+  table->error_destroy(error);
+  // A plugin reporting OK through an error object is a plugin bug; do not lose the failure.
+  if (code == StatusCode::kOk) code = StatusCode::kInternal;
+  return Status(code, std::move(text));
+}
+
+}  // namespace
+
+Status TakeError(const pc_backend_iface_t* table, pc_error_t* error, const char* what) {
+  return TakeErrorImpl(table, error, what);
+}
+
+Status TakeCommError(const pc_comm_iface_t* table, pc_error_t* error, const char* what) {
+  return TakeErrorImpl(table, error, what);
+}
+
+// ---- DeviceProps -------------------------------------------------------------------------
+
+std::vector<std::string> DeviceProps::FlagNames() const {
+  std::vector<std::string> names;
+  static const std::pair<uint32_t, const char*> kFlags[] = {
+      {PC_DEVICE_FLAG_HOST_ACCESSIBLE, "HOST_ACCESSIBLE"},
+      {PC_DEVICE_FLAG_ASYNC_FREE, "ASYNC_FREE"},
+      {PC_DEVICE_FLAG_ASYNC_COPY, "ASYNC_COPY"},
+      {PC_DEVICE_FLAG_ASYNC_EXEC, "ASYNC_EXEC"},
+      {PC_DEVICE_FLAG_STREAM_PRIORITY, "STREAM_PRIORITY"},
+      {PC_DEVICE_FLAG_WEIGHT_REPACK, "WEIGHT_REPACK"},
+      {PC_DEVICE_FLAG_TIMING, "TIMING"},
+  };
+  for (const auto& [bit, name] : kFlags) {
+    if (flags & bit) names.push_back(name);
+  }
+  return names;
+}
+
+// ---- Backend -----------------------------------------------------------------------------
+
+Backend::Backend(std::unique_ptr<BackendImpl> impl) : impl_(std::move(impl)) {}
+
+Backend::~Backend() {
+  // Every Device holds a reference to its Backend, so all plugin objects are gone by now.
+  if (impl_->initialized) impl_->table->shutdown();
+  spdlog::debug("unloaded backend '{}'", impl_->name);
+}
+
+const std::string& Backend::name() const { return impl_->name; }
+const std::string& Backend::path() const { return impl_->path; }
+const std::string& Backend::version() const { return impl_->version; }
+uint32_t Backend::abi_major() const { return impl_->table->abi_major; }
+uint32_t Backend::abi_minor() const { return impl_->table->abi_minor; }
+
+std::string Backend::visible_devices_env() const {
+  const auto* t = impl_->table;
+  if (t->visible_devices_env == nullptr) return "";
+  const char* env = t->visible_devices_env();
+  return env != nullptr ? env : "";
+}
+
+StatusOr<int32_t> Backend::DeviceCount() const {
+  int32_t count = 0;
+  PC_RETURN_IF_ERROR(TakeError(impl_->table, impl_->table->device_count(&count), "device_count"));
+  return count;
+}
+
+StatusOr<DeviceProps> Backend::GetProps(int32_t physical) const {
+  PC_ASSIGN_OR_RETURN(int32_t count, DeviceCount());
+  if (physical < 0 || physical >= count) {
+    return InvalidArgument("backend '" + name() + "' has no device " + std::to_string(physical) +
+                           " (" + std::to_string(count) + " visible)");
+  }
+  pc_device_props_t p{};
+  p.struct_size = sizeof(p);
+  PC_RETURN_IF_ERROR(
+      TakeError(impl_->table, impl_->table->device_get_props(physical, &p), "device_get_props"));
+  p.name[sizeof(p.name) - 1] = '\0';
+  p.physical_id[sizeof(p.physical_id) - 1] = '\0';
+  DeviceProps props;
+  props.name = p.name;
+  props.physical_id = p.physical_id;
+  props.total_memory = p.total_memory;
+  props.free_memory = p.free_memory;
+  props.alignment = p.alignment == 0 ? 1 : p.alignment;
+  props.max_alloc_size = p.max_alloc_size;
+  props.flags = p.flags;
+  props.host_accessible = p.flags & PC_DEVICE_FLAG_HOST_ACCESSIBLE;
+  // Honest capabilities: a flag without the member behind it is not a capability.
+  props.async_free = (p.flags & PC_DEVICE_FLAG_ASYNC_FREE) && impl_->table->mem_free_async;
+  props.async_copy = p.flags & PC_DEVICE_FLAG_ASYNC_COPY;
+  props.async_exec = p.flags & PC_DEVICE_FLAG_ASYNC_EXEC;
+  props.stream_priority = p.flags & PC_DEVICE_FLAG_STREAM_PRIORITY;
+  props.weight_repack = (p.flags & PC_DEVICE_FLAG_WEIGHT_REPACK) && impl_->table->weight_upload;
+  props.timing = (p.flags & PC_DEVICE_FLAG_TIMING) && impl_->table->event_elapsed_ms;
+  props.priority_low = p.priority_low;
+  props.priority_high = p.priority_high;
+  props.compute_units = p.compute_units;
+  return props;
+}
+
+StatusOr<std::shared_ptr<Device>> Backend::OpenDevice(int32_t physical, int32_t logical) {
+  PC_ASSIGN_OR_RETURN(DeviceProps props, GetProps(physical));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& open = impl_->open_devices;
+  if (static_cast<size_t>(physical) >= open.size()) open.resize(physical + 1);
+  if (auto existing = open[physical].lock()) return existing;
+  pc_device_t* handle = nullptr;
+  PC_RETURN_IF_ERROR(TakeError(impl_->table, impl_->table->device_open(physical, &handle),
+                               "device_open"));
+  auto device = std::make_shared<Device>(shared_from_this(), handle, physical,
+                                         logical < 0 ? physical : logical, std::move(props));
+  open[physical] = device;
+  return device;
+}
+
+std::vector<std::pair<std::string, double>> Backend::ReadCounters(const Device& device) const {
+  std::vector<std::pair<std::string, double>> out;
+  const auto* t = impl_->table;
+  if (!PC_HAS_MEMBER(t, pc_backend_iface_t, counter_get) || t->counter_count == nullptr ||
+      t->counter_get == nullptr) {
+    return out;
+  }
+  auto* dev = static_cast<pc_device_t*>(device.raw());
+  int32_t n = t->counter_count(dev);
+  for (int32_t i = 0; i < n; ++i) {
+    const char* name = nullptr;
+    double value = 0;
+    Status s = TakeError(t, t->counter_get(dev, i, &name, &value), "counter_get");
+    if (s.ok() && name != nullptr) out.emplace_back(name, value);
+  }
+  return out;
+}
+
+StatusOr<std::vector<std::shared_ptr<Device>>> OpenDevices(
+    const std::shared_ptr<Backend>& backend, const std::vector<int32_t>& physical_ids) {
+  std::vector<int32_t> ids = physical_ids;
+  if (ids.empty()) {
+    PC_ASSIGN_OR_RETURN(int32_t count, backend->DeviceCount());
+    for (int32_t i = 0; i < count; ++i) ids.push_back(i);
+  }
+  std::vector<std::shared_ptr<Device>> devices;
+  for (size_t logical = 0; logical < ids.size(); ++logical) {
+    PC_ASSIGN_OR_RETURN(auto d, backend->OpenDevice(ids[logical], static_cast<int32_t>(logical)));
+    devices.push_back(std::move(d));
+  }
+  return devices;
+}
+
+// ---- Device ------------------------------------------------------------------------------
+
+namespace {
+const pc_backend_iface_t* T(const Device& d) { return d.backend()->impl().table; }
+pc_device_t* H(const Device& d) { return static_cast<pc_device_t*>(d.raw()); }
+}  // namespace
+
+Device::Device(std::shared_ptr<Backend> backend, void* handle, int32_t physical, int32_t logical,
+               DeviceProps props)
+    : backend_(std::move(backend)),
+      handle_(handle),
+      physical_(physical),
+      logical_(logical),
+      props_(std::move(props)) {}
+
+Device::~Device() { T(*this)->device_close(H(*this)); }
+
+Status Device::MemoryInfo(uint64_t* free_bytes, uint64_t* total_bytes) const {
+  uint64_t f = 0, t = 0;
+  PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->mem_get_info(H(*this), &f, &t),
+                               "mem_get_info"));
+  if (free_bytes != nullptr) *free_bytes = f;
+  if (total_bytes != nullptr) *total_bytes = t;
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Stream>> Device::CreateStream(int32_t priority) {
+  pc_stream_t* s = nullptr;
+  PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->stream_create(H(*this), priority, &s),
+                               "stream_create"));
+  return std::make_unique<Stream>(shared_from_this(), s, priority);
+}
+
+StatusOr<std::unique_ptr<Event>> Device::CreateEvent() {
+  pc_event_t* e = nullptr;
+  PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->event_create(H(*this), &e), "event_create"));
+  return std::make_unique<Event>(shared_from_this(), e);
+}
+
+StatusOr<DevPtr> Device::AllocateRaw(uint64_t bytes) {
+  if (props_.max_alloc_size != 0 && bytes > props_.max_alloc_size) {
+    return ResourceExhausted("allocation of " + std::to_string(bytes) +
+                             " bytes exceeds the max single allocation of " +
+                             std::to_string(props_.max_alloc_size) + " bytes of " + props_.name);
+  }
+  pc_devptr_t p = 0;
+  PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->mem_alloc(H(*this), bytes, &p), "mem_alloc"));
+  return p;
+}
+
+Status Device::FreeRaw(DevPtr ptr) {
+  return TakeError(T(*this), T(*this)->mem_free(H(*this), ptr), "mem_free");
+}
+
+Status Device::FreeRawAsync(const Stream& stream, DevPtr ptr) {
+  if (!props_.async_free) {
+    return FailedPrecondition(props_.name + " has no stream-ordered free (ASYNC_FREE)");
+  }
+  return TakeError(T(*this),
+                   T(*this)->mem_free_async(static_cast<pc_stream_t*>(stream.raw()), ptr),
+                   "mem_free_async");
+}
+
+StatusOr<std::unique_ptr<DeviceBuffer>> Device::Allocate(uint64_t bytes) {
+  PC_ASSIGN_OR_RETURN(DevPtr p, AllocateRaw(bytes));
+  return std::make_unique<DeviceBuffer>(shared_from_this(), p, bytes);
+}
+
+StatusOr<Device::HostBuffer> Device::HostAlloc(uint64_t bytes) {
+  HostBuffer buf;
+  buf.bytes = bytes;
+  if (T(*this)->host_alloc != nullptr) {
+    PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->host_alloc(H(*this), bytes, &buf.data),
+                                 "host_alloc"));
+    buf.pinned = true;
+    return buf;
+  }
+  const uint64_t align = 4096;
+  buf.data = std::aligned_alloc(align, (bytes + align - 1) / align * align);
+  if (buf.data == nullptr) {
+    return ResourceExhausted("host allocation of " + std::to_string(bytes) + " bytes failed");
+  }
+  return buf;
+}
+
+void Device::HostFree(const HostBuffer& buffer) {
+  if (buffer.data == nullptr) return;
+  if (buffer.pinned) {
+    T(*this)->host_free(H(*this), buffer.data);
+  } else {
+    std::free(buffer.data);
+  }
+}
+
+// ---- Stream ------------------------------------------------------------------------------
+
+namespace {
+pc_stream_t* S(const Stream& s) { return static_cast<pc_stream_t*>(s.raw()); }
+}  // namespace
+
+Stream::Stream(std::shared_ptr<Device> device, void* handle, int32_t priority)
+    : device_(std::move(device)), handle_(handle), priority_(priority) {}
+
+Stream::~Stream() { T(*device_)->stream_destroy(S(*this)); }
+
+Status Stream::CopyH2D(DevPtr dst, const void* src, uint64_t bytes) {
+  return TakeError(T(*device_), T(*device_)->memcpy_h2d(S(*this), dst, src, bytes), "memcpy_h2d");
+}
+
+Status Stream::CopyD2H(void* dst, DevPtr src, uint64_t bytes) {
+  return TakeError(T(*device_), T(*device_)->memcpy_d2h(S(*this), dst, src, bytes), "memcpy_d2h");
+}
+
+Status Stream::CopyD2D(DevPtr dst, DevPtr src, uint64_t bytes) {
+  return TakeError(T(*device_), T(*device_)->memcpy_d2d(S(*this), dst, src, bytes), "memcpy_d2d");
+}
+
+Status Stream::Memset(DevPtr dst, uint8_t value, uint64_t bytes) {
+  return TakeError(T(*device_), T(*device_)->memset(S(*this), dst, value, bytes), "memset");
+}
+
+Status Stream::WaitEvent(const Event& event) {
+  return TakeError(T(*device_),
+                   T(*device_)->stream_wait_event(S(*this), static_cast<pc_event_t*>(event.raw())),
+                   "stream_wait_event");
+}
+
+Status Stream::Synchronize() {
+  return TakeError(T(*device_), T(*device_)->stream_synchronize(S(*this)), "stream_synchronize");
+}
+
+// ---- Event -------------------------------------------------------------------------------
+
+namespace {
+pc_event_t* E(const Event& e) { return static_cast<pc_event_t*>(e.raw()); }
+}  // namespace
+
+Event::Event(std::shared_ptr<Device> device, void* handle)
+    : device_(std::move(device)), handle_(handle) {}
+
+Event::~Event() { T(*device_)->event_destroy(E(*this)); }
+
+Status Event::Record(const Stream& stream) {
+  return TakeError(T(*device_), T(*device_)->event_record(E(*this), S(stream)), "event_record");
+}
+
+StatusOr<bool> Event::Query() const {
+  int32_t done = 0;
+  PC_RETURN_IF_ERROR(TakeError(T(*device_), T(*device_)->event_query(E(*this), &done),
+                               "event_query"));
+  return done != 0;
+}
+
+Status Event::Synchronize() const {
+  return TakeError(T(*device_), T(*device_)->event_synchronize(E(*this)), "event_synchronize");
+}
+
+StatusOr<float> Event::ElapsedMs(const Event& start, const Event& end) {
+  const auto* t = T(*start.device_);
+  if (t->event_elapsed_ms == nullptr) {
+    return Unimplemented(std::string(t->name) + " does not time events (no event_elapsed_ms)");
+  }
+  float ms = 0;
+  PC_RETURN_IF_ERROR(TakeError(t, t->event_elapsed_ms(E(start), E(end), &ms), "event_elapsed_ms"));
+  return ms;
+}
+
+// ---- DeviceBuffer ------------------------------------------------------------------------
+
+DeviceBuffer::DeviceBuffer(std::shared_ptr<Device> device, DevPtr ptr, uint64_t size)
+    : device_(std::move(device)), ptr_(ptr), size_(size) {}
+
+DeviceBuffer::~DeviceBuffer() {
+  Status s = device_->FreeRaw(ptr_);
+  if (!s.ok()) spdlog::error("DeviceBuffer: {}", s.ToString());
+}
+
+}  // namespace polychip::runtime
