@@ -1,0 +1,165 @@
+// `polychip run`: generates text from a prompt on one device. The generated text alone goes to
+// stdout, streamed as tokens come (always valid UTF-8); logs and timings go to stderr.
+// The default temperature is 0 (greedy), so that a run is deterministic unless asked otherwise.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "engine/sampler.h"
+#include "model/runner.h"
+#include "model/runner_setup.h"
+
+namespace polychip::cli {
+namespace {
+
+struct RunOptions {
+  std::string model_path;
+  std::string prompt;
+  int n_predict = 128;
+  float temperature = 0.f;
+  int top_k = 0;
+  float top_p = 1.f;
+  float min_p = 0.f;
+  float repeat_penalty = 1.f;
+  int64_t seed = -1;
+  bool chat = false;
+  bool special = false;
+  bool ignore_eos = false;
+  int threads = 0;
+  std::string kv_type = "f16";
+  std::vector<std::string> stop;
+};
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+int Run(const RunOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto device = model::OpenDevice(Globals().config_path, Globals().device, o.threads);
+  if (!device.ok()) return Fail(device.status());
+  auto mf = model::OpenModelFile(o.model_path);
+  if (!mf.ok()) return Fail(mf.status());
+  const model::Tokenizer& tok = *mf->tokenizer;
+
+  std::string prompt = o.prompt;
+  if (o.chat) {
+    // TODO(model): render with model/chat_template.h once it lands.
+    return Fail(Unimplemented("--chat: chat templates are not available yet"));
+  }
+  model::EncodeOptions enc;
+  enc.add_special = true;
+  enc.parse_special = true;  // a prompt may spell control tokens, as llama.cpp's tools allow
+  const std::vector<int32_t> prompt_ids = tok.Encode(prompt, enc);
+  if (prompt_ids.empty()) return Fail(InvalidArgument("the prompt is empty after tokenization"));
+
+  const int64_t n_ctx = int64_t(prompt_ids.size()) + std::max(o.n_predict, 1);
+  if (mf->config.n_ctx_train > 0 && n_ctx > mf->config.n_ctx_train) {
+    std::fprintf(stderr, "warning: %lld positions exceed the training context %lld\n",
+                 static_cast<long long>(n_ctx), static_cast<long long>(mf->config.n_ctx_train));
+  }
+  model::RunnerOptions ro;
+  ro.context_length = n_ctx;
+  ro.kv_tokens = n_ctx;
+  ro.max_tokens_per_step = std::min<int64_t>(512, int64_t(prompt_ids.size()));
+  auto kv_type = DTypeFromName(o.kv_type);
+  if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_type));
+  ro.kv_dtype = *kv_type;
+  auto runner = model::TransformerRunner::Create(*mf->file, mf->config, *device, ro);
+  if (!runner.ok()) return Fail(runner.status());
+  model::TransformerRunner& r = **runner;
+  const auto t_loaded = Clock::now();
+  std::fprintf(stderr, "model: %s on %s, %.1f MiB of weights, loaded in %.2f s\n",
+               mf->config.Summary().c_str(), r.device().props().name.c_str(),
+               r.weight_bytes() / 1048576.0, Seconds(t0, t_loaded));
+
+  engine::SamplingParams sp;
+  sp.temperature = o.temperature;
+  sp.top_k = o.top_k;
+  sp.top_p = o.top_p;
+  sp.min_p = o.min_p;
+  sp.repetition_penalty = o.repeat_penalty;
+  if (o.seed >= 0) sp.seed = static_cast<uint64_t>(o.seed);
+  sp.max_tokens = o.n_predict;
+  sp.ignore_eos = o.ignore_eos;
+  sp.stop = o.stop;
+  engine::Sampler sampler(sp, r.vocab_size(), tok.eog_ids(), prompt_ids);
+  engine::StopChecker stop(sp, tok.eog_ids());
+
+  // One sequence owning blocks 0..n-1.
+  std::vector<int32_t> blocks(r.num_kv_blocks());
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(i);
+  std::vector<float> logits;
+  engine::SequenceStep step;
+  step.tokens = prompt_ids;
+  step.start_pos = 0;
+  step.block_table = blocks;
+  step.logits = engine::LogitsMode::kLast;
+  if (Status s = r.Forward({&step, 1}, &logits); !s.ok()) return Fail(s);
+  const auto t_prompt = Clock::now();
+
+  int n_gen = 0;
+  int32_t pos = static_cast<int32_t>(prompt_ids.size());
+  int32_t token = 0;
+  while (o.n_predict > 0) {
+    token = sampler.Sample(logits).token;
+    ++n_gen;
+    const engine::StopChecker::Step out = stop.Push(token, tok.Piece(token, o.special));
+    if (!out.text.empty()) {
+      std::fwrite(out.text.data(), 1, out.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (out.finish != engine::FinishReason::kNone) break;
+    step.tokens = {&token, 1};
+    step.start_pos = pos++;
+    if (Status s = r.Forward({&step, 1}, &logits); !s.ok()) return Fail(s);
+  }
+  const std::string rest = stop.Flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const auto t_end = Clock::now();
+
+  const double t_p = Seconds(t_loaded, t_prompt), t_g = Seconds(t_prompt, t_end);
+  std::fprintf(stderr,
+               "timings: load %.2f s | prompt %zu tokens, %.2f s, %.1f tok/s | "
+               "generation %d tokens, %.2f s, %.1f tok/s\n",
+               Seconds(t0, t_loaded), prompt_ids.size(), t_p,
+               t_p > 0 ? prompt_ids.size() / t_p : 0.0, n_gen, t_g, t_g > 0 ? n_gen / t_g : 0.0);
+  return 0;
+}
+
+std::function<int()> Setup(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  app.add_option("-m,--model-path", o->model_path, "GGUF model file")->required();
+  app.add_option("-p,--prompt", o->prompt, "prompt text")->required();
+  app.add_option("-n,--n-predict", o->n_predict, "tokens to generate (default 128)");
+  app.add_option("--temperature,--temp", o->temperature, "0 = greedy (default)");
+  app.add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = off)");
+  app.add_option("--top-p", o->top_p, "nucleus sampling threshold (1 = off)");
+  app.add_option("--min-p", o->min_p, "drop tokens below min_p * p(best) (0 = off)");
+  app.add_option("--repeat-penalty", o->repeat_penalty, "repetition penalty (1 = off)");
+  app.add_option("--seed", o->seed, "random seed (default: random)");
+  app.add_option("--stop", o->stop, "stop string (repeatable)");
+  app.add_flag("--chat", o->chat, "wrap the prompt in the model's chat template");
+  app.add_flag("--special", o->special, "print control tokens' text");
+  app.add_flag("--ignore-eos", o->ignore_eos, "continue past end-of-generation tokens");
+  app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
+  app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
+  return [o] { return Run(*o); };
+}
+
+const bool kRegistered = RegisterCommand({"run", "generate text from a prompt", Setup});
+
+}  // namespace
+}  // namespace polychip::cli

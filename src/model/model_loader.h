@@ -1,0 +1,89 @@
+// Uploads a GGUF model's weights to a device. Matrices go through the runtime's DeviceWeight
+// (the plugin may repack them); 1D tensors (norms, biases, rope_freqs) are converted to F32 on
+// the host and copied into pool memory; the embedding table stays in GGUF layout because the
+// EMBEDDING op reads it row by row.
+//
+// Every transfer goes through the runtime's stream copies: device memory is never touched by
+// the host (it is not host-dereferenceable on a discrete device).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "runtime/device.h"
+#include "runtime/memory_pool.h"
+#include "runtime/ops.h"
+#include "util/status.h"
+
+namespace polychip::model {
+
+// A region of pool memory, returned to the pool on destruction.
+class PoolBuffer {
+ public:
+  PoolBuffer() = default;
+  PoolBuffer(std::shared_ptr<runtime::MemoryPool> pool, runtime::PoolBlock block)
+      : pool_(std::move(pool)), block_(block) {}
+  ~PoolBuffer();
+  PoolBuffer(PoolBuffer&& other) noexcept { *this = std::move(other); }
+  PoolBuffer& operator=(PoolBuffer&& other) noexcept;
+  PoolBuffer(const PoolBuffer&) = delete;
+  PoolBuffer& operator=(const PoolBuffer&) = delete;
+
+  static StatusOr<PoolBuffer> Allocate(const std::shared_ptr<runtime::MemoryPool>& pool,
+                                       uint64_t bytes);
+
+  runtime::DevPtr ptr() const { return block_.ptr; }
+  uint64_t size() const { return block_.size; }
+  explicit operator bool() const { return static_cast<bool>(block_); }
+
+ private:
+  std::shared_ptr<runtime::MemoryPool> pool_;
+  runtime::PoolBlock block_;
+};
+
+// A weight matrix [rows, cols] as the MATMUL op wants it.
+struct MatrixRef {
+  runtime::DevPtr data = 0;
+  DType dtype = DType::kF32;
+  uint32_t layout = runtime::kLayoutGguf;
+  int64_t rows = 0, cols = 0;
+};
+
+struct LayerWeights {
+  runtime::DevPtr attn_norm = 0;  // f32 [n_embd]
+  runtime::DevPtr ffn_norm = 0;   // f32 [n_embd]
+  runtime::DevPtr bq = 0, bk = 0, bv = 0;  // f32 [q_dim], [kv_dim], [v_dim], or 0
+  runtime::DevPtr bo = 0;                  // f32 [n_embd], or 0
+  MatrixRef wq, wk, wv, wo;     // [q_dim, n_embd], [kv_dim, n_embd], [v_dim, n_embd], [n_embd, q_dim]
+  MatrixRef w_gate, w_up;       // [n_ff, n_embd]
+  MatrixRef w_down;             // [n_embd, n_ff]
+};
+
+struct ModelWeights {
+  // token_embd in GGUF layout: [n_vocab, n_embd] of embd_dtype.
+  runtime::DevPtr embd = 0;
+  DType embd_dtype = DType::kF32;
+  std::vector<LayerWeights> layers;
+  runtime::DevPtr output_norm = 0;  // f32 [n_embd]
+  MatrixRef output;                 // [n_vocab, n_embd] (token_embd when tied)
+  runtime::DevPtr output_bias = 0;  // f32 [n_vocab], or 0
+  runtime::DevPtr rope_freqs = 0;   // f32 [n_rot / 2], or 0
+  uint64_t device_bytes = 0;        // everything uploaded
+
+  // Owners of the memory above.
+  std::vector<std::unique_ptr<runtime::DeviceWeight>> matrices;
+  std::vector<std::unique_ptr<runtime::DeviceBuffer>> buffers;
+  std::vector<PoolBuffer> vectors;
+};
+
+// Uploads every tensor the configuration uses. `stream` carries the copies; the call returns
+// after they completed.
+StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
+    const GgufFile& file, const ModelConfig& config,
+    const std::shared_ptr<runtime::Device>& device,
+    const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream);
+
+}  // namespace polychip::model

@@ -1,0 +1,242 @@
+#include "model/runner.h"
+
+#include <algorithm>
+#include <string>
+
+namespace polychip::model {
+
+using engine::LogitsMode;
+using engine::SequenceStep;
+using runtime::DevPtr;
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Sub-arrays of the packed index buffer start on 64-element (256-byte) boundaries.
+int64_t Align64(int64_t n) { return CeilDiv(n, 64) * 64; }
+
+int64_t ElementBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+}  // namespace
+
+TransformerRunner::TransformerRunner(ModelConfig config, std::shared_ptr<runtime::Device> device,
+                                     RunnerOptions options)
+    : config_(std::move(config)), device_(std::move(device)), options_(options) {}
+
+TransformerRunner::~TransformerRunner() {
+  // Work may still be queued on the stream; let it finish before the buffers go back.
+  if (stream_) (void)stream_->Synchronize();
+}
+
+StatusOr<std::unique_ptr<TransformerRunner>> TransformerRunner::Create(
+    const GgufFile& file, const ModelConfig& config, std::shared_ptr<runtime::Device> device,
+    const RunnerOptions& options) {
+  std::unique_ptr<TransformerRunner> runner(
+      new TransformerRunner(config, std::move(device), options));
+  PC_RETURN_IF_ERROR(runner->Init(file));
+  return runner;
+}
+
+Status TransformerRunner::Init(const GgufFile& file) {
+  const ModelConfig& c = config_;
+  RunnerOptions& o = options_;
+  if (o.kv_dtype != DType::kF16 && o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16) {
+    return InvalidArgument(std::string("KV cache type must be F16, F32 or BF16, not ") +
+                           DTypeName(o.kv_dtype));
+  }
+  if (o.block_size <= 0 || o.max_tokens_per_step <= 0 || o.max_logit_rows <= 0) {
+    return InvalidArgument("block size, tokens per step and logit rows must be positive");
+  }
+  context_length_ = o.context_length > 0 ? o.context_length
+                                         : std::min<int64_t>(c.n_ctx_train > 0 ? c.n_ctx_train
+                                                                               : 4096,
+                                                             4096);
+  const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : context_length_;
+  num_blocks_ = CeilDiv(kv_tokens, o.block_size);
+  max_blocks_per_seq_ = CeilDiv(context_length_, o.block_size);
+
+  runtime::MemoryPoolOptions pool_options;
+  pool_options.arena_bytes = o.arena_bytes;
+  pool_ = std::make_shared<runtime::MemoryPool>(device_, pool_options);
+  PC_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
+  PC_ASSIGN_OR_RETURN(weights_, LoadWeights(file, c, device_, pool_, *stream_));
+  PC_ASSIGN_OR_RETURN(Transformer transformer, Transformer::Create(c, *weights_));
+  transformer_ = std::make_unique<Transformer>(std::move(transformer));
+
+  // KV cache: per layer, K and V of [n_blocks, block_size, n_head_kv, head_dim].
+  const uint64_t kv_layer_bytes = uint64_t(num_blocks_) * o.block_size * c.n_head_kv *
+                                  c.head_dim * ElementBytes(o.kv_dtype);
+  kv_.dtype = o.kv_dtype;
+  kv_.block_size = o.block_size;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    for (auto* list : {&kv_.k, &kv_.v}) {
+      PC_ASSIGN_OR_RETURN(PoolBuffer b, PoolBuffer::Allocate(pool_, kv_layer_bytes));
+      list->push_back(b.ptr());
+      kv_buffers_.push_back(std::move(b));
+      kv_bytes_ += kv_layer_bytes;
+    }
+  }
+
+  // Activation workspace for max_tokens_per_step rows.
+  const int64_t T = o.max_tokens_per_step;
+  auto alloc = [&](int64_t floats) -> StatusOr<DevPtr> {
+    PC_ASSIGN_OR_RETURN(PoolBuffer b, PoolBuffer::Allocate(pool_, uint64_t(floats) * 4));
+    const DevPtr p = b.ptr();
+    work_.push_back(std::move(b));
+    return p;
+  };
+  PC_ASSIGN_OR_RETURN(buf_.x, alloc(T * c.n_embd));
+  PC_ASSIGN_OR_RETURN(buf_.xn, alloc(T * c.n_embd));
+  PC_ASSIGN_OR_RETURN(buf_.q, alloc(T * c.q_dim()));
+  PC_ASSIGN_OR_RETURN(buf_.k, alloc(T * c.kv_dim()));
+  PC_ASSIGN_OR_RETURN(buf_.v, alloc(T * c.kv_dim()));
+  PC_ASSIGN_OR_RETURN(buf_.attn, alloc(T * c.q_dim()));
+  PC_ASSIGN_OR_RETURN(buf_.gate, alloc(T * c.n_ff));
+  PC_ASSIGN_OR_RETURN(buf_.up, alloc(T * c.n_ff));
+  PC_ASSIGN_OR_RETURN(h_, alloc(o.max_logit_rows * c.n_embd));
+  PC_ASSIGN_OR_RETURN(logits_, alloc(o.max_logit_rows * c.n_vocab));
+
+  // tokens, positions, slots, rows: [T]; query_start [T + 1]; seq_lens [T];
+  // block_tables [T, max_blocks_per_seq].
+  const int64_t meta_elems =
+      5 * Align64(T) + Align64(T + 1) + Align64(T * max_blocks_per_seq_);
+  meta_bytes_ = uint64_t(meta_elems) * 4;
+  PC_ASSIGN_OR_RETURN(meta_, PoolBuffer::Allocate(pool_, meta_bytes_));
+  host_meta_.resize(meta_elems);
+  return Status::Ok();
+}
+
+Status TransformerRunner::Validate(const SequenceStep& s) const {
+  const int64_t end = int64_t(s.start_pos) + int64_t(s.tokens.size());
+  if (s.start_pos < 0 || end > context_length_) {
+    return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": positions [" +
+                           std::to_string(s.start_pos) + ", " + std::to_string(end) +
+                           ") exceed the context length " + std::to_string(context_length_));
+  }
+  if (int64_t(s.block_table.size()) < CeilDiv(end, options_.block_size)) {
+    return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": block table has " +
+                           std::to_string(s.block_table.size()) + " blocks, " +
+                           std::to_string(CeilDiv(end, options_.block_size)) + " needed");
+  }
+  for (int32_t b : s.block_table) {
+    if (b < 0 || b >= num_blocks_) {
+      return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": block id " +
+                             std::to_string(b) + " out of range [0, " +
+                             std::to_string(num_blocks_) + ")");
+    }
+  }
+  for (int32_t t : s.tokens) {
+    if (t < 0 || t >= config_.n_vocab) {
+      return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": token id " +
+                             std::to_string(t) + " out of range");
+    }
+  }
+  if (s.tokens.empty() && s.logits != LogitsMode::kNone) {
+    return InvalidArgument("sequence " + std::to_string(s.seq_id) +
+                           ": logits requested for a step without tokens");
+  }
+  return Status::Ok();
+}
+
+Status TransformerRunner::Forward(std::span<const SequenceStep> batch,
+                                  std::vector<float>* logits) {
+  logits->clear();
+  for (const SequenceStep& s : batch) PC_RETURN_IF_ERROR(Validate(s));
+
+  // Pack the batch into sub-steps of at most max_tokens_per_step tokens.
+  const int64_t cap = options_.max_tokens_per_step;
+  std::vector<Piece> pieces;
+  int64_t used = 0;
+  for (const SequenceStep& s : batch) {
+    int64_t begin = 0;
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    while (begin < n) {
+      if (used == cap) {
+        PC_RETURN_IF_ERROR(RunPieces(pieces, logits));
+        pieces.clear();
+        used = 0;
+      }
+      const int64_t take = std::min(n - begin, cap - used);
+      pieces.push_back({&s, begin, take});
+      begin += take;
+      used += take;
+    }
+  }
+  if (!pieces.empty()) PC_RETURN_IF_ERROR(RunPieces(pieces, logits));
+  return Status::Ok();
+}
+
+Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t bs = options_.block_size;
+  const int64_t T_cap = options_.max_tokens_per_step;
+
+  int64_t n_tokens = 0, max_blocks = 0, max_len = 0;
+  for (const Piece& p : pieces) {
+    n_tokens += p.count;
+    const int64_t len = p.seq->start_pos + p.begin + p.count;
+    max_len = std::max(max_len, len);
+    max_blocks = std::max(max_blocks, CeilDiv(len, bs));
+  }
+  const int64_t n_seqs = static_cast<int64_t>(pieces.size());
+
+  // Host staging of the index arrays, in one packed buffer (one copy to the device).
+  int32_t* m = host_meta_.data();
+  const int64_t o_tokens = 0, o_pos = Align64(T_cap), o_slots = 2 * Align64(T_cap),
+                o_rows = 3 * Align64(T_cap), o_lens = 4 * Align64(T_cap),
+                o_qstart = 5 * Align64(T_cap), o_tables = o_qstart + Align64(T_cap + 1);
+  int64_t t = 0, n_rows = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const Piece& p = pieces[s];
+    const SequenceStep& seq = *p.seq;
+    m[o_qstart + s] = static_cast<int32_t>(t);
+    m[o_lens + s] = static_cast<int32_t>(seq.start_pos + p.begin + p.count);
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      m[o_tables + s * max_blocks + b] =
+          b < int64_t(seq.block_table.size()) ? seq.block_table[b] : 0;
+    }
+    const bool last_piece = p.begin + p.count == int64_t(seq.tokens.size());
+    for (int64_t i = 0; i < p.count; ++i, ++t) {
+      const int64_t pos = seq.start_pos + p.begin + i;
+      m[o_tokens + t] = seq.tokens[p.begin + i];
+      m[o_pos + t] = static_cast<int32_t>(pos);
+      m[o_slots + t] = static_cast<int32_t>(seq.block_table[pos / bs] * bs + pos % bs);
+      const bool want = seq.logits == LogitsMode::kAll ||
+                        (seq.logits == LogitsMode::kLast && last_piece && i == p.count - 1);
+      if (want) m[o_rows + n_rows++] = static_cast<int32_t>(t);
+    }
+  }
+  m[o_qstart + n_seqs] = static_cast<int32_t>(t);
+
+  const DevPtr base = meta_.ptr();
+  const uint64_t copy_bytes = uint64_t(o_tables + n_seqs * max_blocks) * 4;
+  PC_RETURN_IF_ERROR(stream_->CopyH2D(base, host_meta_.data(), copy_bytes));
+
+  StepInputs in;
+  in.n_tokens = n_tokens;
+  in.n_seqs = n_seqs;
+  in.tokens = base + o_tokens * 4;
+  in.positions = base + o_pos * 4;
+  in.slots = base + o_slots * 4;
+  in.query_start = base + o_qstart * 4;
+  in.seq_lens = base + o_lens * 4;
+  in.block_tables = base + o_tables * 4;
+  in.max_blocks_per_seq = max_blocks;
+  in.max_seq_len = max_len;
+  PC_RETURN_IF_ERROR(transformer_->Layers(*stream_, in, buf_, kv_));
+
+  // Logits, max_logit_rows at a time, copied straight into the caller's vector.
+  const size_t out_base = logits->size();
+  logits->resize(out_base + size_t(n_rows) * c.n_vocab);
+  for (int64_t r = 0; r < n_rows; r += options_.max_logit_rows) {
+    const int64_t rows = std::min(options_.max_logit_rows, n_rows - r);
+    PC_RETURN_IF_ERROR(transformer_->Logits(*stream_, buf_.x, n_tokens,
+                                            base + (o_rows + r) * 4, rows, h_, logits_));
+    PC_RETURN_IF_ERROR(stream_->CopyD2H(logits->data() + out_base + size_t(r) * c.n_vocab,
+                                        logits_, uint64_t(rows) * c.n_vocab * 4));
+  }
+  // The host staging buffer and the logits must not be touched before the stream is done.
+  return stream_->Synchronize();
+}
+
+}  // namespace polychip::model

@@ -1,0 +1,94 @@
+// The ModelRunner of the llama family on one device: owns the weights, the paged KV cache and
+// the activation workspace (all from one device memory pool) and runs engine steps through the
+// Transformer. A batch larger than the workspace is split into sub-steps of at most
+// max_tokens_per_step tokens (a sequence's tokens may span sub-steps: its earlier tokens' K/V
+// are in the cache by then), so the engine never has to know the workspace size.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/model_loader.h"
+#include "model/transformer.h"
+#include "runtime/device.h"
+#include "runtime/memory_pool.h"
+#include "util/status.h"
+
+namespace polychip::model {
+
+struct RunnerOptions {
+  int64_t context_length = 0;        // max positions per sequence; 0: min(n_ctx_train, 4096)
+  int64_t kv_tokens = 0;             // token slots in the KV cache; 0: context_length
+  int64_t block_size = 16;           // token slots per KV block
+  DType kv_dtype = DType::kF16;      // F16 (default, as llama.cpp), F32 or BF16
+  int64_t max_tokens_per_step = 512; // activation workspace rows
+  int64_t max_logit_rows = 64;       // logits computed per output launch
+  uint64_t arena_bytes = 64ull << 20;  // memory pool arena size
+};
+
+class TransformerRunner : public engine::ModelRunner {
+ public:
+  // Uploads the weights of `file` (which may be closed afterwards) and allocates the KV cache
+  // and the workspace on `device`.
+  static StatusOr<std::unique_ptr<TransformerRunner>> Create(
+      const GgufFile& file, const ModelConfig& config, std::shared_ptr<runtime::Device> device,
+      const RunnerOptions& options = {});
+  ~TransformerRunner() override;
+
+  int64_t vocab_size() const override { return config_.n_vocab; }
+  int64_t context_length() const override { return context_length_; }
+  int64_t block_size() const override { return options_.block_size; }
+  int64_t num_kv_blocks() const override { return num_blocks_; }
+
+  Status Forward(std::span<const engine::SequenceStep> batch,
+                 std::vector<float>* logits) override;
+
+  const ModelConfig& config() const { return config_; }
+  const RunnerOptions& options() const { return options_; }
+  runtime::Device& device() const { return *device_; }
+  uint64_t weight_bytes() const { return weights_->device_bytes; }
+  uint64_t kv_bytes() const { return kv_bytes_; }
+
+ private:
+  // A contiguous run of one sequence's tokens inside a sub-step.
+  struct Piece {
+    const engine::SequenceStep* seq;
+    int64_t begin;  // index into seq->tokens
+    int64_t count;
+  };
+  TransformerRunner(ModelConfig config, std::shared_ptr<runtime::Device> device,
+                    RunnerOptions options);
+  Status Init(const GgufFile& file);
+  Status Validate(const engine::SequenceStep& s) const;
+  Status RunPieces(std::span<const Piece> pieces, std::vector<float>* logits);
+
+  ModelConfig config_;
+  std::shared_ptr<runtime::Device> device_;
+  RunnerOptions options_;
+  int64_t context_length_ = 0;
+  int64_t num_blocks_ = 0;
+  int64_t max_blocks_per_seq_ = 0;
+  uint64_t kv_bytes_ = 0;
+
+  std::shared_ptr<runtime::MemoryPool> pool_;
+  std::unique_ptr<runtime::Stream> stream_;
+  std::unique_ptr<ModelWeights> weights_;
+  std::unique_ptr<Transformer> transformer_;
+
+  std::vector<PoolBuffer> kv_buffers_;  // K and V of every layer
+  KvCacheView kv_;
+  std::vector<PoolBuffer> work_;        // activation buffers
+  StepBuffers buf_;
+  runtime::DevPtr h_ = 0;        // [max_logit_rows, n_embd]
+  runtime::DevPtr logits_ = 0;   // [max_logit_rows, n_vocab]
+  PoolBuffer meta_;              // packed int32 index arrays of a step
+  uint64_t meta_bytes_ = 0;
+  std::vector<int32_t> host_meta_;  // staging for meta_ (alive until the step synchronizes)
+};
+
+}  // namespace polychip::model

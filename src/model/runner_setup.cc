@@ -1,0 +1,41 @@
+#include "model/runner_setup.h"
+
+#include "runtime/config.h"
+#include "runtime/plugin_loader.h"
+
+namespace polychip::model {
+
+StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_path,
+                                                      const std::string& device_flag,
+                                                      int threads) {
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
+                      runtime::ResolveRuntimeConfig(config_path, device_flag));
+  if (threads > 0 && config.backend) {
+    config.backend->params.emplace_back("threads", std::to_string(threads));
+  }
+  PC_ASSIGN_OR_RETURN(runtime::Selection selection,
+                      runtime::SelectPlugins(config, /*load_all_if_unset=*/true));
+  if (!selection.backend) {
+    return NotFound("no device backend found (set --device, e.g. --device cpu:0)");
+  }
+  PC_ASSIGN_OR_RETURN(auto devices, runtime::OpenDevices(selection.backend, config.devices));
+  if (devices.empty()) {
+    return NotFound("backend " + selection.backend->name() + " has no visible device");
+  }
+  return devices.front();
+}
+
+StatusOr<ModelFile> OpenModelFile(const std::string& path) {
+  ModelFile m;
+  PC_ASSIGN_OR_RETURN(m.file, GgufFile::Open(path));
+  PC_ASSIGN_OR_RETURN(m.config, ModelConfig::FromGguf(*m.file));
+  PC_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::FromGguf(*m.file));
+  if (m.tokenizer->n_vocab() != m.config.n_vocab) {
+    return InvalidArgument(path + ": the tokenizer has " + std::to_string(m.tokenizer->n_vocab()) +
+                           " tokens but the model's vocabulary is " +
+                           std::to_string(m.config.n_vocab));
+  }
+  return m;
+}
+
+}  // namespace polychip::model

@@ -1,0 +1,31 @@
+// What a command needs before it can run a model: the device chosen by --device / --config /
+// the environment, and the model file with its configuration and tokenizer. Shared by
+// `polychip run`, `polychip perplexity` and the server.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+#include "runtime/device.h"
+#include "util/status.h"
+
+namespace polychip::model {
+
+// Loads the configured backend (or, with none configured, the best one discovered) and opens
+// its first selected device. threads > 0 is passed to the plugin as its "threads" parameter.
+StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_path,
+                                                      const std::string& device_flag,
+                                                      int threads = 0);
+
+struct ModelFile {
+  std::unique_ptr<GgufFile> file;
+  ModelConfig config;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+// Opens a GGUF model, reads and validates its configuration, builds its tokenizer.
+StatusOr<ModelFile> OpenModelFile(const std::string& path);
+
+}  // namespace polychip::model

@@ -1,0 +1,188 @@
+#include "model/transformer.h"
+
+#include <cmath>
+
+namespace polychip::model {
+
+using runtime::DevPtr;
+using runtime::Launch;
+
+ArchTraits TraitsFor(Arch arch) {
+  switch (arch) {
+    case Arch::kQwen2:
+      return Qwen2Traits();
+    case Arch::kLlama:
+    default:
+      return LlamaTraits();
+  }
+}
+
+StatusOr<Transformer> Transformer::Create(const ModelConfig& config,
+                                          const ModelWeights& weights) {
+  if (config.head_dim_v != config.head_dim) {
+    return Unimplemented("value head size " + std::to_string(config.head_dim_v) +
+                         " differs from key head size " + std::to_string(config.head_dim));
+  }
+  if (config.n_head_kv <= 0 || config.n_head % config.n_head_kv != 0) {
+    return InvalidArgument("head_count " + std::to_string(config.n_head) +
+                           " is not a multiple of head_count_kv " +
+                           std::to_string(config.n_head_kv));
+  }
+  if (config.n_rot > config.head_dim || config.n_rot % 2 != 0) {
+    return InvalidArgument("rope dimension " + std::to_string(config.n_rot) + " invalid");
+  }
+  return Transformer(config, weights, TraitsFor(config.arch));
+}
+
+Status Transformer::Matmul(const runtime::Stream& stream, DevPtr x, const MatrixRef& w,
+                           DevPtr bias, DevPtr out, int64_t m, bool accumulate) const {
+  runtime::MatmulArgs a;
+  a.x = x;
+  a.w = w.data;
+  a.w_dtype = w.dtype;
+  a.w_layout = w.layout;
+  a.bias = bias;
+  a.out = out;
+  a.m = m;
+  a.n = w.rows;
+  a.k = w.cols;
+  a.accumulate = accumulate;
+  return Launch(stream, a);
+}
+
+Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positions,
+                         int64_t n_tokens, int64_t n_heads) const {
+  const ModelConfig& c = *c_;
+  runtime::RopeArgs a;
+  a.x = x;
+  a.positions = positions;
+  a.freq_factors = w_->rope_freqs;
+  a.n_tokens = n_tokens;
+  a.n_heads = n_heads;
+  a.head_dim = c.head_dim;
+  a.n_rot = static_cast<int32_t>(c.n_rot);
+  a.mode = traits_.rope_mode;
+  a.freq_base = c.rope_freq_base;
+  // Linear and YaRN scaling both interpolate positions by 1/factor; YaRN additionally mixes in
+  // extrapolation for the high frequencies (ext_factor 1, as llama.cpp defaults for YaRN).
+  a.freq_scale = c.rope_scaling == RopeScaling::kNone ? 1.f : 1.f / c.rope_scaling_factor;
+  a.ext_factor = c.rope_scaling == RopeScaling::kYarn ? 1.f : 0.f;
+  a.attn_factor = 1.f;
+  a.beta_fast = 32.f;
+  a.beta_slow = 1.f;
+  a.n_ctx_orig = static_cast<int32_t>(c.rope_orig_ctx > 0 ? c.rope_orig_ctx : c.n_ctx_train);
+  return Launch(stream, a);
+}
+
+Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
+                           const StepBuffers& b, const KvCacheView& kv) const {
+  const ModelConfig& c = *c_;
+  const int64_t T = in.n_tokens;
+
+  runtime::EmbeddingArgs emb;
+  emb.table = w_->embd;
+  emb.table_dtype = w_->embd_dtype;
+  emb.n_rows = c.n_vocab;
+  emb.row_len = c.n_embd;
+  emb.ids = in.tokens;
+  emb.n_ids = T;
+  emb.out = b.x;
+  PC_RETURN_IF_ERROR(Launch(stream, emb));
+
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& L = w_->layers[l];
+
+    // ---- attention ----
+    runtime::RmsNormArgs norm;
+    norm.x = b.x;
+    norm.weight = L.attn_norm;
+    norm.out = b.xn;
+    norm.n_rows = T;
+    norm.dim = c.n_embd;
+    norm.eps = c.rms_eps;
+    PC_RETURN_IF_ERROR(Launch(stream, norm));
+
+    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wq, L.bq, b.q, T, false));  // [T, n_head*hd]
+    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wk, L.bk, b.k, T, false));  // [T, n_head_kv*hd]
+    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wv, L.bv, b.v, T, false));  // [T, n_head_kv*hd]
+    PC_RETURN_IF_ERROR(Rope(stream, b.q, in.positions, T, c.n_head));
+    PC_RETURN_IF_ERROR(Rope(stream, b.k, in.positions, T, c.n_head_kv));
+
+    runtime::KvStoreArgs store;
+    store.k = b.k;
+    store.v = b.v;
+    store.k_cache = kv.k[l];
+    store.v_cache = kv.v[l];
+    store.slots = in.slots;
+    store.cache_dtype = kv.dtype;
+    store.n_tokens = T;
+    store.n_kv_heads = c.n_head_kv;
+    store.head_dim = c.head_dim;
+    store.block_size = kv.block_size;
+    PC_RETURN_IF_ERROR(Launch(stream, store));
+
+    runtime::AttentionArgs att;
+    att.q = b.q;
+    att.k_cache = kv.k[l];
+    att.v_cache = kv.v[l];
+    att.out = b.attn;
+    att.query_start = in.query_start;
+    att.seq_lens = in.seq_lens;
+    att.block_tables = in.block_tables;
+    att.cache_dtype = kv.dtype;
+    att.n_tokens = T;
+    att.n_seqs = in.n_seqs;
+    att.n_heads = c.n_head;
+    att.n_kv_heads = c.n_head_kv;
+    att.head_dim = c.head_dim;
+    att.block_size = kv.block_size;
+    att.max_blocks_per_seq = in.max_blocks_per_seq;
+    att.max_seq_len = in.max_seq_len;
+    att.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    PC_RETURN_IF_ERROR(Launch(stream, att));
+
+    // x += attn Wo^T (+ bo): the residual connection fused into the matmul.
+    PC_RETURN_IF_ERROR(Matmul(stream, b.attn, L.wo, L.bo, b.x, T, true));
+
+    // ---- feed-forward ----
+    norm.weight = L.ffn_norm;
+    PC_RETURN_IF_ERROR(Launch(stream, norm));
+    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_gate, 0, b.gate, T, false));  // [T, n_ff]
+    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_up, 0, b.up, T, false));      // [T, n_ff]
+    runtime::SwigluArgs act;
+    act.gate = b.gate;
+    act.up = b.up;
+    act.out = b.gate;
+    act.n = T * c.n_ff;
+    PC_RETURN_IF_ERROR(Launch(stream, act));
+    PC_RETURN_IF_ERROR(Matmul(stream, b.gate, L.w_down, 0, b.x, T, true));
+  }
+  return Status::Ok();
+}
+
+Status Transformer::Logits(const runtime::Stream& stream, DevPtr x, int64_t n_tokens,
+                           DevPtr row_ids, int64_t n_rows, DevPtr h, DevPtr logits) const {
+  const ModelConfig& c = *c_;
+  // Gather the rows that need logits with the EMBEDDING op over the F32 hidden states.
+  runtime::EmbeddingArgs gather;
+  gather.table = x;
+  gather.table_dtype = DType::kF32;
+  gather.n_rows = n_tokens;
+  gather.row_len = c.n_embd;
+  gather.ids = row_ids;
+  gather.n_ids = n_rows;
+  gather.out = h;
+  PC_RETURN_IF_ERROR(Launch(stream, gather));
+
+  runtime::RmsNormArgs norm;
+  norm.x = h;
+  norm.weight = w_->output_norm;
+  norm.out = h;
+  norm.n_rows = n_rows;
+  norm.dim = c.n_embd;
+  norm.eps = c.rms_eps;
+  PC_RETURN_IF_ERROR(Launch(stream, norm));
+  return Matmul(stream, h, w_->output, w_->output_bias, logits, n_rows, false);
+}
+
+}  // namespace polychip::model

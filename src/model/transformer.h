@@ -1,0 +1,96 @@
+// The decoder-only transformer shared by the llama family (llama, qwen2): the forward pass of
+// one step written as op launches on a runtime stream. What differs between architectures is
+// described by ArchTraits, defined in one file per architecture (llama.cc, qwen2.cc).
+//
+// Per step:   x = embedding(tokens)
+//   per layer: xn = rms_norm(x) ; q,k,v = xn W^T (+ bias) ; rope(q), rope(k)
+//              kv_store(k, v) ; a = paged_attention(q) ; x += a Wo^T
+//              xn = rms_norm(x) ; g = silu(xn Wg^T) * (xn Wu^T) ; x += g Wd^T
+//   logits:    h = rms_norm(gather(x, rows)) ; logits = h Wout^T (+ bias)
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/model_config.h"
+#include "model/model_loader.h"
+#include "runtime/device.h"
+#include "runtime/ops.h"
+#include "util/status.h"
+
+namespace polychip::model {
+
+struct ArchTraits {
+  const char* name = "";
+  runtime::RopeMode rope_mode = runtime::RopeMode::kNormal;
+};
+ArchTraits LlamaTraits();  // llama.cc
+ArchTraits Qwen2Traits();  // qwen2.cc
+ArchTraits TraitsFor(Arch arch);
+
+// The paged KV cache: per layer one K and one V buffer of
+// [n_blocks, block_size, n_head_kv, head_dim] elements of `dtype`.
+struct KvCacheView {
+  std::vector<runtime::DevPtr> k, v;  // [n_layer]
+  DType dtype = DType::kF16;
+  int64_t block_size = 16;
+};
+
+// Index arrays of one step, already on the device (all int32).
+struct StepInputs {
+  int64_t n_tokens = 0;
+  int64_t n_seqs = 0;
+  runtime::DevPtr tokens = 0;        // [n_tokens]
+  runtime::DevPtr positions = 0;     // [n_tokens]
+  runtime::DevPtr slots = 0;         // [n_tokens] KV slot of each token
+  runtime::DevPtr query_start = 0;   // [n_seqs + 1]
+  runtime::DevPtr seq_lens = 0;      // [n_seqs]
+  runtime::DevPtr block_tables = 0;  // [n_seqs, max_blocks_per_seq]
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_seq_len = 0;
+};
+
+// F32 activation buffers, sized for at least n_tokens rows.
+struct StepBuffers {
+  runtime::DevPtr x = 0;     // [n_tokens, n_embd] residual stream
+  runtime::DevPtr xn = 0;    // [n_tokens, n_embd] normed
+  runtime::DevPtr q = 0;     // [n_tokens, n_head, head_dim]
+  runtime::DevPtr k = 0;     // [n_tokens, n_head_kv, head_dim]
+  runtime::DevPtr v = 0;     // [n_tokens, n_head_kv, head_dim]
+  runtime::DevPtr attn = 0;  // [n_tokens, n_head, head_dim]
+  runtime::DevPtr gate = 0;  // [n_tokens, n_ff]
+  runtime::DevPtr up = 0;    // [n_tokens, n_ff]
+};
+
+class Transformer {
+ public:
+  // Unimplemented for configurations the ops cannot express (e.g. head_dim_v != head_dim).
+  static StatusOr<Transformer> Create(const ModelConfig& config, const ModelWeights& weights);
+
+  // Embedding and every layer: leaves the hidden states [n_tokens, n_embd] in buffers.x and
+  // the new tokens' K/V in the cache.
+  Status Layers(const runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
+                const KvCacheView& kv) const;
+
+  // logits [n_rows, n_vocab] of the rows `row_ids` (int32 [n_rows]) of x [n_tokens, n_embd];
+  // h is scratch [n_rows, n_embd].
+  Status Logits(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
+                runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h,
+                runtime::DevPtr logits) const;
+
+  const ArchTraits& traits() const { return traits_; }
+
+ private:
+  Transformer(const ModelConfig& config, const ModelWeights& weights, ArchTraits traits)
+      : c_(&config), w_(&weights), traits_(traits) {}
+  Status Matmul(const runtime::Stream& stream, runtime::DevPtr x, const MatrixRef& w,
+                runtime::DevPtr bias, runtime::DevPtr out, int64_t m, bool accumulate) const;
+  Status Rope(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr positions,
+              int64_t n_tokens, int64_t n_heads) const;
+
+  const ModelConfig* c_;
+  const ModelWeights* w_;
+  ArchTraits traits_;
+};
+
+}  // namespace polychip::model
