@@ -1,0 +1,182 @@
+#include "engine/block_manager.h"
+
+#include <algorithm>
+
+#include "util/status.h"
+
+namespace polychip::engine {
+
+// One cached block: its tokens (the key under its parent), the block id and its children.
+struct BlockManager::Node {
+  Key key;
+  int32_t block = -1;
+  Node* parent = nullptr;
+  std::map<Key, std::unique_ptr<Node>> children;
+  uint64_t last_use = 0;
+  bool in_evictable = false;
+  uint64_t evictable_tick = 0;  // the tick under which it sits in evictable_
+};
+
+BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      enable_prefix_cache_(enable_prefix_cache),
+      ref_(num_blocks, 0),
+      root_(std::make_unique<Node>()) {
+  PC_CHECK(num_blocks > 0 && block_size > 0);
+  free_.reserve(num_blocks);
+  // Reversed so that block 0 is handed out first (easier to read in logs and tests).
+  for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+BlockManager::~BlockManager() = default;
+
+void BlockManager::Touch(Node* node) {
+  for (Node* n = node; n != nullptr && n != root_.get(); n = n->parent) {
+    n->last_use = ++tick_;
+    UpdateEvictable(n);
+  }
+}
+
+// A node is evictable when it is a leaf nobody holds; keeps evictable_ in step with that.
+void BlockManager::UpdateEvictable(Node* node) {
+  if (node == root_.get()) return;
+  if (node->in_evictable) {
+    evictable_.erase({node->evictable_tick, node->block});
+    node->in_evictable = false;
+  }
+  if (ref_[node->block] == 0 && node->children.empty()) {
+    node->evictable_tick = node->last_use;
+    evictable_.insert({node->evictable_tick, node->block});
+    node->in_evictable = true;
+  }
+}
+
+bool BlockManager::EvictOne() {
+  if (evictable_.empty()) return false;
+  const int32_t block = evictable_.begin()->second;
+  evictable_.erase(evictable_.begin());
+  Node* node = block_node_.at(block);
+  Node* parent = node->parent;
+  block_node_.erase(block);
+  parent->children.erase(node->key);  // destroys node
+  --num_evictable_;
+  free_.push_back(block);
+  ++stats_.evicted_blocks;
+  UpdateEvictable(parent);
+  return true;
+}
+
+int32_t BlockManager::PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens) const {
+  if (!enable_prefix_cache_) return 0;
+  const int32_t n = std::min<int64_t>(tokens.size(), std::max(max_tokens, 0)) / block_size_;
+  const Node* node = root_.get();
+  int32_t matched = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    auto chunk = Chunk(tokens, i);
+    auto it = node->children.find(Key(chunk.begin(), chunk.end()));
+    if (it == node->children.end()) break;
+    node = it->second.get();
+    matched += block_size_;
+  }
+  return matched;
+}
+
+int32_t BlockManager::MatchPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
+                                  std::vector<int32_t>* blocks) {
+  if (!enable_prefix_cache_) return 0;
+  const int32_t n = std::min<int64_t>(tokens.size(), std::max(max_tokens, 0)) / block_size_;
+  Node* node = root_.get();
+  int32_t matched = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    auto chunk = Chunk(tokens, i);
+    auto it = node->children.find(Key(chunk.begin(), chunk.end()));
+    if (it == node->children.end()) break;
+    node = it->second.get();
+    if (ref_[node->block]++ == 0) {
+      --num_evictable_;
+      ++num_held_;
+    }
+    blocks->push_back(node->block);
+    matched += block_size_;
+  }
+  if (node != root_.get()) Touch(node);  // also drops the now-held path from evictable_
+  return matched;
+}
+
+bool BlockManager::Allocate(int32_t n, std::vector<int32_t>* blocks) {
+  if (n <= 0) return true;
+  if (NumAvailable() < n) return false;
+  while (static_cast<int32_t>(free_.size()) < n) PC_CHECK(EvictOne());
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t b = free_.back();
+    free_.pop_back();
+    PC_CHECK(ref_[b] == 0);
+    ref_[b] = 1;
+    blocks->push_back(b);
+  }
+  num_held_ += n;
+  return true;
+}
+
+void BlockManager::Release(std::span<const int32_t> blocks) {
+  for (int32_t b : blocks) {
+    PC_CHECK(b >= 0 && b < num_blocks_ && ref_[b] > 0);
+    if (--ref_[b] != 0) continue;
+    --num_held_;
+    auto it = block_node_.find(b);
+    if (it == block_node_.end()) {
+      free_.push_back(b);
+    } else {
+      ++num_evictable_;
+      UpdateEvictable(it->second);
+    }
+  }
+}
+
+void BlockManager::InsertPrefix(std::span<const int32_t> tokens, std::vector<int32_t>* blocks) {
+  if (!enable_prefix_cache_) return;
+  const int32_t n =
+      std::min<int64_t>(tokens.size() / block_size_, static_cast<int64_t>(blocks->size()));
+  Node* node = root_.get();
+  for (int32_t i = 0; i < n; ++i) {
+    auto chunk = Chunk(tokens, i);
+    Key key(chunk.begin(), chunk.end());
+    auto it = node->children.find(key);
+    int32_t& mine = (*blocks)[i];
+    if (it != node->children.end()) {
+      Node* child = it->second.get();
+      if (child->block != mine) {
+        // Same tokens computed twice: adopt the tree's block, drop our duplicate.
+        if (ref_[child->block]++ == 0) {
+          --num_evictable_;
+          ++num_held_;
+        }
+        const int32_t duplicate = mine;
+        mine = child->block;
+        Release({&duplicate, 1});
+      }
+      node = child;
+      continue;
+    }
+    PC_CHECK(block_node_.count(mine) == 0);
+    auto child = std::make_unique<Node>();
+    child->key = std::move(key);
+    child->block = mine;
+    child->parent = node;
+    Node* raw = child.get();
+    node->children.emplace(raw->key, std::move(child));
+    block_node_[mine] = raw;
+    UpdateEvictable(node);  // no longer a leaf
+    node = raw;
+  }
+  if (node != root_.get()) Touch(node);
+}
+
+int32_t BlockManager::Flush() {
+  int32_t n = 0;
+  while (EvictOne()) ++n;
+  return n;
+}
+
+}  // namespace polychip::engine

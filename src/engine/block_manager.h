@@ -1,0 +1,114 @@
+// The paged KV cache's bookkeeping: which KV blocks are free, who holds each one (refcounts), and
+// a radix tree over full blocks keyed by their token ids, so that a new sequence that starts with
+// tokens some earlier sequence already computed reuses those blocks instead of recomputing them.
+//
+// The runner owns the memory (ModelRunner::num_kv_blocks() blocks); this class only hands out
+// block ids. A block is in one of three states:
+//   free       on the free list, content meaningless;
+//   held       refcount > 0 (a running sequence uses it; cached blocks can be held by several);
+//   cached     refcount == 0 but in the radix tree: reusable by a later prefix match, evicted
+//              least-recently-used first when Allocate() runs out of free blocks.
+// Not thread-safe: the engine thread is its only user.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <vector>
+
+namespace polychip::engine {
+
+struct PrefixCacheStats {
+  int64_t queried_tokens = 0;  // tokens looked up by MatchPrefix
+  int64_t hit_tokens = 0;      // of which were found in the cache
+  int64_t evicted_blocks = 0;
+  double hit_rate() const {
+    return queried_tokens ? static_cast<double>(hit_tokens) / queried_tokens : 0.0;
+  }
+};
+
+class BlockManager {
+ public:
+  BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache);
+  ~BlockManager();
+  BlockManager(const BlockManager&) = delete;
+  BlockManager& operator=(const BlockManager&) = delete;
+
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t block_size() const { return block_size_; }
+  bool prefix_cache_enabled() const { return enable_prefix_cache_; }
+
+  // Blocks Allocate() can hand out now: free plus cached-and-unreferenced (evictable).
+  int32_t NumAvailable() const { return static_cast<int32_t>(free_.size()) + num_evictable_; }
+  int32_t NumFree() const { return static_cast<int32_t>(free_.size()); }
+  // Blocks held by at least one sequence.
+  int32_t NumHeld() const { return num_held_; }
+  int32_t NumCached() const { return static_cast<int32_t>(block_node_.size()); }
+
+  // Finds the longest prefix of `tokens` made of whole cached blocks, takes a reference on each
+  // of those blocks, appends them to `blocks` and returns the number of tokens they cover.
+  // At most `max_tokens` tokens are matched (the engine leaves at least one prompt token to
+  // compute, since it needs its logits). Statistics are the caller's (RecordLookup), since a
+  // lookup may be undone when the request cannot be admitted yet.
+  int32_t MatchPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
+                      std::vector<int32_t>* blocks);
+  void RecordLookup(int64_t queried_tokens, int64_t hit_tokens) {
+    stats_.queried_tokens += queried_tokens;
+    stats_.hit_tokens += hit_tokens;
+  }
+  // Like MatchPrefix without taking references (for the longest-prefix-match policy).
+  int32_t PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens) const;
+
+  // Appends `n` blocks with refcount 1, evicting least-recently-used cached blocks when the free
+  // list is short. Returns false (and allocates nothing) when fewer than n are available.
+  bool Allocate(int32_t n, std::vector<int32_t>* blocks);
+
+  // Drops one reference on each block. A block nobody holds goes back to the free list, or stays
+  // in the cache (evictable) when the radix tree indexes it.
+  void Release(std::span<const int32_t> blocks);
+
+  // Indexes the full blocks of a sequence: (*blocks)[i] holds the KV of
+  // tokens[i*block_size, (i+1)*block_size). Only whole blocks of `tokens` are inserted. Where
+  // the tree already has another block for the same tokens (two sequences computed the same
+  // prefix at once), the sequence switches to the tree's block (same KV content) and its
+  // duplicate is released. This keeps the invariant that a sequence holding a cached block also
+  // holds all its ancestors, so every unreferenced cached block is evictable.
+  void InsertPrefix(std::span<const int32_t> tokens, std::vector<int32_t>* blocks);
+
+  // Evicts every cached block nobody holds (POST /flush_cache). Returns how many were freed.
+  int32_t Flush();
+
+  int32_t RefCount(int32_t block) const { return ref_[block]; }
+  bool IsCached(int32_t block) const { return block_node_.count(block) != 0; }
+  const PrefixCacheStats& stats() const { return stats_; }
+
+ private:
+  struct Node;
+  using Key = std::vector<int32_t>;
+
+  void Touch(Node* node);
+  void UpdateEvictable(Node* node);
+  bool EvictOne();
+  std::span<const int32_t> Chunk(std::span<const int32_t> tokens, int32_t i) const {
+    return tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
+  }
+
+  int32_t num_blocks_;
+  int32_t block_size_;
+  bool enable_prefix_cache_;
+  std::vector<int32_t> free_;  // a stack: recently freed blocks are reused first
+  std::vector<int32_t> ref_;   // refcount by block id
+  int32_t num_held_ = 0;
+
+  std::unique_ptr<Node> root_;
+  std::map<int32_t, Node*> block_node_;  // cached block id -> its tree node
+  // Evictable leaves ordered by last use: (tick, block id).
+  std::set<std::pair<uint64_t, int32_t>> evictable_;
+  int32_t num_evictable_ = 0;  // cached blocks with refcount 0 (leaves or not: see InsertPrefix)
+  uint64_t tick_ = 0;
+  PrefixCacheStats stats_;
+};
+
+}  // namespace polychip::engine

@@ -1,0 +1,570 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <map>
+
+#include <spdlog/spdlog.h>
+
+namespace polychip::engine {
+
+struct Engine::Sequence {
+  std::shared_ptr<RequestStream> stream;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int32_t prompt_len = 0;
+  int32_t max_total = 0;     // tokens.size() at which generation ends (length)
+  int32_t num_computed = 0;  // tokens whose KV is in `blocks`
+  std::vector<int32_t> blocks;
+  int32_t priority = 0;
+  int64_t arrival = 0;  // submission order; kept across preemption
+  int32_t cached_tokens = 0;
+  bool matched = false;   // prefix lookup done since the last (re)admission
+  bool admitted = false;  // admitted at least once (statistics count the first time only)
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<StopChecker> stop;
+  Clock::time_point arrive_time;
+  Clock::time_point last_token_time;
+  bool got_first_token = false;
+};
+
+StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name) {
+  if (name == "fcfs") return SchedulePolicy::kFcfs;
+  if (name == "lpm") return SchedulePolicy::kLpm;
+  if (name == "priority") return SchedulePolicy::kPriority;
+  return InvalidArgument("unknown schedule policy '" + name + "' (fcfs, lpm, priority)");
+}
+
+Engine::Engine(ModelRunner* runner, EngineOptions options, PieceFn piece,
+               std::vector<int32_t> eog_tokens)
+    : runner_(runner),
+      options_(options),
+      piece_(std::move(piece)),
+      eog_tokens_(std::move(eog_tokens)),
+      context_length_(options.context_length > 0
+                          ? std::min<int64_t>(options.context_length, runner->context_length())
+                          : runner->context_length()),
+      max_seq_tokens_(std::min<int64_t>(context_length_,
+                                        runner->num_kv_blocks() * runner->block_size())),
+      vocab_size_(runner->vocab_size()),
+      blocks_(static_cast<int32_t>(runner->num_kv_blocks()),
+              static_cast<int32_t>(runner->block_size()), options.enable_prefix_cache) {
+  stats_.kv_blocks_total = blocks_.num_blocks();
+}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Whatever is left gets a final event, so no HTTP thread waits forever.
+  TakeInbox();
+  for (auto* list : {&running_, &waiting_}) {
+    while (!list->empty()) {
+      Sequence* s = list->front().get();
+      StreamEvent ev;
+      ev.error = Cancelled("server shutting down");
+      Finish(s, std::move(ev));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& p : flush_requests_) p.set_value(false);
+  flush_requests_.clear();
+}
+
+void Engine::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
+StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerateInput input) {
+  const int64_t n_prompt = static_cast<int64_t>(input.prompt.size());
+  if (n_prompt == 0) return InvalidArgument("the prompt is empty");
+  if (n_prompt >= max_seq_tokens_) {
+    return InvalidArgument("the prompt has " + std::to_string(n_prompt) +
+                           " tokens; this server's maximum context length is " +
+                           std::to_string(max_seq_tokens_) +
+                           " tokens (prompt plus at least one generated token)");
+  }
+  for (int32_t t : input.prompt) {
+    if (t < 0 || t >= vocab_size_) {
+      return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                             std::to_string(vocab_size_) + ")");
+    }
+  }
+  if (input.params.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0");
+  // Generation stops at the context length even when max_tokens asks for more.
+  const int64_t room = max_seq_tokens_ - n_prompt;
+  if (input.params.max_tokens == 0 || input.params.max_tokens > room) {
+    input.params.max_tokens = static_cast<int32_t>(room);
+  }
+
+  auto seq = std::make_unique<Sequence>();
+  seq->stream = std::make_shared<RequestStream>(input.rid);
+  seq->prompt_len = static_cast<int32_t>(n_prompt);
+  seq->max_total = static_cast<int32_t>(n_prompt + input.params.max_tokens);
+  seq->priority = input.priority;
+  seq->arrive_time = Clock::now();
+  seq->sampler =
+      std::make_unique<Sampler>(input.params, vocab_size_, eog_tokens_, input.prompt);
+  seq->stop = std::make_unique<StopChecker>(input.params, eog_tokens_);
+  seq->tokens = std::move(input.prompt);
+  auto stream = seq->stream;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && thread_.joinable()) return Unavailable("the server is shutting down");
+    if (num_queued_ >= options_.max_queued_requests) {
+      return Unavailable("the request queue is full (" +
+                         std::to_string(options_.max_queued_requests) +
+                         " waiting); retry later");
+    }
+    seq->arrival = next_arrival_++;
+    ++num_queued_;
+    inbox_.push_back(std::move(seq));
+    wake_ = true;
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void Engine::Abort(const std::shared_ptr<RequestStream>& stream) {
+  if (!stream) return;
+  stream->Cancel();
+  Wake();
+}
+
+bool Engine::FlushCache() {
+  std::future<bool> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flush_requests_.emplace_back();
+    done = flush_requests_.back().get_future();
+    wake_ = true;
+  }
+  cv_.notify_all();
+  if (!thread_.joinable()) Step();  // tests without the engine thread
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return false;
+  return done.get();
+}
+
+void Engine::TakeInbox() {
+  std::vector<std::promise<bool>> flushes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = false;
+    for (auto& s : inbox_) waiting_.push_back(std::move(s));
+    inbox_.clear();
+    flushes.swap(flush_requests_);
+  }
+  for (auto& p : flushes) {
+    const bool idle = running_.empty() && waiting_.empty();
+    if (idle) blocks_.Flush();
+    p.set_value(idle);
+  }
+}
+
+void Engine::DropCancelled() {
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto it = list->begin(); it != list->end();) {
+      Sequence* s = it->get();
+      ++it;  // Finish erases s
+      if (!s->stream->cancelled()) continue;
+      StreamEvent ev;
+      ev.error = Cancelled("request aborted");
+      Finish(s, std::move(ev));
+    }
+  }
+}
+
+void Engine::SortRunning() {
+  if (options_.policy == SchedulePolicy::kPriority) {
+    running_.sort([](const auto& a, const auto& b) {
+      return a->priority != b->priority ? a->priority > b->priority : a->arrival < b->arrival;
+    });
+  } else {
+    running_.sort([](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+  }
+}
+
+void Engine::SortWaiting() {
+  switch (options_.policy) {
+    case SchedulePolicy::kFcfs:
+      waiting_.sort([](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+      break;
+    case SchedulePolicy::kPriority:
+      waiting_.sort([](const auto& a, const auto& b) {
+        return a->priority != b->priority ? a->priority > b->priority : a->arrival < b->arrival;
+      });
+      break;
+    case SchedulePolicy::kLpm: {
+      // Matching every waiting prompt against the tree costs O(queue * prompt); beyond a few
+      // hundred waiting requests the order matters less than the cost, as in SGLang.
+      if (waiting_.size() > 128 || !blocks_.prefix_cache_enabled()) {
+        waiting_.sort([](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+        break;
+      }
+      std::map<const Sequence*, int32_t> match;
+      for (const auto& s : waiting_) {
+        match[s.get()] = blocks_.PeekPrefix(s->tokens, static_cast<int32_t>(s->tokens.size()) - 1);
+      }
+      waiting_.sort([&](const auto& a, const auto& b) {
+        const int32_t ma = match[a.get()], mb = match[b.get()];
+        return ma != mb ? ma > mb : a->arrival < b->arrival;
+      });
+      break;
+    }
+  }
+}
+
+bool Engine::GrowBlocks(Sequence* seq, int32_t n_tokens) {
+  const int64_t bs = blocks_.block_size();
+  const int64_t needed = (seq->num_computed + n_tokens + bs - 1) / bs;
+  const int32_t missing = static_cast<int32_t>(needed - static_cast<int64_t>(seq->blocks.size()));
+  return blocks_.Allocate(missing, &seq->blocks);
+}
+
+void Engine::FreeBlocks(Sequence* seq, bool cache_prefix) {
+  if (cache_prefix) {
+    blocks_.InsertPrefix(std::span<const int32_t>(seq->tokens).first(seq->num_computed),
+                         &seq->blocks);
+  }
+  blocks_.Release(seq->blocks);
+  seq->blocks.clear();
+  seq->num_computed = 0;
+  seq->matched = false;
+}
+
+void Engine::Preempt(Sequence* seq) {
+  FreeBlocks(seq, /*cache_prefix=*/true);
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->get() == seq) {
+      waiting_.push_back(std::move(*it));
+      running_.erase(it);
+      break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++num_queued_;
+  }
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  ++stats_.preemptions;
+}
+
+bool Engine::PlanRunning(std::vector<Planned>* plan, int32_t* budget) {
+  bool preempted = false;
+  for (auto it = running_.begin(); it != running_.end();) {
+    Sequence* s = it->get();
+    const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
+    const int32_t n = remaining == 1 ? 1 : std::min(remaining, *budget);
+    if (n <= 0) {
+      ++it;
+      continue;
+    }
+    // Out of blocks: preempt from the back (the lowest-ranked) until this one fits.
+    bool fits = GrowBlocks(s, n);
+    while (!fits && running_.back().get() != s) {
+      Preempt(running_.back().get());
+      preempted = true;
+      fits = GrowBlocks(s, n);
+    }
+    if (!fits) {  // s is the lowest-ranked left: it waits for the others
+      Preempt(s);
+      preempted = true;
+      break;
+    }
+    plan->push_back({s, n});
+    if (remaining > 1) *budget -= n;
+    ++it;
+  }
+  return preempted;
+}
+
+void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
+  SortWaiting();
+  // Keep a block per running sequence for its decode to grow into, so that admitting a prefill
+  // does not immediately force a preemption.
+  const int32_t reserve = static_cast<int32_t>(running_.size());
+  const int64_t bs = blocks_.block_size();
+  while (!waiting_.empty() && *budget > 0 &&
+         static_cast<int32_t>(running_.size()) < options_.max_running_requests) {
+    Sequence* s = waiting_.front().get();
+    if (!s->matched) {
+      s->num_computed = blocks_.MatchPrefix(
+          s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, &s->blocks);
+      s->matched = true;
+    }
+    const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
+    const int32_t n = std::min(remaining, *budget);
+    const int64_t missing = (s->num_computed + n + bs - 1) / bs - static_cast<int64_t>(s->blocks.size());
+    const int32_t usable = blocks_.NumAvailable() - (running_.empty() ? 0 : reserve);
+    if (missing > usable) {
+      // Not now: give the matched blocks back so they stay evictable.
+      blocks_.Release(s->blocks);
+      s->blocks.clear();
+      s->num_computed = 0;
+      s->matched = false;
+      break;
+    }
+    PC_CHECK(GrowBlocks(s, n));
+    if (!s->admitted) {
+      s->admitted = true;
+      s->cached_tokens = s->num_computed;
+      blocks_.RecordLookup(s->prompt_len, s->num_computed);
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_.prompt_tokens += s->prompt_len;
+      queue_time_.Observe(std::chrono::duration<double>(Clock::now() - s->arrive_time).count());
+    }
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --num_queued_;
+    }
+    plan->push_back({s, n});
+    *budget -= n;
+  }
+}
+
+Status Engine::RunForward(std::span<const SequenceStep> steps, std::vector<float>* logits) {
+  logits->clear();
+  Status status = runner_->Forward(steps, logits);
+  if (status.code() != StatusCode::kResourceExhausted || steps.size() < 2) return status;
+  // The step did not fit on the device: run it in two halves.
+  const size_t half = steps.size() / 2;
+  std::vector<float> second;
+  PC_RETURN_IF_ERROR(RunForward(steps.first(half), logits));
+  PC_RETURN_IF_ERROR(RunForward(steps.subspan(half), &second));
+  logits->insert(logits->end(), second.begin(), second.end());
+  return Status::Ok();
+}
+
+void Engine::Finish(Sequence* seq, StreamEvent event) {
+  event.finished = true;
+  event.prompt_tokens = seq->prompt_len;
+  event.completion_tokens = static_cast<int32_t>(seq->tokens.size()) - seq->prompt_len;
+  event.cached_tokens = seq->cached_tokens;
+  FreeBlocks(seq, /*cache_prefix=*/event.error.ok() || event.error.code() == StatusCode::kCancelled);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    if (event.error.ok()) {
+      ++stats_.requests_finished;
+      e2e_.Observe(std::chrono::duration<double>(Clock::now() - seq->arrive_time).count());
+    } else if (event.error.code() == StatusCode::kCancelled) {
+      ++stats_.requests_aborted;
+    } else {
+      ++stats_.requests_failed;
+    }
+  }
+  seq->stream->Push(std::move(event));
+  for (auto* list : {&running_, &waiting_}) {
+    for (auto it = list->begin(); it != list->end(); ++it) {
+      if (it->get() != seq) continue;
+      if (list == &waiting_) {
+        std::lock_guard<std::mutex> lock(mu_);
+        --num_queued_;
+      }
+      list->erase(it);
+      return;
+    }
+  }
+}
+
+bool Engine::Step() {
+  TakeInbox();
+  DropCancelled();
+  if (running_.empty() && waiting_.empty()) {
+    PublishStats();
+    return false;
+  }
+  SortRunning();
+  int32_t budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : INT_MAX;
+  std::vector<Planned> plan;
+  // After a preemption the cache is tight: let the survivors run before admitting more.
+  if (!PlanRunning(&plan, &budget)) AdmitWaiting(&plan, &budget);
+  if (plan.empty()) {
+    PublishStats();
+    return false;
+  }
+
+  std::vector<SequenceStep> steps;
+  steps.reserve(plan.size());
+  for (const Planned& p : plan) {
+    SequenceStep st;
+    st.seq_id = p.seq->arrival;
+    st.tokens = std::span<const int32_t>(p.seq->tokens).subspan(p.seq->num_computed, p.n_tokens);
+    st.start_pos = p.seq->num_computed;
+    st.block_table = p.seq->blocks;
+    st.logits = p.seq->num_computed + p.n_tokens == static_cast<int32_t>(p.seq->tokens.size())
+                    ? LogitsMode::kLast
+                    : LogitsMode::kNone;
+    steps.push_back(st);
+  }
+  std::vector<float> logits;
+  Status status = RunForward(steps, &logits);
+  size_t n_rows = 0;
+  for (const auto& st : steps) n_rows += st.logits == LogitsMode::kLast ? 1 : 0;
+  if (status.ok() && logits.size() < n_rows * static_cast<size_t>(vocab_size_)) {
+    status = Internal("the model returned " + std::to_string(logits.size()) +
+                      " logits, expected " + std::to_string(n_rows * vocab_size_));
+  }
+  if (!status.ok()) {
+    spdlog::error("forward step failed: {}", status.ToString());
+    for (const Planned& p : plan) {
+      StreamEvent ev;
+      ev.error = status;
+      Finish(p.seq, std::move(ev));
+    }
+    PublishStats();
+    return true;
+  }
+
+  const auto now = Clock::now();
+  size_t row = 0;
+  int64_t generated = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Sequence* s = plan[i].seq;
+    s->num_computed += plan[i].n_tokens;
+    if (steps[i].logits != LogitsMode::kLast) {
+      // A prefill chunk: publish its full blocks now, so that concurrent requests with the
+      // same prefix (a shared system prompt) reuse them.
+      blocks_.InsertPrefix(std::span<const int32_t>(s->tokens).first(s->num_computed),
+                           &s->blocks);
+      continue;
+    }
+    std::span<const float> row_logits(logits.data() + row * vocab_size_, vocab_size_);
+    ++row;
+    SampleResult r = s->sampler->Sample(row_logits);
+    s->tokens.push_back(r.token);
+    ++generated;
+    StopChecker::Step st = s->stop->Push(r.token, piece_(r.token));
+    StreamEvent ev;
+    ev.tokens.push_back(r.token);
+    ev.logprobs.push_back(r.logprob);
+    ev.top_logprobs.push_back(std::move(r.top_logprobs));
+    ev.text = std::move(st.text);
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      if (!s->got_first_token) {
+        ttft_.Observe(std::chrono::duration<double>(now - s->arrive_time).count());
+      } else {
+        itl_.Observe(std::chrono::duration<double>(now - s->last_token_time).count());
+      }
+    }
+    s->got_first_token = true;
+    s->last_token_time = now;
+    FinishReason finish = st.finish;
+    if (finish == FinishReason::kNone &&
+        static_cast<int32_t>(s->tokens.size()) >= s->max_total) {
+      ev.text += s->stop->Flush();
+      finish = FinishReason::kLength;
+    }
+    if (finish == FinishReason::kNone) {
+      s->stream->Push(std::move(ev));
+      continue;
+    }
+    ev.finish = finish;
+    ev.stop_matched = std::move(st.stop_matched);
+    ev.stop_token = st.stop_token;
+    Finish(s, std::move(ev));
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.generation_tokens += generated;
+    ++stats_.steps;
+  }
+  PublishStats();
+  return true;
+}
+
+void Engine::RunUntilIdle(int64_t max_steps) {
+  for (int64_t i = 0; i < max_steps; ++i) {
+    if (!Step()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (inbox_.empty() && flush_requests_.empty()) return;
+    }
+  }
+}
+
+void Engine::Loop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    if (Step()) continue;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || wake_; });
+  }
+}
+
+void Engine::PublishStats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.running = static_cast<int32_t>(running_.size());
+  {
+    std::lock_guard<std::mutex> lock2(mu_);
+    stats_.queued = num_queued_;
+  }
+  stats_.kv_blocks_held = blocks_.NumHeld();
+  stats_.kv_blocks_cached = blocks_.NumCached();
+  stats_.prefix = blocks_.stats();
+}
+
+EngineStats Engine::Stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void Engine::RenderMetrics(std::string* out) const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  auto gauge = [&](const char* name, const char* type, const char* help, double value) {
+    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+            name + " " + std::to_string(value) + "\n";
+  };
+  const EngineStats& s = stats_;
+  gauge("polychip_num_running_reqs", "gauge", "Requests in the running batch.", s.running);
+  gauge("polychip_num_queue_reqs", "gauge", "Requests waiting to run.", s.queued);
+  gauge("polychip_kv_blocks_total", "gauge", "KV cache blocks.", s.kv_blocks_total);
+  gauge("polychip_kv_blocks_used", "gauge", "KV blocks held by running requests.",
+        s.kv_blocks_held);
+  gauge("polychip_kv_blocks_cached", "gauge", "KV blocks in the prefix cache.",
+        s.kv_blocks_cached);
+  gauge("polychip_kv_cache_usage", "gauge", "Fraction of KV blocks held by running requests.",
+        s.kv_blocks_total ? static_cast<double>(s.kv_blocks_held) / s.kv_blocks_total : 0.0);
+  gauge("polychip_prefix_cache_hit_rate", "gauge",
+        "Prompt tokens found in the prefix cache / prompt tokens looked up.", s.prefix.hit_rate());
+  gauge("polychip_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from cache.",
+        static_cast<double>(s.prefix.hit_tokens));
+  gauge("polychip_num_preemptions_total", "counter", "Requests preempted (KV cache full).",
+        static_cast<double>(s.preemptions));
+  gauge("polychip_prompt_tokens_total", "counter", "Prompt tokens processed.",
+        static_cast<double>(s.prompt_tokens));
+  gauge("polychip_generation_tokens_total", "counter", "Tokens generated.",
+        static_cast<double>(s.generation_tokens));
+  gauge("polychip_requests_finished_total", "counter", "Requests finished.",
+        static_cast<double>(s.requests_finished));
+  gauge("polychip_requests_aborted_total", "counter", "Requests aborted (client gone).",
+        static_cast<double>(s.requests_aborted));
+  gauge("polychip_requests_failed_total", "counter", "Requests failed.",
+        static_cast<double>(s.requests_failed));
+  ttft_.Render("polychip_time_to_first_token_seconds", "Time to first token.", out);
+  itl_.Render("polychip_inter_token_latency_seconds", "Time between generated tokens.", out);
+  e2e_.Render("polychip_e2e_request_latency_seconds", "Request latency, arrival to end.", out);
+  queue_time_.Render("polychip_queue_time_seconds", "Time from arrival to first scheduling.",
+                     out);
+}
+
+}  // namespace polychip::engine

@@ -1,0 +1,158 @@
+// The engine: one thread that drives ModelRunner::Forward over a continuously changing batch.
+//
+// Every step it (1) drops cancelled requests (their KV blocks freed at once), (2) gives each
+// running sequence its next tokens: one for a decode, a chunk of at most
+// --chunked-prefill-size prompt tokens for a prefill, so prefills and decodes share a step,
+// (3) admits waiting requests in policy order (fcfs, lpm = longest cached prefix first,
+// priority) while there are slots, prefill budget and KV blocks, reusing cached prefix blocks,
+// (4) runs the step and samples a token for every sequence that reached the end of its tokens.
+// When a running sequence needs a KV block and none is left, the lowest-ranked running sequence
+// is preempted by recompute: its full blocks go to the prefix cache, the rest are freed, and it
+// goes back to the waiting queue with prompt + generated tokens, to be prefilled again (its
+// sampler keeps its state, so the output is the same as without preemption). A request that
+// fits the KV cache alone therefore always completes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/metrics.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "util/status.h"
+
+namespace polychip::engine {
+
+enum class SchedulePolicy { kFcfs, kLpm, kPriority };
+StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name);
+
+struct EngineOptions {
+  int32_t max_running_requests = 256;
+  int32_t max_queued_requests = 4096;  // Submit() beyond this: UNAVAILABLE
+  int32_t chunked_prefill_size = 2048; // prompt tokens per step; <= 0: unlimited
+  int32_t context_length = 0;          // 0: the runner's
+  bool enable_prefix_cache = true;
+  SchedulePolicy policy = SchedulePolicy::kFcfs;
+};
+
+// A point-in-time view for /metrics and /get_server_info.
+struct EngineStats {
+  int32_t running = 0;
+  int32_t queued = 0;
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_held = 0;    // by running sequences
+  int32_t kv_blocks_cached = 0;  // in the prefix cache (held or not)
+  PrefixCacheStats prefix;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;      // prompt tokens of finished and running requests
+  int64_t generation_tokens = 0;  // generated tokens
+  int64_t requests_finished = 0;
+  int64_t requests_aborted = 0;
+  int64_t requests_failed = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // The bytes of one token (for streaming text and stop strings).
+  using PieceFn = std::function<std::string(int32_t)>;
+
+  // `runner` must outlive the engine. `eog_tokens`: the vocabulary's end-of-generation tokens.
+  Engine(ModelRunner* runner, EngineOptions options, PieceFn piece,
+         std::vector<int32_t> eog_tokens);
+  ~Engine();  // stops the thread; requests still in flight get a CANCELLED error event
+
+  void Start();  // starts the engine thread
+  void Stop();   // finishes the current step, cancels everything left, joins
+
+  // Queues a request. INVALID_ARGUMENT when it can never run (empty, longer than the context or
+  // the whole KV cache), UNAVAILABLE when the queue is full. max_tokens is clipped so that
+  // prompt + output fits the context.
+  StatusOr<std::shared_ptr<RequestStream>> Submit(GenerateInput input);
+  // Cancels a request (client gone); its blocks are freed at the engine's next step.
+  void Abort(const std::shared_ptr<RequestStream>& stream);
+  // Evicts the unreferenced prefix cache. Returns false when requests are in flight (like
+  // SGLang, which only flushes an idle cache).
+  bool FlushCache();
+
+  // Runs one step on the calling thread (tests drive the engine without Start()). Returns
+  // false when there was nothing to do.
+  bool Step();
+  // Steps until every request finished (tests). At most `max_steps`.
+  void RunUntilIdle(int64_t max_steps = 1000000);
+
+  EngineStats Stats() const;
+  // Appends the engine's Prometheus lines (histograms and counters) to `out`.
+  void RenderMetrics(std::string* out) const;
+
+  int64_t context_length() const { return context_length_; }
+  int64_t max_sequence_tokens() const { return max_seq_tokens_; }
+  const EngineOptions& options() const { return options_; }
+  ModelRunner& runner() { return *runner_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Sequence;
+  struct Planned {
+    Sequence* seq;
+    int32_t n_tokens;
+  };
+
+  void Loop();
+  void TakeInbox();
+  void DropCancelled();
+  void SortRunning();
+  void SortWaiting();
+  bool PlanRunning(std::vector<Planned>* plan, int32_t* budget);
+  void AdmitWaiting(std::vector<Planned>* plan, int32_t* budget);
+  bool GrowBlocks(Sequence* seq, int32_t n_tokens);
+  void Preempt(Sequence* seq);
+  Status RunForward(std::span<const SequenceStep> steps, std::vector<float>* logits);
+  void Finish(Sequence* seq, StreamEvent event);
+  void FreeBlocks(Sequence* seq, bool cache_prefix);
+  void PublishStats();
+  void Wake();
+
+  ModelRunner* runner_;
+  EngineOptions options_;
+  PieceFn piece_;
+  std::vector<int32_t> eog_tokens_;
+  int64_t context_length_;
+  int64_t max_seq_tokens_;  // min(context, whole KV cache)
+  int64_t vocab_size_;
+  BlockManager blocks_;
+
+  // Owned by the engine thread (or the caller of Step()).
+  std::list<std::unique_ptr<Sequence>> running_;
+  std::list<std::unique_ptr<Sequence>> waiting_;
+  int64_t next_arrival_ = 0;
+
+  // Shared with the submitting threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Sequence>> inbox_;
+  std::vector<std::promise<bool>> flush_requests_;
+  int32_t num_queued_ = 0;  // inbox + waiting, for max_queued_requests
+  bool stop_ = false;
+  bool wake_ = false;
+  std::thread thread_;
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+  Histogram ttft_ = Histogram::Latency();
+  Histogram itl_ = Histogram::Latency();
+  Histogram e2e_ = Histogram::Latency();
+  Histogram queue_time_ = Histogram::Latency();
+};
+
+}  // namespace polychip::engine

@@ -1,0 +1,134 @@
+#include "engine/block_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace polychip::engine {
+namespace {
+
+std::vector<int32_t> Iota(int n, int start) {
+  std::vector<int32_t> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+TEST(BlockManager, AllocateReleaseAndRefcounts) {
+  BlockManager bm(8, 4, true);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(bm.Allocate(5, &a));
+  EXPECT_EQ(a.size(), 5u);
+  EXPECT_EQ(bm.NumHeld(), 5);
+  EXPECT_EQ(bm.NumAvailable(), 3);
+  std::vector<int32_t> b;
+  EXPECT_FALSE(bm.Allocate(4, &b));  // all or nothing
+  EXPECT_TRUE(b.empty());
+  EXPECT_EQ(bm.NumAvailable(), 3);
+  bm.Release(a);
+  EXPECT_EQ(bm.NumHeld(), 0);
+  EXPECT_EQ(bm.NumFree(), 8);
+}
+
+TEST(BlockManager, PrefixSharingTakesReferences) {
+  BlockManager bm(8, 4, true);
+  auto tokens = Iota(10, 100);  // 2 full blocks + 2 tokens
+  std::vector<int32_t> a;
+  ASSERT_TRUE(bm.Allocate(3, &a));
+  bm.InsertPrefix(tokens, &a);
+  EXPECT_EQ(bm.NumCached(), 2);  // only the full blocks
+  EXPECT_TRUE(bm.IsCached(a[0]) && bm.IsCached(a[1]) && !bm.IsCached(a[2]));
+
+  std::vector<int32_t> b;
+  EXPECT_EQ(bm.MatchPrefix(tokens, 9, &b), 8);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], a[0]);
+  EXPECT_EQ(b[1], a[1]);
+  EXPECT_EQ(bm.RefCount(a[0]), 2);
+  // max_tokens caps the match to whole blocks below it.
+  std::vector<int32_t> c;
+  EXPECT_EQ(bm.MatchPrefix(tokens, 7, &c), 4);
+  EXPECT_EQ(bm.RefCount(a[0]), 3);
+  EXPECT_EQ(bm.PeekPrefix(tokens, 100), 8);
+  // A different first block matches nothing.
+  auto other = tokens;
+  other[0] = 7;
+  std::vector<int32_t> d;
+  EXPECT_EQ(bm.MatchPrefix(other, 100, &d), 0);
+
+  bm.Release(a);
+  bm.Release(b);
+  bm.Release(c);
+  EXPECT_EQ(bm.NumHeld(), 0);
+  // The cached blocks stay (evictable), the partial block went back to the free list.
+  EXPECT_EQ(bm.NumCached(), 2);
+  EXPECT_EQ(bm.NumFree(), 6);
+  EXPECT_EQ(bm.NumAvailable(), 8);
+}
+
+TEST(BlockManager, LruEvictionKeepsRecentlyUsedPrefix) {
+  BlockManager bm(4, 2, true);
+  auto pa = Iota(4, 10), pb = Iota(4, 50);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(bm.Allocate(2, &a));
+  ASSERT_TRUE(bm.Allocate(2, &b));
+  bm.InsertPrefix(pa, &a);
+  bm.InsertPrefix(pb, &b);
+  bm.Release(a);
+  bm.Release(b);
+  ASSERT_EQ(bm.NumFree(), 0);
+  ASSERT_EQ(bm.NumAvailable(), 4);
+  // Use A again: B becomes the least recently used.
+  std::vector<int32_t> again;
+  ASSERT_EQ(bm.MatchPrefix(pa, 4, &again), 4);
+  bm.Release(again);
+  std::vector<int32_t> fresh;
+  ASSERT_TRUE(bm.Allocate(2, &fresh));  // evicts B's two blocks (leaf first, then its parent)
+  EXPECT_EQ(bm.stats().evicted_blocks, 2);
+  std::vector<int32_t> m;
+  EXPECT_EQ(bm.PeekPrefix(pa, 4), 4);
+  EXPECT_EQ(bm.PeekPrefix(pb, 4), 0);
+  // Held cached blocks are never evicted.
+  ASSERT_EQ(bm.MatchPrefix(pa, 4, &m), 4);
+  std::vector<int32_t> more;
+  EXPECT_FALSE(bm.Allocate(1, &more));
+  bm.Release(m);
+  EXPECT_TRUE(bm.Allocate(1, &more));
+  EXPECT_EQ(bm.PeekPrefix(pa, 4), 2);  // the leaf went first
+}
+
+TEST(BlockManager, DuplicatePrefixAdoptsTreeBlocks) {
+  BlockManager bm(8, 2, true);
+  auto t = Iota(4, 1);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(bm.Allocate(2, &a));
+  ASSERT_TRUE(bm.Allocate(2, &b));  // the same tokens computed by a second sequence
+  bm.InsertPrefix(t, &a);
+  const auto b_before = b;
+  bm.InsertPrefix(t, &b);
+  EXPECT_EQ(b, a);  // switched to the tree's blocks
+  EXPECT_EQ(bm.RefCount(a[0]), 2);
+  EXPECT_EQ(bm.RefCount(b_before[0]), 0);  // its duplicates were freed
+  EXPECT_EQ(bm.NumHeld(), 2);
+  bm.Release(a);
+  bm.Release(b);
+  EXPECT_EQ(bm.NumAvailable(), 8);
+  EXPECT_EQ(bm.Flush(), 2);
+  EXPECT_EQ(bm.NumCached(), 0);
+  EXPECT_EQ(bm.NumFree(), 8);
+}
+
+TEST(BlockManager, DisabledCacheNeverMatches) {
+  BlockManager bm(4, 2, false);
+  auto t = Iota(4, 1);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(bm.Allocate(2, &a));
+  bm.InsertPrefix(t, &a);
+  bm.Release(a);
+  std::vector<int32_t> b;
+  EXPECT_EQ(bm.MatchPrefix(t, 4, &b), 0);
+  EXPECT_EQ(bm.NumCached(), 0);
+  EXPECT_EQ(bm.NumFree(), 4);
+}
+
+}  // namespace
+}  // namespace polychip::engine

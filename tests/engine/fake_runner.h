@@ -1,0 +1,100 @@
+// A deterministic toy model behind the ModelRunner interface, for engine and server tests.
+// Its "KV cache" stores, per block slot, the token and position written there; the next token
+// is a hash of every token READ BACK through the block table, so wrong block tables, wrong
+// prefix-cache reuse or a lost preemption show up as different outputs.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "engine/model_runner.h"
+
+namespace polychip::engine::testing {
+
+class FakeRunner : public ModelRunner {
+ public:
+  FakeRunner(int64_t vocab, int64_t context, int64_t block_size, int64_t num_blocks)
+      : vocab_(vocab), context_(context), block_size_(block_size), num_blocks_(num_blocks),
+        kv_(num_blocks * block_size, Slot{-1, -1}) {}
+
+  // The model: the next token after `history` (never 0, which tests use as EOS).
+  static int32_t NextToken(const std::vector<int32_t>& history, int64_t vocab) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t t : history) h = (h ^ static_cast<uint64_t>(t + 1)) * 1099511628211ull;
+    return static_cast<int32_t>(h % static_cast<uint64_t>(vocab - 1)) + 1;
+  }
+  // Greedy reference: what a request generates alone.
+  static std::vector<int32_t> Reference(std::vector<int32_t> prompt, int n, int64_t vocab) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(NextToken(prompt, vocab));
+      prompt.push_back(out.back());
+    }
+    return out;
+  }
+
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t context_length() const override { return context_; }
+  int64_t block_size() const override { return block_size_; }
+  int64_t num_kv_blocks() const override { return num_blocks_; }
+
+  Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    logits->clear();
+    int64_t n_tokens = 0;
+    bool has_prefill = false, has_decode = false;
+    for (const SequenceStep& s : batch) {
+      n_tokens += static_cast<int64_t>(s.tokens.size());
+      (s.tokens.size() == 1 ? has_decode : has_prefill) = true;
+      const int64_t end = s.start_pos + static_cast<int64_t>(s.tokens.size());
+      if (static_cast<int64_t>(s.block_table.size()) * block_size_ < end) {
+        return Internal("block table too short");
+      }
+      if (end > context_) return Internal("past the context");
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        const int64_t pos = s.start_pos + static_cast<int64_t>(i);
+        const int32_t block = s.block_table[pos / block_size_];
+        if (block < 0 || block >= num_blocks_) return Internal("bad block id");
+        kv_[block * block_size_ + pos % block_size_] = Slot{s.tokens[i], static_cast<int32_t>(pos)};
+      }
+      if (s.logits == LogitsMode::kNone) continue;
+      // Read the whole history back from the KV cache.
+      std::vector<int32_t> history;
+      for (int64_t pos = 0; pos < end; ++pos) {
+        const Slot& slot = kv_[s.block_table[pos / block_size_] * block_size_ + pos % block_size_];
+        if (slot.pos != pos) return Internal("KV slot holds another position");
+        history.push_back(slot.token);
+      }
+      std::vector<float> row(vocab_, 0.f);
+      row[NextToken(history, vocab_)] = 10.f;
+      logits->insert(logits->end(), row.begin(), row.end());
+    }
+    ++steps_;
+    tokens_processed_ += n_tokens;
+    max_step_tokens_ = std::max(max_step_tokens_, n_tokens);
+    max_batch_ = std::max<int64_t>(max_batch_, static_cast<int64_t>(batch.size()));
+    if (has_prefill && has_decode) ++mixed_steps_;
+    return Status::Ok();
+  }
+
+  int64_t steps() const { return steps_; }
+  int64_t tokens_processed() const { return tokens_processed_; }
+  int64_t max_step_tokens() const { return max_step_tokens_; }
+  int64_t max_batch() const { return max_batch_; }
+  int64_t mixed_steps() const { return mixed_steps_; }
+
+ private:
+  struct Slot {
+    int32_t token;
+    int32_t pos;
+  };
+  int64_t vocab_, context_, block_size_, num_blocks_;
+  std::mutex mu_;
+  std::vector<Slot> kv_;  // [num_blocks * block_size]
+  int64_t steps_ = 0, tokens_processed_ = 0, max_step_tokens_ = 0, max_batch_ = 0,
+          mixed_steps_ = 0;
+};
+
+}  // namespace polychip::engine::testing
