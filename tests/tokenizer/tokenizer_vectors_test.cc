@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -187,6 +188,8 @@ TEST_P(VocabVectors, EncodesLongTextQuickly) {
   const auto ids = tokenizer->Encode(text);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ timing ] %s: %zu bytes -> %zu tokens in %.2f ms\n", GetParam().c_str(),
+              text.size(), ids.size(), ms);
   EXPECT_GT(ids.size(), 3000u);
   // Generous bound (sanitizers, a loaded CI machine); typically a few milliseconds.
   EXPECT_LT(ms, 500.0) << ids.size() << " tokens";
