@@ -330,8 +330,10 @@ TEST_P(EmuTest, HighPriorityStreamRunsFirst) {
   PC_OK(api_, api_->event_record(open, gate));
   PC_OK(api_, api_->stream_wait_event(low, open));
   PC_OK(api_, api_->stream_wait_event(high, open));
-  pc_devptr_t a = Alloc(1 << 20);
-  pc_add_args_t ad{sizeof(ad), a, a, a, (1 << 20) / 4};
+  // Each low-priority add takes milliseconds, so the high stream's worker has ample time to
+  // queue up at the executor even on a loaded machine.
+  pc_devptr_t a = Alloc(16 << 20);
+  pc_add_args_t ad{sizeof(ad), a, a, a, (16 << 20) / 4};
   for (int i = 0; i < 30; ++i) PC_OK(api_, api_->op_launch(low, PC_OP_ADD, &ad));
   PC_OK(api_, api_->event_record(low_done, low));
   PC_OK(api_, api_->op_launch(high, PC_OP_ADD, &ad));
