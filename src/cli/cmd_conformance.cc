@@ -1,0 +1,93 @@
+// `polychip conformance --plugin <path.so> [--json] [--filter REGEX] [--device N]`: runs the
+// plugin ABI contract (src/runtime/conformance) against one plugin file and prints a table of
+// checks. Exit codes: 0 every selected check passed (SKIPs allowed), 1 a check failed,
+// 2 usage error, 3 a plugin kind the kit cannot check yet (comm plugins).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "runtime/conformance/conformance.h"
+
+namespace polychip::cli {
+namespace {
+
+namespace conf = runtime::conformance;
+
+struct ConformanceFlags {
+  std::string plugin;
+  std::string filter;
+  std::vector<std::string> params;  // key=value
+  uint32_t seed = 1234;
+  bool json = false;
+  bool list = false;
+};
+
+// The global --device flag names the ordinal under test: "N" or "backend:N".
+bool ParseOrdinal(const std::string& flag, int32_t* ordinal) {
+  const std::string digits = flag.substr(flag.find(':') == std::string::npos ? 0 : flag.find(':') + 1);
+  if (digits.empty()) return true;  // "emu:" or nothing: default 0
+  char* end = nullptr;
+  const long v = std::strtol(digits.c_str(), &end, 10);
+  if (*end != '\0' || v < 0) return false;
+  *ordinal = static_cast<int32_t>(v);
+  return true;
+}
+
+int RunConformance(const ConformanceFlags& f) {
+  if (f.list) {
+    for (const std::string& name : conf::BackendCheckNames()) std::printf("%s\n", name.c_str());
+    return 0;
+  }
+  conf::Options options;
+  options.plugin_path = f.plugin;
+  options.filter = f.filter;
+  options.seed = f.seed;
+  if (!ParseOrdinal(Globals().device, &options.device)) {
+    std::fprintf(stderr, "polychip conformance: --device wants an ordinal N (or backend:N), got '%s'\n",
+                 Globals().device.c_str());
+    return 2;
+  }
+  for (const std::string& kv : f.params) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) {
+      std::fprintf(stderr, "polychip conformance: --param wants key=value, got '%s'\n", kv.c_str());
+      return 2;
+    }
+    options.params.push_back({kv.substr(0, eq), kv.substr(eq + 1)});
+  }
+  auto report = conf::Run(options);
+  if (!report.ok()) {
+    std::fprintf(stderr, "polychip conformance: %s\n", report.status().ToString().c_str());
+    return report.status().code() == StatusCode::kUnimplemented ? 3 : 2;
+  }
+  const std::string text = f.json ? conf::FormatJson(*report) + "\n" : conf::FormatTable(*report);
+  std::fputs(text.c_str(), stdout);
+  return report->Passed() ? 0 : 1;
+}
+
+std::function<int()> SetupConformance(CLI::App& app) {
+  auto flags = std::make_shared<ConformanceFlags>();
+  app.add_option("--plugin", flags->plugin, "path of the plugin .so to check");
+  app.add_flag("--json", flags->json, "print the results as JSON");
+  app.add_option("--filter", flags->filter, "run only checks whose name matches this regex");
+  app.add_option("--param", flags->params, "key=value passed to the plugin's initialize()");
+  app.add_option("--seed", flags->seed, "seed of the random inputs");
+  app.add_flag("--list", flags->list, "list the checks and exit");
+  return [flags]() {
+    if (flags->plugin.empty() && !flags->list) {
+      std::fprintf(stderr, "polychip conformance: --plugin <path.so> is required\n");
+      return 2;
+    }
+    return RunConformance(*flags);
+  };
+}
+
+const bool kRegistered = RegisterCommand(
+    {"conformance", "check a plugin against the ABI contract (pass/fail table)", SetupConformance});
+
+}  // namespace
+}  // namespace polychip::cli

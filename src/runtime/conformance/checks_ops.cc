@@ -1,0 +1,493 @@
+// Conformance checks of the compute domain: every op the plugin claims (op_supports), for every
+// dtype combination, against the plain reference in reference.cc with per-dtype tolerances.
+// An op or dtype the plugin does not claim is SKIPped, never failed.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "runtime/conformance/harness.h"
+#include "runtime/conformance/reference.h"
+#include "runtime/dtype.h"
+
+namespace polychip::runtime::conformance {
+namespace {
+
+#define PCC_HAS(api, m) (PC_HAS_MEMBER(api, pc_backend_iface_t, m) && (api)->m != nullptr)
+
+const pc_dtype_t kWeightDtypes[] = {PC_DTYPE_F32,  PC_DTYPE_F16,  PC_DTYPE_BF16, PC_DTYPE_Q8_0,
+                                    PC_DTYPE_Q4_0, PC_DTYPE_Q4_1, PC_DTYPE_Q5_0, PC_DTYPE_Q5_1,
+                                    PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q4_K, PC_DTYPE_Q5_K,
+                                    PC_DTYPE_Q6_K};
+const pc_dtype_t kFloatDtypes[] = {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16};
+
+std::string Lower(pc_dtype_t d) {
+  std::string s = DTypeName(static_cast<DType>(d));
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+bool Quantized(pc_dtype_t d) { return IsQuantized(static_cast<DType>(d)); }
+
+// Matmul tolerance by weight dtype. A plugin may round activations to the weight's precision
+// before the dot product (as ggml does: f16/bf16 activations, 8-bit activations for the
+// quantized formats), so the tolerance covers that rounding, not just accumulation order.
+double MatmulTolerance(pc_dtype_t w) {
+  switch (w) {
+    case PC_DTYPE_F32: return 2e-5;
+    case PC_DTYPE_F16: return 4e-3;
+    case PC_DTYPE_BF16: return 2e-2;
+    default: return 3e-2;
+  }
+}
+// Attention tolerance by cache dtype (q may likewise be rounded to the cache precision).
+double AttentionTolerance(pc_dtype_t c) {
+  return c == PC_DTYPE_F32 ? 1e-4 : c == PC_DTYPE_F16 ? 3e-3 : 2e-2;
+}
+
+// Data of `rows` x `cols` values in `dtype`: the bytes for the device and the float values they
+// represent (what the reference computes with).
+struct Encoded {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+StatusOr<Encoded> Encode(pc_dtype_t dtype, const std::vector<float>& src, int64_t rows,
+                         int64_t cols) {
+  Encoded e;
+  e.values.resize(rows * cols);
+  if (dtype == PC_DTYPE_F32) {
+    e.bytes.resize(rows * cols * 4);
+    std::memcpy(e.bytes.data(), src.data(), e.bytes.size());
+    e.values = src;
+  } else if (dtype == PC_DTYPE_F16 || dtype == PC_DTYPE_BF16) {
+    e.bytes.resize(rows * cols * 2);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const uint16_t h = dtype == PC_DTYPE_F16 ? ref::F32ToF16(src[i]) : ref::F32ToBf16(src[i]);
+      std::memcpy(&e.bytes[i * 2], &h, 2);
+      e.values[i] = dtype == PC_DTYPE_F16 ? ref::F16ToF32(h) : ref::Bf16ToF32(h);
+    }
+  } else {
+    // Quantized: the SDK's encoder makes the blocks; its decoder gives the exact float weights.
+    const DType d = static_cast<DType>(dtype);
+    const int64_t row_bytes = RowBytes(d, cols);
+    if (row_bytes < 0) return InvalidArgument("bad row length for " + Lower(dtype));
+    e.bytes.resize(rows * row_bytes);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!QuantizeRow(d, &src[r * cols], &e.bytes[r * row_bytes], cols) ||
+          !DequantizeRow(d, &e.bytes[r * row_bytes], &e.values[r * cols], cols)) {
+        return Unimplemented("the SDK cannot encode " + Lower(dtype));
+      }
+    }
+  }
+  return e;
+}
+
+// An encode failure is the kit's limitation, not the plugin's: SKIP.
+#define PCC_ENCODE(lhs, expr)                                                   \
+  auto PC_CONCAT_(enc_, __LINE__) = (expr);                                     \
+  if (!PC_CONCAT_(enc_, __LINE__).ok())                                         \
+    return Skip(PC_CONCAT_(enc_, __LINE__).status().message());                 \
+  lhs = std::move(PC_CONCAT_(enc_, __LINE__)).value()
+
+Verdict NotClaimed() { return Skip("not claimed by op_supports"); }
+
+// ---- EMBEDDING --------------------------------------------------------------------------------
+Verdict Embedding(Harness& h, pc_dtype_t dtype) {
+  if (!h.Supports(PC_OP_EMBEDDING, {dtype})) return NotClaimed();
+  const int64_t n_rows = 37, row_len = 512, n_ids = 19;
+  PCC_ENCODE(Encoded table, Encode(dtype, h.RandomFloats(n_rows * row_len), n_rows, row_len));
+  std::vector<int32_t> ids(n_ids);
+  for (auto& id : ids) id = static_cast<int32_t>(h.rng() % n_rows);
+  ids[0] = 0, ids[1] = n_rows - 1, ids[2] = ids[3];  // both ends, and a repeat
+  PCC_ASSIGN(pc_devptr_t d_table, h.UploadVec(table.bytes));
+  PCC_ASSIGN(pc_devptr_t d_ids, h.UploadVec(ids));
+  PCC_ASSIGN(pc_devptr_t d_out, h.Alloc(n_ids * row_len * sizeof(float)));
+  pc_embedding_args_t a{};
+  a.struct_size = sizeof(a);
+  a.table = d_table, a.table_dtype = dtype, a.n_rows = n_rows, a.row_len = row_len;
+  a.ids = d_ids, a.n_ids = n_ids, a.out = d_out;
+  PCC_TRY(h.Launch(PC_OP_EMBEDDING, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n_ids * row_len));
+  return CompareOutputs(out, ref::Embedding(table.values, row_len, ids), 1e-6);
+}
+
+// ---- RMS_NORM ---------------------------------------------------------------------------------
+Verdict RmsNorm(Harness& h, bool with_weight, bool in_place) {
+  if (!h.Supports(PC_OP_RMS_NORM, {PC_DTYPE_F32})) return NotClaimed();
+  const int64_t n_rows = 7, dim = 1000;
+  const float eps = 1e-5f;
+  std::vector<float> x = h.RandomFloats(n_rows * dim, -3, 3);
+  std::vector<float> w = with_weight ? h.RandomFloats(dim, 0.5f, 1.5f) : std::vector<float>();
+  PCC_ASSIGN(pc_devptr_t d_x, h.UploadVec(x));
+  pc_devptr_t d_w = 0;
+  if (with_weight) {
+    PCC_ASSIGN(d_w, h.UploadVec(w));
+  }
+  pc_devptr_t d_out = d_x;
+  if (!in_place) {
+    PCC_ASSIGN(d_out, h.Alloc(x.size() * sizeof(float)));
+  }
+  pc_rms_norm_args_t a{};
+  a.struct_size = sizeof(a);
+  a.x = d_x, a.weight = d_w, a.out = d_out, a.n_rows = n_rows, a.dim = dim, a.eps = eps;
+  PCC_TRY(h.Launch(PC_OP_RMS_NORM, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, x.size()));
+  return CompareOutputs(out, ref::RmsNorm(x, w, n_rows, dim, eps), 1e-5);
+}
+
+// ---- MATMUL -----------------------------------------------------------------------------------
+enum class MatmulCase { kDecode, kPrefill, kAccumulate, kUploaded };
+
+Verdict Matmul(Harness& h, pc_dtype_t dtype, MatmulCase c) {
+  // decode: one row; prefill: odd m and n, bias, padded strides; accumulate: += into out.
+  int64_t m = 1, n = 67, k = 256;
+  bool bias = false, accumulate = false;
+  int64_t x_stride = k, out_stride = n;
+  if (c == MatmulCase::kPrefill || c == MatmulCase::kUploaded) {
+    m = 13, n = 37, k = 512, bias = true, x_stride = k + 32, out_stride = n + 3;
+  } else if (c == MatmulCase::kAccumulate) {
+    m = 5, n = 33, k = 256, bias = true, accumulate = true;
+  }
+  const pc_shape_class_t shape = m == 1 ? PC_SHAPE_DECODE : PC_SHAPE_PREFILL;
+  if (!h.Supports(PC_OP_MATMUL, {dtype}, shape)) return NotClaimed();
+  if (c == MatmulCase::kUploaded && !PCC_HAS(h.api, weight_upload))
+    return Skip("no weight_upload (optional)");
+
+  PCC_ENCODE(Encoded w, Encode(dtype, h.RandomFloats(n * k), n, k));
+  std::vector<float> x = h.RandomFloats(m * x_stride);
+  std::vector<float> b = bias ? h.RandomFloats(n) : std::vector<float>();
+  std::vector<float> out = h.RandomFloats(m * out_stride);  // padding columns must survive
+  std::vector<float> expected = out;
+  ref::Matmul(x, x_stride, w.values, b, m, n, k, accumulate, expected, out_stride);
+
+  pc_weight_t uploaded{};
+  uploaded.struct_size = sizeof(uploaded);
+  pc_devptr_t d_w = 0;
+  uint32_t layout = PC_LAYOUT_GGUF;
+  if (c == MatmulCase::kUploaded) {
+    PCC_TRY(h.Take(h.api->weight_upload(h.device, dtype, n, k, w.bytes.data(), w.bytes.size(),
+                                        &uploaded),
+                   "weight_upload"));
+    d_w = uploaded.data, layout = uploaded.layout;
+  } else {
+    PCC_ASSIGN(d_w, h.UploadVec(w.bytes));
+  }
+  PCC_ASSIGN(pc_devptr_t d_x, h.UploadVec(x));
+  pc_devptr_t d_b = 0;
+  if (bias) {
+    PCC_ASSIGN(d_b, h.UploadVec(b));
+  }
+  PCC_ASSIGN(pc_devptr_t d_out, h.UploadVec(out));
+  pc_matmul_args_t a{};
+  a.struct_size = sizeof(a);
+  a.x = d_x, a.w = d_w, a.w_dtype = dtype, a.w_layout = layout, a.bias = d_b, a.out = d_out;
+  a.m = m, a.n = n, a.k = k, a.x_stride = x_stride, a.out_stride = out_stride;
+  a.accumulate = accumulate ? 1 : 0;
+  Status launched = h.Launch(PC_OP_MATMUL, &a);
+  auto result = h.DownloadVec<float>(d_out, out.size());
+  if (c == MatmulCase::kUploaded)
+    PCC_TRY(h.Take(h.api->weight_free(h.device, &uploaded), "weight_free"));
+  PCC_TRY(launched);
+  PCC_TRY(result.status());
+  return CompareOutputs(*result, expected, MatmulTolerance(dtype));
+}
+
+// ---- ROPE -------------------------------------------------------------------------------------
+enum class RopeCase { kNormal, kNeox, kPartialNormal, kPartialNeox, kFreqFactors, kYarn, kYarnNeox };
+
+Verdict Rope(Harness& h, RopeCase c) {
+  if (!h.Supports(PC_OP_ROPE, {PC_DTYPE_F32})) return NotClaimed();
+  ref::RopeParams p;
+  p.n_tokens = 7, p.n_heads = 3, p.head_dim = 64, p.n_rot = 64;
+  p.neox = c == RopeCase::kNeox || c == RopeCase::kPartialNeox || c == RopeCase::kFreqFactors ||
+           c == RopeCase::kYarnNeox;
+  if (c == RopeCase::kPartialNormal || c == RopeCase::kPartialNeox) p.n_rot = 32;
+  p.freq_base = c == RopeCase::kFreqFactors ? 500000.0f : 10000.0f;
+  if (c == RopeCase::kYarn || c == RopeCase::kYarnNeox) {
+    p.freq_scale = 0.25f, p.ext_factor = 1.0f, p.attn_factor = 1.0f;
+    p.beta_fast = 32.0f, p.beta_slow = 1.0f, p.n_ctx_orig = 4096;
+  }
+  std::vector<float> x = h.RandomFloats(p.n_tokens * p.n_heads * p.head_dim);
+  std::vector<int32_t> pos(p.n_tokens);
+  for (auto& q : pos) q = static_cast<int32_t>(h.rng() % 64);
+  pos[0] = 0;
+  std::vector<float> ff;
+  if (c == RopeCase::kFreqFactors) ff = h.RandomFloats(p.n_rot / 2, 1.0f, 8.0f);
+  std::vector<float> expected = x;
+  ref::Rope(expected, pos, ff, p);
+
+  PCC_ASSIGN(pc_devptr_t d_x, h.UploadVec(x));
+  PCC_ASSIGN(pc_devptr_t d_pos, h.UploadVec(pos));
+  pc_devptr_t d_ff = 0;
+  if (!ff.empty()) {
+    PCC_ASSIGN(d_ff, h.UploadVec(ff));
+  }
+  pc_rope_args_t a{};
+  a.struct_size = sizeof(a);
+  a.x = d_x, a.positions = d_pos, a.freq_factors = d_ff;
+  a.n_tokens = p.n_tokens, a.n_heads = p.n_heads, a.head_dim = p.head_dim, a.n_rot = p.n_rot;
+  a.mode = p.neox ? PC_ROPE_NEOX : PC_ROPE_NORMAL;
+  a.freq_base = p.freq_base, a.freq_scale = p.freq_scale, a.ext_factor = p.ext_factor;
+  a.attn_factor = p.attn_factor, a.beta_fast = p.beta_fast, a.beta_slow = p.beta_slow;
+  a.n_ctx_orig = p.n_ctx_orig;
+  PCC_TRY(h.Launch(PC_OP_ROPE, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_x, x.size()));
+  // Plugins may compute theta in float by repeated multiplication (as ggml does).
+  return CompareOutputs(out, expected, 1e-3);
+}
+
+// ---- KV_STORE ---------------------------------------------------------------------------------
+Verdict KvStore(Harness& h, pc_dtype_t cache_dtype) {
+  if (!h.Supports(PC_OP_KV_STORE, {cache_dtype})) return NotClaimed();
+  const int64_t n_blocks = 6, block_size = 16, n_kv_heads = 2, head_dim = 64, n_tokens = 21;
+  const int64_t row = n_kv_heads * head_dim, cache_elems = n_blocks * block_size * row;
+  // The cache starts with random contents: slots not written must keep them.
+  PCC_ENCODE(Encoded k_cache, Encode(cache_dtype, h.RandomFloats(cache_elems), 1, cache_elems));
+  PCC_ENCODE(Encoded v_cache, Encode(cache_dtype, h.RandomFloats(cache_elems), 1, cache_elems));
+  std::vector<int32_t> all_slots(n_blocks * block_size);
+  std::iota(all_slots.begin(), all_slots.end(), 0);
+  std::shuffle(all_slots.begin(), all_slots.end(), h.rng);
+  std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + n_tokens);
+  slots[3] = -1, slots[11] = -1;  // skipped tokens (padding)
+  std::vector<float> k = h.RandomFloats(n_tokens * row), v = h.RandomFloats(n_tokens * row);
+  PCC_ENCODE(Encoded k_enc, Encode(cache_dtype, k, n_tokens, row));
+  PCC_ENCODE(Encoded v_enc, Encode(cache_dtype, v, n_tokens, row));
+  std::vector<float> want_k = k_cache.values, want_v = v_cache.values;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    std::copy_n(&k_enc.values[t * row], row, &want_k[slots[t] * row]);
+    std::copy_n(&v_enc.values[t * row], row, &want_v[slots[t] * row]);
+  }
+  PCC_ASSIGN(pc_devptr_t d_kc, h.UploadVec(k_cache.bytes));
+  PCC_ASSIGN(pc_devptr_t d_vc, h.UploadVec(v_cache.bytes));
+  PCC_ASSIGN(pc_devptr_t d_k, h.UploadVec(k));
+  PCC_ASSIGN(pc_devptr_t d_v, h.UploadVec(v));
+  PCC_ASSIGN(pc_devptr_t d_slots, h.UploadVec(slots));
+  pc_kv_store_args_t a{};
+  a.struct_size = sizeof(a);
+  a.k = d_k, a.v = d_v, a.k_cache = d_kc, a.v_cache = d_vc, a.slots = d_slots;
+  a.cache_dtype = cache_dtype, a.n_tokens = n_tokens, a.n_kv_heads = n_kv_heads;
+  a.head_dim = head_dim, a.block_size = block_size;
+  PCC_TRY(h.Launch(PC_OP_KV_STORE, &a));
+  // Decode what the device holds with the kit's own converters.
+  const size_t elem = cache_dtype == PC_DTYPE_F32 ? 4 : 2;
+  std::vector<float> got_k(cache_elems), got_v(cache_elems);
+  for (auto [dev, got] : {std::pair{d_kc, &got_k}, std::pair{d_vc, &got_v}}) {
+    PCC_ASSIGN(auto bytes, h.DownloadVec<uint8_t>(dev, cache_elems * elem));
+    for (int64_t i = 0; i < cache_elems; ++i) {
+      if (elem == 4) {
+        std::memcpy(&(*got)[i], &bytes[i * 4], 4);
+      } else {
+        uint16_t u;
+        std::memcpy(&u, &bytes[i * 2], 2);
+        (*got)[i] = cache_dtype == PC_DTYPE_F16 ? ref::F16ToF32(u) : ref::Bf16ToF32(u);
+      }
+    }
+  }
+  // Stored values are the inputs rounded to nearest even: exact.
+  Verdict vk = CompareOutputs(got_k, want_k, 0);
+  if (vk.outcome != Outcome::kPass) return Fail("K cache: " + vk.detail);
+  Verdict vv = CompareOutputs(got_v, want_v, 0);
+  if (vv.outcome != Outcome::kPass) return Fail("V cache: " + vv.detail);
+  return Pass("exact");
+}
+
+// ---- ATTENTION --------------------------------------------------------------------------------
+enum class AttnCase { kDecode, kPrefill, kMixed };
+
+Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
+  // Per sequence: its length in the cache and its number of new query rows.
+  std::vector<int32_t> seq_lens, n_q;
+  ref::AttentionShape s;
+  s.block_size = 16;
+  if (c == AttnCase::kDecode) {  // GQA 8:2, one row per sequence, lengths incl. 1 and a block edge
+    seq_lens = {37, 1, 70, 16}, n_q = {1, 1, 1, 1};
+    s.n_heads = 8, s.n_kv_heads = 2, s.head_dim = 64;
+  } else if (c == AttnCase::kPrefill) {  // MHA, whole prompts
+    seq_lens = {23, 40}, n_q = {23, 40};
+    s.n_heads = 4, s.n_kv_heads = 4, s.head_dim = 64;
+  } else {  // a prefill chunk after a cached prefix, a decode and a whole prompt in one batch
+    seq_lens = {39, 17, 12}, n_q = {9, 1, 12};
+    s.n_heads = 6, s.n_kv_heads = 2, s.head_dim = 128;
+  }
+  const pc_shape_class_t shape = c == AttnCase::kDecode    ? PC_SHAPE_DECODE
+                                 : c == AttnCase::kPrefill ? PC_SHAPE_PREFILL
+                                                           : PC_SHAPE_ANY;
+  if (!h.Supports(PC_OP_ATTENTION, {cache_dtype}, shape)) return NotClaimed();
+  s.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+
+  const int64_t n_seqs = seq_lens.size();
+  std::vector<int32_t> query_start(n_seqs + 1, 0);
+  int64_t total_blocks = 0, max_blocks = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) {
+    query_start[i + 1] = query_start[i] + n_q[i];
+    const int64_t b = (seq_lens[i] + s.block_size - 1) / s.block_size;
+    total_blocks += b, max_blocks = std::max(max_blocks, b);
+  }
+  s.max_blocks_per_seq = max_blocks + 1;  // a padded table, as the framework sizes it
+  const int64_t n_blocks = total_blocks + 2;  // unused blocks hold garbage that must not be read
+  std::vector<int32_t> block_ids(n_blocks);
+  std::iota(block_ids.begin(), block_ids.end(), 0);
+  std::shuffle(block_ids.begin(), block_ids.end(), h.rng);
+  std::vector<int32_t> block_tables(n_seqs * s.max_blocks_per_seq, 0);
+  int64_t next = 0;
+  for (int64_t i = 0; i < n_seqs; ++i) {
+    const int64_t b = (seq_lens[i] + s.block_size - 1) / s.block_size;
+    for (int64_t j = 0; j < b; ++j) block_tables[i * s.max_blocks_per_seq + j] = block_ids[next++];
+  }
+  const int64_t n_tokens = query_start[n_seqs];
+  const int64_t cache_elems = n_blocks * s.block_size * s.n_kv_heads * s.head_dim;
+  PCC_ENCODE(Encoded kc, Encode(cache_dtype, h.RandomFloats(cache_elems, -2, 2), 1, cache_elems));
+  PCC_ENCODE(Encoded vc, Encode(cache_dtype, h.RandomFloats(cache_elems), 1, cache_elems));
+  std::vector<float> q = h.RandomFloats(n_tokens * s.n_heads * s.head_dim, -2, 2);
+  std::vector<float> expected =
+      ref::Attention(q, kc.values, vc.values, query_start, seq_lens, block_tables, s);
+
+  PCC_ASSIGN(pc_devptr_t d_q, h.UploadVec(q));
+  PCC_ASSIGN(pc_devptr_t d_kc, h.UploadVec(kc.bytes));
+  PCC_ASSIGN(pc_devptr_t d_vc, h.UploadVec(vc.bytes));
+  PCC_ASSIGN(pc_devptr_t d_out, h.Alloc(q.size() * sizeof(float)));
+  PCC_ASSIGN(pc_devptr_t d_qs, h.UploadVec(query_start));
+  PCC_ASSIGN(pc_devptr_t d_lens, h.UploadVec(seq_lens));
+  PCC_ASSIGN(pc_devptr_t d_bt, h.UploadVec(block_tables));
+  pc_attention_args_t a{};
+  a.struct_size = sizeof(a);
+  a.q = d_q, a.k_cache = d_kc, a.v_cache = d_vc, a.out = d_out;
+  a.query_start = d_qs, a.seq_lens = d_lens, a.block_tables = d_bt, a.cache_dtype = cache_dtype;
+  a.n_tokens = n_tokens, a.n_seqs = n_seqs, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
+  a.head_dim = s.head_dim, a.block_size = s.block_size;
+  a.max_blocks_per_seq = s.max_blocks_per_seq;
+  a.max_seq_len = *std::max_element(seq_lens.begin(), seq_lens.end());
+  a.scale = s.scale;
+  PCC_TRY(h.Launch(PC_OP_ATTENTION, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, q.size()));
+  return CompareOutputs(out, expected, AttentionTolerance(cache_dtype));
+}
+
+// ---- SWIGLU, ADD ------------------------------------------------------------------------------
+Verdict Swiglu(Harness& h, bool aliased) {
+  if (!h.Supports(PC_OP_SWIGLU, {PC_DTYPE_F32})) return NotClaimed();
+  const int64_t n = 10007;
+  std::vector<float> gate = h.RandomFloats(n, -6, 6), up = h.RandomFloats(n, -2, 2);
+  PCC_ASSIGN(pc_devptr_t d_g, h.UploadVec(gate));
+  PCC_ASSIGN(pc_devptr_t d_u, h.UploadVec(up));
+  pc_devptr_t d_out = d_g;
+  if (!aliased) {
+    PCC_ASSIGN(d_out, h.Alloc(n * sizeof(float)));
+  }
+  pc_swiglu_args_t a{sizeof(pc_swiglu_args_t), d_g, d_u, d_out, n};
+  PCC_TRY(h.Launch(PC_OP_SWIGLU, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n));
+  return CompareOutputs(out, ref::Swiglu(gate, up), 1e-5);
+}
+
+Verdict Add(Harness& h, bool aliased) {
+  if (!h.Supports(PC_OP_ADD, {PC_DTYPE_F32})) return NotClaimed();
+  const int64_t n = 10007;
+  std::vector<float> x = h.RandomFloats(n, -4, 4), y = h.RandomFloats(n, -4, 4);
+  PCC_ASSIGN(pc_devptr_t d_a, h.UploadVec(x));
+  PCC_ASSIGN(pc_devptr_t d_b, h.UploadVec(y));
+  pc_devptr_t d_out = d_b;
+  if (!aliased) {
+    PCC_ASSIGN(d_out, h.Alloc(n * sizeof(float)));
+  }
+  pc_add_args_t a{sizeof(pc_add_args_t), d_a, d_b, d_out, n};
+  PCC_TRY(h.Launch(PC_OP_ADD, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n));
+  return CompareOutputs(out, ref::Add(x, y), 1e-7);  // one rounding: exact in float
+}
+
+// ---- CONVERT ----------------------------------------------------------------------------------
+// Float conversions are exact (round to nearest even), so they are compared bit for bit.
+Verdict Convert(Harness& h, pc_dtype_t src, pc_dtype_t dst) {
+  if (!h.Supports(PC_OP_CONVERT, {src, dst})) return NotClaimed();
+  const int64_t n = Quantized(src) ? 256 * 7 : 10007;
+  std::vector<float> values = h.RandomFloats(n, -100, 100);
+  if (!Quantized(src)) {  // edge cases of the narrow formats: subnormals, overflow, signed zero
+    const float specials[] = {0.0f, -0.0f, 1e-6f, -3e-5f, 1e-8f, 65504.0f, 65519.0f, 70000.0f,
+                              -1e5f, 3.0e38f, 1.00048828125f, 1.0009765625f};
+    std::copy(std::begin(specials), std::end(specials), values.begin());
+  }
+  PCC_ENCODE(Encoded in, Encode(src, values, 1, n));
+  // Expected bytes of dst from the exact values of src.
+  std::vector<uint8_t> want(n * (dst == PC_DTYPE_F32 ? 4 : 2));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = in.values[i];
+    if (dst == PC_DTYPE_F32) {
+      std::memcpy(&want[i * 4], &v, 4);
+    } else {
+      const uint16_t u = dst == PC_DTYPE_F16 ? ref::F32ToF16(v) : ref::F32ToBf16(v);
+      std::memcpy(&want[i * 2], &u, 2);
+    }
+  }
+  PCC_ASSIGN(pc_devptr_t d_src, h.UploadVec(in.bytes));
+  PCC_ASSIGN(pc_devptr_t d_dst, h.Alloc(want.size()));
+  pc_convert_args_t a{sizeof(pc_convert_args_t), d_src, d_dst, src, dst, n};
+  PCC_TRY(h.Launch(PC_OP_CONVERT, &a));
+  PCC_ASSIGN(auto got, h.DownloadVec<uint8_t>(d_dst, want.size()));
+  if (Quantized(src)) {  // dequantization may fuse multiply-adds: compare with a tolerance
+    std::vector<float> got_f(n);
+    std::memcpy(got_f.data(), got.data(), n * 4);
+    return CompareOutputs(got_f, in.values, 1e-6);
+  }
+  const size_t elem = dst == PC_DTYPE_F32 ? 4 : 2;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::memcmp(&got[i * elem], &want[i * elem], elem) != 0) {
+      uint32_t g = 0, w = 0;
+      std::memcpy(&g, &got[i * elem], elem);
+      std::memcpy(&w, &want[i * elem], elem);
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "element %lld (%g): got bits 0x%x, want 0x%x",
+                    static_cast<long long>(i), in.values[i], g, w);
+      return Fail(buf);
+    }
+  }
+  return Pass("bit exact, " + std::to_string(n) + " elements");
+}
+
+}  // namespace
+
+void AddOpChecks(std::vector<Check>& checks) {
+  auto add = [&](std::string name, std::function<Verdict(Harness&)> fn) {
+    checks.push_back({std::move(name), Stage::kDevice, std::move(fn)});
+  };
+  for (pc_dtype_t d : kWeightDtypes)
+    add("op.embedding." + Lower(d), [d](Harness& h) { return Embedding(h, d); });
+  add("op.rms_norm.weighted", [](Harness& h) { return RmsNorm(h, true, false); });
+  add("op.rms_norm.in_place_unweighted", [](Harness& h) { return RmsNorm(h, false, true); });
+  for (pc_dtype_t d : kWeightDtypes) {
+    const std::string base = "op.matmul." + Lower(d);
+    add(base + ".decode", [d](Harness& h) { return Matmul(h, d, MatmulCase::kDecode); });
+    add(base + ".prefill", [d](Harness& h) { return Matmul(h, d, MatmulCase::kPrefill); });
+    add(base + ".accumulate", [d](Harness& h) { return Matmul(h, d, MatmulCase::kAccumulate); });
+    add(base + ".uploaded", [d](Harness& h) { return Matmul(h, d, MatmulCase::kUploaded); });
+  }
+  const std::pair<const char*, RopeCase> ropes[] = {
+      {"normal", RopeCase::kNormal},           {"neox", RopeCase::kNeox},
+      {"partial_normal", RopeCase::kPartialNormal}, {"partial_neox", RopeCase::kPartialNeox},
+      {"freq_factors", RopeCase::kFreqFactors}, {"yarn", RopeCase::kYarn},
+      {"yarn_neox", RopeCase::kYarnNeox}};
+  for (auto [name, c] : ropes) add(std::string("op.rope.") + name, [c](Harness& h) { return Rope(h, c); });
+  for (pc_dtype_t d : kFloatDtypes)
+    add("op.kv_store." + Lower(d), [d](Harness& h) { return KvStore(h, d); });
+  for (pc_dtype_t d : kFloatDtypes) {
+    const std::string base = "op.attention." + Lower(d);
+    add(base + ".decode", [d](Harness& h) { return Attention(h, d, AttnCase::kDecode); });
+    add(base + ".prefill", [d](Harness& h) { return Attention(h, d, AttnCase::kPrefill); });
+    add(base + ".mixed", [d](Harness& h) { return Attention(h, d, AttnCase::kMixed); });
+  }
+  add("op.swiglu", [](Harness& h) { return Swiglu(h, false); });
+  add("op.swiglu.aliased", [](Harness& h) { return Swiglu(h, true); });
+  add("op.add", [](Harness& h) { return Add(h, false); });
+  add("op.add.aliased", [](Harness& h) { return Add(h, true); });
+  for (pc_dtype_t s : kFloatDtypes) {
+    for (pc_dtype_t d : kFloatDtypes)
+      add("op.convert." + Lower(s) + "_" + Lower(d), [s, d](Harness& h) { return Convert(h, s, d); });
+  }
+  for (pc_dtype_t s : kWeightDtypes) {
+    if (!Quantized(s)) continue;
+    add("op.convert." + Lower(s) + "_f32",
+        [s](Harness& h) { return Convert(h, s, PC_DTYPE_F32); });
+  }
+}
+
+}  // namespace polychip::runtime::conformance

@@ -1,0 +1,59 @@
+// The plugin conformance kit: runs the ABI contract against one plugin file and reports each
+// named check as PASS, FAIL or SKIP. Driven by `polychip conformance --plugin <path.so>` and by
+// the tests in tests/conformance.
+//
+// The kit talks to the raw C ABI (it lives in src/runtime for that reason) because its job is to
+// check what the C++ wrappers take for granted. This header has no ABI types.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/config.h"
+#include "util/status.h"
+
+namespace polychip::runtime::conformance {
+
+enum class Outcome { kPass, kFail, kSkip };
+const char* OutcomeName(Outcome outcome);  // "PASS", "FAIL", "SKIP"
+
+struct CheckResult {
+  std::string name;  // dotted, e.g. "memory.round_trip", "op.matmul.q4_k.prefill"
+  Outcome outcome = Outcome::kPass;
+  std::string detail;  // why it failed or was skipped; a short measurement when it passed
+  double seconds = 0;
+};
+
+struct Options {
+  std::string plugin_path;
+  int32_t device = 0;      // physical ordinal under test
+  std::string filter;      // ECMAScript regex on check names; empty: every check
+  PluginParams params;     // passed to the plugin's initialize()
+  uint32_t seed = 1234;    // random inputs are reproducible
+};
+
+struct Report {
+  std::string plugin_path;
+  std::string kind;  // "backend" or "comm"
+  std::string plugin_name;
+  std::string plugin_version;
+  std::vector<CheckResult> checks;
+  // True when no check failed and at least one check ran (SKIPs are allowed: an op the plugin
+  // does not claim is skipped, never failed).
+  bool Passed() const;
+  const CheckResult* Find(const std::string& name) const;
+};
+
+// Runs every check selected by the filter. A plugin that cannot be loaded at all still gives a
+// report (its "load" check fails). Errors are returned only for a misuse of the kit itself (a
+// bad filter) or a plugin kind it cannot check yet (comm plugins: UNIMPLEMENTED).
+StatusOr<Report> Run(const Options& options);
+
+// The names of every check the kit knows for a backend plugin (op checks included), in order.
+std::vector<std::string> BackendCheckNames();
+
+std::string FormatTable(const Report& report);
+std::string FormatJson(const Report& report);
+
+}  // namespace polychip::runtime::conformance
