@@ -90,6 +90,8 @@ class PluginTest : public testing::TestWithParam<std::string> {
   pc_devptr_t Upload(const std::vector<T>& v) {
     pc_devptr_t p = Alloc(v.size() * sizeof(T));
     PC_OK(api_, api_->memcpy_h2d(stream_, p, v.data(), v.size() * sizeof(T)));
+    // The source must outlive an asynchronous copy; callers pass temporaries.
+    PC_OK(api_, api_->stream_synchronize(stream_));
     return p;
   }
   template <typename T>

@@ -517,11 +517,10 @@ pc_error_t* EventRecord(pc_event_t* event, pc_stream_t* stream) {
     // The mark completes when the stream's earlier commands have; it runs through the executor
     // like any command so that its timestamp is taken in device order.
     stream->Enqueue({[event, gen]() -> const char* {
-      {
-        std::lock_guard<std::mutex> lock(event->mu);
-        event->completed = std::max(event->completed, gen);
-        event->when = std::chrono::steady_clock::now();
-      }
+      // Notify under the lock: once `completed` is visible, event_destroy may free the event.
+      std::lock_guard<std::mutex> lock(event->mu);
+      event->completed = std::max(event->completed, gen);
+      event->when = std::chrono::steady_clock::now();
       event->cv.notify_all();
       return nullptr;
     }});
