@@ -84,7 +84,8 @@ class GGUFWriter:
 
 def read_gguf(path):
     """Returns (metadata dict, {name: np.ndarray in PyTorch order}). For checks only."""
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     pos = 0
 
     def take(fmt):

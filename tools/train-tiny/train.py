@@ -18,9 +18,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+# torch parallelizes around BLAS calls itself; nested OpenBLAS threads only fight it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe  # noqa: E402
@@ -154,7 +156,7 @@ def main():
     ap.add_argument("--workdir", default=os.path.join(os.path.dirname(__file__), "work"))
     ap.add_argument("--out", default=os.path.join(REPO, "models", "polychip-tiny.gguf"))
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--heldout-every", type=int, default=50)
     ap.add_argument("--chat-per-chapter", type=int, default=3)
@@ -166,7 +168,7 @@ def main():
     ap.add_argument("--ffn", type=int, default=704)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=700)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--wd", type=float, default=0.1)
