@@ -122,6 +122,18 @@ int RunInfo(const std::string& path, bool show_all_tensors) {
   return 0;
 }
 
+// Validates a model file: exit 0 and a summary line when it loads as a supported model.
+int RunCheck(const std::string& path) {
+  auto opened = model::GgufFile::Open(path);
+  if (!opened.ok()) return Error(opened.status());
+  auto config = model::ModelConfig::FromGguf(**opened);
+  if (!config.ok()) {
+    return Error(Status(config.status().code(), path + ": " + config.status().message()));
+  }
+  std::printf("%s: %s\n", path.c_str(), config->Summary().c_str());
+  return 0;
+}
+
 struct SynthArgs {
   std::string vocab, shape, arch, type = "F16", out;
   int64_t layers = 0, embd = 0, heads = 0, kv_heads = 0, ff = 0, ctx = 0;
@@ -188,6 +200,10 @@ std::function<int()> SetupGguf(CLI::App& app) {
   info->add_option("file", *info_path, "GGUF file")->required();
   info->add_flag("--all", *info_all, "list every tensor");
 
+  auto check_path = std::make_shared<std::string>();
+  CLI::App* check = app.add_subcommand("check", "validate a model file (architecture, tensors)");
+  check->add_option("file", *check_path, "GGUF model")->required();
+
   auto sa = std::make_shared<SynthArgs>();
   std::string shapes;
   for (const std::string& n : model::ShapePresetNames()) shapes += (shapes.empty() ? "" : "|") + n;
@@ -209,8 +225,9 @@ std::function<int()> SetupGguf(CLI::App& app) {
   synth->add_option("--threads", sa->threads, "worker threads (0: all cores)");
   synth->add_flag("-q,--quiet", sa->quiet, "no progress output");
 
-  return [info, synth, info_path, info_all, sa]() {
+  return [info, check, synth, info_path, info_all, check_path, sa]() {
     if (info->parsed()) return RunInfo(*info_path, *info_all);
+    if (check->parsed()) return RunCheck(*check_path);
     if (synth->parsed()) return RunSynth(*sa);
     return 2;
   };
