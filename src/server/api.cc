@@ -1,0 +1,343 @@
+#include "server/api.h"
+
+#include <limits>
+
+namespace polychip::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError Bad(std::string param, std::string message) {
+  ApiError e;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  return e;
+}
+
+// Field readers: an absent or null field leaves *out unchanged; a wrong type or an out-of-range
+// value is a 400 naming the field.
+std::optional<ApiError> GetNumber(const json& j, const char* key, double lo, double hi,
+                                  double* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return Bad(key, std::string("'") + key + "' must be a number");
+  const double v = it->get<double>();
+  if (!(v >= lo && v <= hi)) {
+    return Bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) +
+                        " and " + std::to_string(hi) + ", got " + it->dump());
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetFloat(const json& j, const char* key, double lo, double hi,
+                                 float* out) {
+  double v = *out;
+  if (auto e = GetNumber(j, key, lo, hi, &v)) return e;
+  *out = static_cast<float>(v);
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetInt(const json& j, const char* key, int64_t lo, int64_t hi,
+                               int64_t* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer()) return Bad(key, std::string("'") + key + "' must be an integer");
+  const int64_t v = it->is_number_unsigned()
+                        ? static_cast<int64_t>(std::min<uint64_t>(
+                              it->get<uint64_t>(), std::numeric_limits<int64_t>::max()))
+                        : it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return Bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                        std::to_string(hi) + ", got " + std::to_string(v));
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetBool(const json& j, const char* key, bool* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return Bad(key, std::string("'") + key + "' must be a boolean");
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetString(const json& j, const char* key, std::string* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) return Bad(key, std::string("'") + key + "' must be a string");
+  *out = it->get<std::string>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetTokenIds(const json& v, const char* key, int64_t vocab,
+                                    std::vector<int32_t>* out) {
+  if (!v.is_array()) return Bad(key, std::string("'") + key + "' must be an array of token ids");
+  for (const auto& t : v) {
+    if (!t.is_number_integer()) return Bad(key, std::string("'") + key + "' must hold integers");
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= vocab) {
+      return Bad(key, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                          std::to_string(vocab) + ")");
+    }
+    out->push_back(static_cast<int32_t>(id));
+  }
+  return std::nullopt;
+}
+
+#define PC_API_TRY(expr)              \
+  do {                                \
+    if (auto pc_e_ = (expr)) return pc_e_; \
+  } while (0)
+
+// The sampling fields shared by the OpenAI bodies and SGLang's sampling_params.
+std::optional<ApiError> ParseSampling(const json& j, bool sglang, const ParseLimits& limits,
+                                      int64_t default_max_tokens, engine::SamplingParams* p) {
+  p->temperature = 1.f;  // OpenAI's and SGLang's default
+  PC_API_TRY(GetFloat(j, "temperature", 0, 100, &p->temperature));
+  PC_API_TRY(GetFloat(j, "top_p", 0, 1, &p->top_p));
+  if (p->top_p <= 0) return Bad("top_p", "'top_p' must be in (0, 1]");
+  int64_t top_k = 0;
+  PC_API_TRY(GetInt(j, "top_k", -1, 1 << 30, &top_k));
+  p->top_k = static_cast<int32_t>(top_k);
+  PC_API_TRY(GetFloat(j, "min_p", 0, 1, &p->min_p));
+  PC_API_TRY(GetFloat(j, "repetition_penalty", 0.01, 100, &p->repetition_penalty));
+  PC_API_TRY(GetFloat(j, "frequency_penalty", -2, 2, &p->frequency_penalty));
+  PC_API_TRY(GetFloat(j, "presence_penalty", -2, 2, &p->presence_penalty));
+  int64_t seed = -1;
+  PC_API_TRY(GetInt(j, "seed", 0, std::numeric_limits<int64_t>::max(), &seed));
+  if (seed >= 0) p->seed = static_cast<uint64_t>(seed);
+
+  const int64_t max_allowed = limits.context_length > 0 ? limits.context_length : (1 << 30);
+  int64_t max_tokens = default_max_tokens;
+  for (const char* key : {"max_tokens", "max_completion_tokens", "max_new_tokens"}) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_number_integer()) return Bad(key, std::string("'") + key + "' must be an integer");
+    const int64_t v = it->get<int64_t>();
+    if (v < 1) {
+      return Bad(key, std::string("'") + key + "' must be at least 1, got " + it->dump());
+    }
+    if (v > max_allowed) {
+      return Bad(key, std::string("'") + key + "' is " + std::to_string(v) +
+                          ", more than this server's context length (" +
+                          std::to_string(max_allowed) + " tokens)");
+    }
+    max_tokens = v;
+  }
+  p->max_tokens = static_cast<int32_t>(max_tokens);
+  int64_t min_tokens = 0;
+  PC_API_TRY(GetInt(j, "min_tokens", 0, max_allowed, &min_tokens));
+  PC_API_TRY(GetInt(j, "min_new_tokens", 0, max_allowed, &min_tokens));
+  p->min_tokens = static_cast<int32_t>(min_tokens);
+  PC_API_TRY(GetBool(j, "ignore_eos", &p->ignore_eos));
+
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      p->stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& s : *it) {
+        if (!s.is_string()) return Bad("stop", "'stop' must be a string or an array of strings");
+        p->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return Bad("stop", "'stop' must be a string or an array of strings");
+    }
+    if (p->stop.size() > 16) return Bad("stop", "at most 16 stop strings");
+  }
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    PC_API_TRY(GetTokenIds(*it, "stop_token_ids", std::numeric_limits<int32_t>::max(),
+                           &p->stop_token_ids));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatMessage>* out) {
+  auto it = body.find("messages");
+  if (it == body.end()) return Bad("messages", "'messages' is required");
+  if (!it->is_array() || it->empty()) {
+    return Bad("messages", "'messages' must be a non-empty array");
+  }
+  for (const auto& m : *it) {
+    if (!m.is_object()) return Bad("messages", "each message must be an object");
+    model::ChatMessage msg;
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return Bad("messages", "each message needs a string 'role'");
+    }
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+        msg.role != "tool") {
+      return Bad("messages", "unknown role '" + msg.role + "'");
+    }
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      msg.content = "";
+    } else if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const auto& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          return Bad("messages", "only text content parts are supported");
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return Bad("messages", "'content' must be a string or an array of text parts");
+    }
+    out->push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+nlohmann::json ApiError::ToJson() const {
+  json err = {{"message", message}, {"type", type}, {"code", status}};
+  err["param"] = param.empty() ? json(nullptr) : json(param);
+  return {{"error", err}};
+}
+
+bool IsValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c >> 5) == 0x6) {
+      len = 2;
+      cp = c & 0x1f;
+    } else if ((c >> 4) == 0xe) {
+      len = 3;
+      cp = c & 0x0f;
+    } else if ((c >> 3) == 0x1e) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (int k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF.
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const TextCodec& codec,
+                                        const ParseLimits& limits, ApiRequest* out) {
+  if (!body.is_object()) return Bad("", "the request body must be a JSON object");
+  out->kind = kind;
+  const bool sglang = kind == ApiKind::kGenerate;
+  PC_API_TRY(GetString(body, "model", &out->model));
+  PC_API_TRY(GetBool(body, "stream", &out->stream));
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
+    PC_API_TRY(GetBool(*it, "include_usage", &out->include_usage));
+  }
+  int64_t n = 1;
+  PC_API_TRY(GetInt(body, "n", 1, 64, &n));
+  out->n = static_cast<int>(n);
+
+  // Prompts.
+  std::vector<std::vector<int32_t>> prompts;
+  engine::SamplingParams params;
+  const int64_t vocab = codec.vocab_size();
+  if (kind == ApiKind::kChat) {
+    std::vector<model::ChatMessage> messages;
+    PC_API_TRY(ParseMessages(body, &messages));
+    prompts.push_back(codec.EncodeChat(messages));
+    PC_API_TRY(ParseSampling(body, false, limits, /*default_max_tokens=*/0, &params));
+    PC_API_TRY(GetBool(body, "logprobs", &out->chat_logprobs));
+    int64_t top = 0;
+    PC_API_TRY(GetInt(body, "top_logprobs", 0, 20, &top));
+    if (out->chat_logprobs) out->logprobs = static_cast<int>(top);
+  } else if (kind == ApiKind::kCompletion) {
+    auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) return Bad("prompt", "'prompt' is required");
+    if (it->is_string()) {
+      out->prompt_texts.push_back(it->get<std::string>());
+      prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
+    } else if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+      prompts.emplace_back();
+      PC_API_TRY(GetTokenIds(*it, "prompt", vocab, &prompts.back()));
+      out->prompt_texts.push_back(codec.Decode(prompts.back()));
+    } else if (it->is_array() && !it->empty()) {
+      for (const auto& p : *it) {
+        if (p.is_string()) {
+          out->prompt_texts.push_back(p.get<std::string>());
+          prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
+        } else {
+          prompts.emplace_back();
+          PC_API_TRY(GetTokenIds(p, "prompt", vocab, &prompts.back()));
+          out->prompt_texts.push_back(codec.Decode(prompts.back()));
+        }
+      }
+    } else {
+      return Bad("prompt", "'prompt' must be a string, an array of strings or of token ids");
+    }
+    PC_API_TRY(ParseSampling(body, false, limits, /*default_max_tokens=*/16, &params));
+    int64_t lp = -1;
+    PC_API_TRY(GetInt(body, "logprobs", 0, 20, &lp));
+    out->logprobs = static_cast<int>(lp);
+    PC_API_TRY(GetBool(body, "echo", &out->echo));
+  } else {  // SGLang /generate
+    PC_API_TRY(GetString(body, "rid", &out->rid));
+    auto text = body.find("text");
+    auto ids = body.find("input_ids");
+    if (text != body.end() && !text->is_null()) {
+      if (!text->is_string()) return Bad("text", "'text' must be a string");
+      out->prompt_texts.push_back(text->get<std::string>());
+      prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
+    } else if (ids != body.end() && !ids->is_null()) {
+      prompts.emplace_back();
+      PC_API_TRY(GetTokenIds(*ids, "input_ids", vocab, &prompts.back()));
+    } else {
+      return Bad("text", "one of 'text' or 'input_ids' is required");
+    }
+    json sp = json::object();
+    if (auto it = body.find("sampling_params"); it != body.end() && !it->is_null()) {
+      if (!it->is_object()) return Bad("sampling_params", "'sampling_params' must be an object");
+      sp = *it;
+    }
+    PC_API_TRY(ParseSampling(sp, sglang, limits, /*default_max_tokens=*/128, &params));
+    bool return_logprob = false;
+    PC_API_TRY(GetBool(body, "return_logprob", &return_logprob));
+    int64_t top = 0;
+    PC_API_TRY(GetInt(body, "top_logprobs_num", 0, 20, &top));
+    if (return_logprob) out->logprobs = static_cast<int>(top);
+  }
+  if (out->logprobs > 0) params.top_logprobs = out->logprobs;
+
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    if (prompts[p].empty()) return Bad("prompt", "the prompt is empty");
+    for (int i = 0; i < out->n; ++i) {
+      engine::GenerateInput in;
+      in.prompt = prompts[p];
+      in.params = params;
+      // n choices with one seed must still differ: each gets its own stream of the seed.
+      if (params.seed && i > 0) in.params.seed = *params.seed + static_cast<uint64_t>(i);
+      int64_t priority = 0;
+      PC_API_TRY(GetInt(body, "priority", -1000000, 1000000, &priority));
+      in.priority = static_cast<int32_t>(priority);
+      out->inputs.push_back(std::move(in));
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace polychip::server

@@ -1,0 +1,53 @@
+// Request parsing and validation for the HTTP API (internal to the server module): JSON bodies
+// in, GenerateInputs out, or an ApiError carrying the HTTP status and OpenAI's error fields.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/request.h"
+#include "server/text_codec.h"
+
+namespace polychip::server {
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field, or ""
+  nlohmann::json ToJson() const;
+};
+
+enum class ApiKind { kCompletion, kChat, kGenerate };
+
+// A parsed generation request: one GenerateInput per choice (prompts x n).
+struct ApiRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;
+  int n = 1;
+  int logprobs = -1;  // completions: number of top logprobs (-1: off); chat: top_logprobs
+  bool chat_logprobs = false;
+  std::string rid;
+  std::vector<engine::GenerateInput> inputs;  // choice i = inputs[i]
+  std::vector<std::string> prompt_texts;      // for echo (per prompt)
+};
+
+struct ParseLimits {
+  int64_t context_length = 0;  // max_tokens above it is an error
+};
+
+// Parses a body of /v1/completions, /v1/chat/completions or /generate.
+std::optional<ApiError> ParseApiRequest(ApiKind kind, const nlohmann::json& body,
+                                        const TextCodec& codec, const ParseLimits& limits,
+                                        ApiRequest* out);
+
+// True if `s` is valid UTF-8.
+bool IsValidUtf8(std::string_view s);
+
+}  // namespace polychip::server

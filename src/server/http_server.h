@@ -1,0 +1,59 @@
+// The HTTP front end: OpenAI-compatible /v1/completions, /v1/chat/completions (with SSE
+// streaming), SGLang's /generate, and the operational endpoints (/health, /metrics, ...).
+// HTTP worker threads parse a request, submit it to the Engine and then mostly wait on the
+// request's channel; the engine thread is separate. Any failure inside a handler becomes an
+// OpenAI-shaped error response ({"error": {"message", "type", "param", "code"}}); a request
+// never brings the server down.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "server/text_codec.h"
+#include "util/status.h"
+
+namespace polychip::server {
+
+struct DeviceMemory {
+  uint64_t in_use_bytes = 0;
+  uint64_t peak_bytes = 0;
+  uint64_t total_bytes = 0;
+};
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 30000;  // 0: any free port (see HttpServer::port())
+  std::string api_key;  // non-empty: "Authorization: Bearer <key>" required on the API
+  std::string model_name = "default";           // what /v1/models reports
+  std::vector<std::string> model_aliases;        // other names accepted in "model"
+  int http_threads = 320;                        // >= 256 concurrent streaming clients
+  std::function<DeviceMemory()> device_memory;   // for /metrics; may be empty
+  nlohmann::json server_info = nlohmann::json::object();  // merged into /get_server_info
+};
+
+class HttpServer {
+ public:
+  // `engine` (started by the caller) and `codec` must outlive the server.
+  HttpServer(ServerOptions options, engine::Engine* engine, const TextCodec* codec);
+  ~HttpServer();
+
+  // Binds the listening socket; afterwards port() is the actual port.
+  Status Bind();
+  // Serves until Stop() (blocking).
+  void Run();
+  // Stops accepting, ends streaming responses, returns once Run() can return.
+  void Stop();
+  int port() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace polychip::server
