@@ -138,6 +138,7 @@ struct SynthArgs {
   std::string vocab, shape, arch, type = "F16", out;
   int64_t layers = 0, embd = 0, heads = 0, kv_heads = 0, ff = 0, ctx = 0;
   uint64_t seed = 42;
+  float weight_std = 0.02f;
   int threads = 0;
   bool quiet = false;
 };
@@ -146,6 +147,7 @@ int RunSynth(const SynthArgs& a) {
   model::SynthOptions opts;
   opts.vocab_path = a.vocab;
   opts.seed = a.seed;
+  opts.weight_std = a.weight_std;
   opts.threads = a.threads;
   opts.progress = !a.quiet;
   auto type = DTypeFromName(a.type);
@@ -222,6 +224,9 @@ std::function<int()> SetupGguf(CLI::App& app) {
   synth->add_option("--type", sa->type, "weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_K, ...)");
   synth->add_option("--out", sa->out, "output GGUF")->required();
   synth->add_option("--seed", sa->seed, "random seed");
+  synth->add_option("--weight-std", sa->weight_std,
+                    "standard deviation of the random weights (default 0.02; larger gives "
+                    "peakier logits, as tests comparing greedy tokens want)");
   synth->add_option("--threads", sa->threads, "worker threads (0: all cores)");
   synth->add_flag("-q,--quiet", sa->quiet, "no progress output");
 

@@ -1,0 +1,215 @@
+// Agreement with llama.cpp, the reference implementation of GGUF semantics, on random-weight
+// models we synthesize: the same perplexity on the same text (within 0.5%) and the same greedy
+// tokens. Also: the same tokens on the cpu and emu backends.
+//
+// llama.cpp's tools come from tests/setup/fetch-llama-cpp.sh (found through
+// POLYCHIP_LLAMA_CPP_DIR, default $HOME/.cache/polychip/llama.cpp).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <string>
+
+#include "engine/sampler.h"
+
+namespace polychip {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `cmd` through the shell, capturing stdout and stderr (stderr through a file).
+CommandResult RunCommand(const std::string& cmd) {
+  CommandResult r;
+  const fs::path err_file =
+      fs::temp_directory_path() / ("polychip_ref_" + std::to_string(::getpid()) + ".err");
+  FILE* p = ::popen((cmd + " 2>" + err_file.string()).c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (FILE* f = std::fopen(err_file.c_str(), "rb")) {
+    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
+    std::fclose(f);
+  }
+  fs::remove(err_file);
+  return r;
+}
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string LlamaCppDir() {
+  if (const char* d = std::getenv("POLYCHIP_LLAMA_CPP_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") + "/.cache/polychip/llama.cpp";
+}
+
+const std::string kPolychip = std::string(POLYCHIP_BUILD_DIR) + "/bin/polychip";
+const std::string kText = std::string(POLYCHIP_SOURCE_DIR) + "/tests/data/lighthouse.txt";
+constexpr int kCtx = 128;
+constexpr int kPredict = 16;
+const std::string kPrompt = "The keeper climbed the steps of the lighthouse and";
+
+// Fails the test (with the way out) when llama.cpp's tools are missing.
+bool HaveLlamaCpp() {
+  const std::string dir = LlamaCppDir();
+  for (const char* tool : {"llama-perplexity", "llama-simple"}) {
+    const std::string path = dir + "/build/bin/" + tool;
+    if (!fs::exists(path)) {
+      ADD_FAILURE() << "llama.cpp tool " << path << " not found. Run "
+                    << POLYCHIP_SOURCE_DIR << "/tests/setup/fetch-llama-cpp.sh (or set "
+                    << "POLYCHIP_LLAMA_CPP_DIR to a llama.cpp checkout with build/bin)";
+      return false;
+    }
+  }
+  return true;
+}
+
+struct ModelCase {
+  std::string vocab;  // ggml-vocab-<vocab>.gguf
+  std::string arch;   // llama | qwen2
+  std::string type;   // F32, F16, Q8_0, Q4_0, Q4_K
+};
+
+std::string CaseName(const ModelCase& c) { return c.vocab + "_" + c.arch + "_" + c.type; }
+
+// Synthesizes (once per process) the tiny model of a case; returns its path, or "" after
+// adding a failure.
+std::string ModelFor(const ModelCase& c) {
+  static std::map<std::string, std::string> made;
+  const std::string name = CaseName(c);
+  if (auto it = made.find(name); it != made.end()) return it->second;
+  const fs::path dir = fs::path(POLYCHIP_BUILD_DIR) / "test-models";
+  fs::create_directories(dir);
+  const std::string out = (dir / (name + ".gguf")).string();
+  const std::string vocab = LlamaCppDir() + "/models/ggml-vocab-" + c.vocab + ".gguf";
+  const std::string cmd = kPolychip + " gguf synth --vocab " + Quote(vocab) +
+                          " --shape tiny --arch " + c.arch + " --type " + c.type +
+                          " --seed 7 --quiet --out " + Quote(out);
+  const CommandResult r = RunCommand(cmd);
+  if (r.exit_code != 0) {
+    ADD_FAILURE() << cmd << " failed:\n" << r.err;
+    return "";
+  }
+  made[name] = out;
+  return out;
+}
+
+// "Final estimate: PPL = 123.4567 +/- 1.23456" -> 123.4567 (NaN if absent).
+double ParsePpl(const std::string& text) {
+  static const std::regex re(R"(Final estimate: PPL = ([0-9.eE+-]+) \+/- ([0-9.eE+-]+))");
+  std::smatch m;
+  if (!std::regex_search(text, m, re)) return std::nan("");
+  return std::stod(m[1].str());
+}
+
+class ReferenceTest : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(ReferenceTest, PerplexityAgreesWithLlamaCpp) {
+  if (!HaveLlamaCpp()) return;
+  const std::string model = ModelFor(GetParam());
+  if (model.empty()) return;
+
+  const CommandResult ours =
+      RunCommand(kPolychip + " perplexity --device cpu:0 --model-path " + Quote(model) + " -f " +
+                 Quote(kText) + " --ctx " + std::to_string(kCtx) + " --batch " +
+                 std::to_string(kCtx));
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  const CommandResult ref =
+      RunCommand(LlamaCppDir() + "/build/bin/llama-perplexity -m " + Quote(model) + " -f " +
+                 Quote(kText) + " -c " + std::to_string(kCtx) + " -b " + std::to_string(kCtx) +
+                 " -t 2");
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  const double p_ours = ParsePpl(ours.out + ours.err);
+  const double p_ref = ParsePpl(ref.out + ref.err);
+  ASSERT_FALSE(std::isnan(p_ours)) << ours.out << ours.err;
+  ASSERT_FALSE(std::isnan(p_ref)) << ref.out << ref.err;
+  const double rel = std::abs(p_ours - p_ref) / p_ref;
+  std::printf("[ agreement ] %s: polychip PPL %.4f, llama.cpp PPL %.4f, relative difference %.5f%%\n",
+              CaseName(GetParam()).c_str(), p_ours, p_ref, 100 * rel);
+  EXPECT_LT(rel, 0.005) << "polychip " << p_ours << " vs llama.cpp " << p_ref;
+}
+
+// llama-simple prints the prompt's pieces, then the greedy continuation, then a newline; ours
+// prints the continuation and a newline. Invalid UTF-8 is compared as U+FFFD on both sides.
+TEST_P(ReferenceTest, GreedyTokensAgreeWithLlamaCpp) {
+  if (!HaveLlamaCpp()) return;
+  const std::string model = ModelFor(GetParam());
+  if (model.empty()) return;
+
+  const CommandResult ours =
+      RunCommand(kPolychip + " run --device cpu:0 --special --model-path " + Quote(model) +
+                 " --prompt " + Quote(kPrompt) + " -n " + std::to_string(kPredict));
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  const CommandResult ref = RunCommand(LlamaCppDir() + "/build/bin/llama-simple -m " +
+                                       Quote(model) + " -n " + std::to_string(kPredict) + " " +
+                                       Quote(kPrompt));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  size_t consumed = 0;
+  std::string ref_text = engine::TakeCompleteUtf8(ref.out, &consumed);
+  ASSERT_GT(ours.out.size(), 1u) << "no text generated";
+  ASSERT_GE(ref_text.size(), ours.out.size()) << "llama.cpp: " << ref_text << "\npolychip: " << ours.out;
+  EXPECT_EQ(ref_text.substr(ref_text.size() - ours.out.size()), ours.out)
+      << "llama.cpp (prompt + continuation): " << ref_text << "\npolychip continuation: "
+      << ours.out;
+}
+
+std::vector<ModelCase> Cases() {
+  std::vector<ModelCase> cases;
+  for (const auto& [vocab, arch] : std::vector<std::pair<std::string, std::string>>{
+           {"llama-spm", "llama"}, {"llama-bpe", "llama"}, {"qwen2", "qwen2"}}) {
+    for (const char* type : {"F32", "F16", "Q8_0", "Q4_0", "Q4_K"}) {
+      cases.push_back({vocab, arch, type});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ReferenceTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<ModelCase>& info) {
+                           std::string n = CaseName(info.param);
+                           for (char& ch : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return n;
+                         });
+
+// The same program on two backends gives the same tokens: the framework's op launches mean the
+// same thing on the host-memory cpu device and on the emulated discrete device.
+TEST(BackendAgreementTest, RunGivesTheSameTokensOnCpuAndEmu) {
+  if (!HaveLlamaCpp()) return;  // the vocabulary comes from llama.cpp's models/
+  const std::string model = ModelFor({"qwen2", "qwen2", "Q8_0"});
+  if (model.empty()) return;
+  auto run = [&](const std::string& device) {
+    return RunCommand(kPolychip + " run --device " + device + " --model-path " + Quote(model) +
+                      " --prompt " + Quote(kPrompt) + " -n " + std::to_string(kPredict) +
+                      " --ignore-eos");
+  };
+  const CommandResult cpu = run("cpu:0");
+  const CommandResult emu = run("emu:0");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(emu.exit_code, 0) << emu.err;
+  EXPECT_GT(cpu.out.size(), 1u);
+  EXPECT_EQ(cpu.out, emu.out);
+}
+
+}  // namespace
+}  // namespace polychip
