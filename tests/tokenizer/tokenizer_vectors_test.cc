@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "model/unicode.h"
@@ -193,6 +194,40 @@ TEST_P(VocabVectors, EncodesLongTextQuickly) {
   EXPECT_GT(ids.size(), 3000u);
   // Generous bound (sanitizers, a loaded CI machine); typically a few milliseconds.
   EXPECT_LT(ms, 500.0) << ids.size() << " tokens";
+}
+
+// Chat markers written in a prompt become single control tokens with parse_special, and stay
+// plain text without it; the chat template picked from the file's metadata produces them.
+TEST(TokenizerSpecial, ChatMarkersOfRealVocabularies) {
+  struct Expect {
+    const char* vocab;
+    const char* marker;
+    ChatFormat format;
+    int count;         // occurrences of the marker in a one-message prompt
+    bool round_trips;  // phi-3's specials strip the whitespace after them (rstrip), as in HF
+  };
+  for (const Expect& e :
+       {Expect{"ggml-vocab-qwen2.gguf", "<|im_start|>", ChatFormat::kChatMl, 2, true},
+        Expect{"ggml-vocab-phi-3.gguf", "<|user|>", ChatFormat::kPhi3, 1, false}}) {
+    if (!fs::exists(ModelsDir() / e.vocab)) GTEST_SKIP() << kHowToFetch;
+    auto tokenizer = Load(e.vocab);
+    ASSERT_NE(tokenizer, nullptr);
+    const TokenId marker = tokenizer->Find(e.marker);
+    ASSERT_NE(marker, kNoToken) << e.marker;
+    const ChatFormat format = DetectChatFormat(tokenizer->vocab().chat_template);
+    EXPECT_EQ(format, e.format) << e.vocab;
+    const std::vector<ChatMessage> chat = {{"user", "Hi"}};
+    const std::string prompt = ApplyChatTemplate(format, chat, true);
+    const auto ids = tokenizer->Encode(prompt, {.add_special = false, .parse_special = true});
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), marker), e.count) << e.vocab << ": " << Show(ids);
+    if (e.round_trips) {
+      EXPECT_EQ(tokenizer->Decode(ids, {.render_special = true, .clean_spaces = false}), prompt);
+    }
+    const auto plain = tokenizer->Encode(prompt, {.add_special = false, .parse_special = false});
+    if (tokenizer->IsControl(marker)) {
+      EXPECT_EQ(std::count(plain.begin(), plain.end(), marker), 0) << e.vocab;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabs, VocabVectors, testing::ValuesIn(VocabsWithVectors()),
