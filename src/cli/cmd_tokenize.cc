@@ -12,6 +12,7 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "model/unicode.h"
 
 namespace polychip::cli {
 namespace {
@@ -27,8 +28,10 @@ struct TokenizeArgs {
   std::string system;
 };
 
-// Control characters and quotes escaped so that every piece stays on one line.
+// Control characters and quotes escaped so that every piece stays on one line; a piece that is
+// part of a multibyte character shows its bytes as \xNN.
 std::string Printable(const std::string& s) {
+  const bool valid = model::SanitizeUtf8(s) == s;
   std::string out;
   for (unsigned char c : s) {
     if (c == '\n') {
@@ -39,7 +42,7 @@ std::string Printable(const std::string& s) {
       out += "\\r";
     } else if (c == '\'') {
       out += "\\'";
-    } else if (c < 0x20) {
+    } else if (c < 0x20 || (c >= 0x80 && !valid)) {
       char buf[8];
       std::snprintf(buf, sizeof(buf), "\\x%02x", c);
       out += buf;
