@@ -179,7 +179,9 @@ TEST_P(VocabVectors, StreamingDecodeMatchesAndStaysValid) {
   }
 }
 
-TEST_P(VocabVectors, EncodesLongTextQuickly) {
+// Long inputs (many pre-tokens, long merge chains) encode completely; speed is printed for
+// information only (benchmarks are scripts, never timed tests).
+TEST_P(VocabVectors, EncodesLongText) {
   auto tokenizer = Load(GetParam());
   ASSERT_NE(tokenizer, nullptr);
   std::string text;
@@ -192,8 +194,7 @@ TEST_P(VocabVectors, EncodesLongTextQuickly) {
   std::printf("[ timing ] %s: %zu bytes -> %zu tokens in %.2f ms\n", GetParam().c_str(),
               text.size(), ids.size(), ms);
   EXPECT_GT(ids.size(), 3000u);
-  // Generous bound (sanitizers, a loaded CI machine); typically a few milliseconds.
-  EXPECT_LT(ms, 500.0) << ids.size() << " tokens";
+  EXPECT_EQ(tokenizer->Decode(ids, {.clean_spaces = false}).size() > 0, true);
 }
 
 // Chat markers written in a prompt become single control tokens with parse_special, and stay
