@@ -5,6 +5,9 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -42,6 +45,7 @@ class FakeRunner : public ModelRunner {
 
   Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (step_delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_delay_us_));
     logits->clear();
     int64_t n_tokens = 0;
     bool has_prefill = false, has_decode = false;
@@ -79,6 +83,8 @@ class FakeRunner : public ModelRunner {
     return Status::Ok();
   }
 
+  // Makes every step take at least this long (so that tests can act mid-request).
+  void set_step_delay_us(int64_t us) { step_delay_us_ = us; }
   int64_t steps() const { return steps_; }
   int64_t tokens_processed() const { return tokens_processed_; }
   int64_t max_step_tokens() const { return max_step_tokens_; }
@@ -93,6 +99,7 @@ class FakeRunner : public ModelRunner {
   int64_t vocab_, context_, block_size_, num_blocks_;
   std::mutex mu_;
   std::vector<Slot> kv_;  // [num_blocks * block_size]
+  std::atomic<int64_t> step_delay_us_{0};
   int64_t steps_ = 0, tokens_processed_ = 0, max_step_tokens_ = 0, max_batch_ = 0,
           mixed_steps_ = 0;
 };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -23,7 +24,7 @@ struct Result {
   std::string out, err;
 };
 
-Result Run(const std::string& args) {
+Result RunCli(const std::string& args) {
   std::string bin = std::string(POLYCHIP_BUILD_DIR) + "/bin/polychip";
   std::string out = (TempDir() / "cli.out").string(), err = (TempDir() / "cli.err").string();
   std::string cmd = bin + " " + args + " >" + out + " 2>" + err;
@@ -46,7 +47,7 @@ void ExpectCleanFailure(const Result& r, const std::string& fragment) {
 std::string TinyF32() {
   static std::string path = [] {
     std::string p = (TempDir() / "cli-tiny.gguf").string();
-    Result r = Run("gguf synth -q --vocab " + (VocabDir() / "ggml-vocab-llama-spm.gguf").string() +
+    Result r = RunCli("gguf synth -q --vocab " + (VocabDir() / "ggml-vocab-llama-spm.gguf").string() +
                    " --shape tiny --type F32 --seed 3 --out " + p);
     EXPECT_EQ(r.code, 0) << r.err;
     return p;
@@ -57,7 +58,7 @@ std::string TinyF32() {
 TEST(GgufCliTest, InfoOnARealVocabulary) {
   auto vocab = VocabDir() / "ggml-vocab-qwen2.gguf";
   POLYCHIP_REQUIRE_VOCAB(vocab);
-  Result r = Run("gguf info " + vocab.string());
+  Result r = RunCli("gguf info " + vocab.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("GGUF v3"), std::string::npos);
   EXPECT_NE(r.out.find("tokenizer.ggml.pre"), std::string::npos);
@@ -69,21 +70,21 @@ TEST(GgufCliTest, InfoOnARealVocabulary) {
 TEST(GgufCliTest, SynthQuantizeCheck) {
   POLYCHIP_REQUIRE_VOCAB(VocabDir() / "ggml-vocab-llama-spm.gguf");
   std::string src = TinyF32();
-  Result check = Run("gguf check " + src);
+  Result check = RunCli("gguf check " + src);
   ASSERT_EQ(check.code, 0) << check.err;
   EXPECT_NE(check.out.find("llama vocab=32000"), std::string::npos) << check.out;
 
   std::string q = (TempDir() / "cli-tiny-q4_0.gguf").string();
-  Result quant = Run("quantize " + src + " " + q + " q4_0 --threads 2");
+  Result quant = RunCli("quantize " + src + " " + q + " q4_0 --threads 2");
   ASSERT_EQ(quant.code, 0) << quant.err;
   EXPECT_NE(quant.err.find("/21] output.weight"), std::string::npos) << quant.err;  // progress
-  Result info = Run("gguf info --all " + q);
+  Result info = RunCli("gguf info --all " + q);
   ASSERT_EQ(info.code, 0) << info.err;
   EXPECT_NE(info.out.find("blk.1.ffn_down.weight"), std::string::npos);
   EXPECT_NE(info.out.find("Q4_0"), std::string::npos);
   EXPECT_NE(info.out.find("model: llama"), std::string::npos) << info.out;
 
-  ExpectCleanFailure(Run("quantize " + src + " " + q + " Q9_9"), "unsupported type 'Q9_9'");
+  ExpectCleanFailure(RunCli("quantize " + src + " " + q + " Q9_9"), "unsupported type 'Q9_9'");
 }
 
 TEST(GgufCliTest, BadFilesFailWithOneLine) {
@@ -95,31 +96,31 @@ TEST(GgufCliTest, BadFilesFailWithOneLine) {
     return p;
   };
   std::string truncated = write("cli-trunc.gguf", good.substr(0, good.size() * 2 / 3));
-  ExpectCleanFailure(Run("gguf info " + truncated), "beyond the end of the file");
-  ExpectCleanFailure(Run("gguf check " + truncated), "truncated?");
-  ExpectCleanFailure(Run("quantize " + truncated + " " + (TempDir() / "x.gguf").string() + " Q8_0"),
+  ExpectCleanFailure(RunCli("gguf info " + truncated), "beyond the end of the file");
+  ExpectCleanFailure(RunCli("gguf check " + truncated), "truncated?");
+  ExpectCleanFailure(RunCli("quantize " + truncated + " " + (TempDir() / "x.gguf").string() + " Q8_0"),
                      "beyond the end of the file");
-  ExpectCleanFailure(Run("gguf info " + write("cli-head.gguf", good.substr(0, 100))), "truncated");
+  ExpectCleanFailure(RunCli("gguf info " + write("cli-head.gguf", good.substr(0, 100))), "truncated");
 
   std::string magic = good;
   magic[0] = 'X';
-  ExpectCleanFailure(Run("gguf info " + write("cli-magic.gguf", magic)), "not a GGUF file");
+  ExpectCleanFailure(RunCli("gguf info " + write("cli-magic.gguf", magic)), "not a GGUF file");
 
   std::string count = good;
   Patch<uint64_t>(count, 8, 1ull << 45);
-  ExpectCleanFailure(Run("gguf check " + write("cli-count.gguf", count)), "absurd tensor count");
+  ExpectCleanFailure(RunCli("gguf check " + write("cli-count.gguf", count)), "absurd tensor count");
 
   GgufWriter w;
   w.SetString("general.architecture", "mamba");
   std::string arch = (TempDir() / "cli-arch.gguf").string();
   ASSERT_TRUE(w.Write(arch).ok());
-  ExpectCleanFailure(Run("gguf check " + arch),
+  ExpectCleanFailure(RunCli("gguf check " + arch),
                      "unsupported architecture mamba (supported: llama, qwen2)");
-  ExpectCleanFailure(Run("gguf info /nonexistent/model.gguf"), "cannot open");
-  ExpectCleanFailure(Run("gguf synth --vocab " + truncated + " --shape tiny --out " +
+  ExpectCleanFailure(RunCli("gguf info /nonexistent/model.gguf"), "cannot open");
+  ExpectCleanFailure(RunCli("gguf synth --vocab " + truncated + " --shape tiny --out " +
                          (TempDir() / "y.gguf").string()),
                      "beyond the end");
-  ExpectCleanFailure(Run("gguf synth -q --vocab " + TinyF32() + " --shape huge --out " +
+  ExpectCleanFailure(RunCli("gguf synth -q --vocab " + TinyF32() + " --shape huge --out " +
                          (TempDir() / "y.gguf").string()),
                      "unknown shape 'huge'");
 }

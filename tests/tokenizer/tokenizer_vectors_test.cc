@@ -194,7 +194,6 @@ TEST_P(VocabVectors, EncodesLongText) {
   std::printf("[ timing ] %s: %zu bytes -> %zu tokens in %.2f ms\n", GetParam().c_str(),
               text.size(), ids.size(), ms);
   EXPECT_GT(ids.size(), 3000u);
-  EXPECT_EQ(tokenizer->Decode(ids, {.clean_spaces = false}).size() > 0, true);
 }
 
 // Chat markers written in a prompt become single control tokens with parse_special, and stay

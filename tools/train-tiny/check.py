@@ -132,6 +132,10 @@ def main():
         if out[:80] != ours[:80]:
             print("note: greedy continuations differ in the first 80 chars (F16/F32 rounding "
                   "can flip near-ties)")
+        chat = ("<|im_start|>user\nWho is the good shepherd?<|im_end|>\n"
+                "<|im_start|>assistant\n")
+        r = run([exe("llama-simple"), "-m", args.model, "-n", "120", chat])
+        print("llama-simple chat:", r.stdout.strip().removeprefix("<|bos|>"))
     if failures:
         print("FAILED:", "; ".join(failures))
         sys.exit(1)

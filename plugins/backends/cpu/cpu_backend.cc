@@ -1,19 +1,30 @@
 // The cpu device plugin. Device memory is host memory (devptr == host pointer, 64-byte
-// aligned), every operation runs synchronously on the calling thread, and the flags say so.
-// Kernels: the SDK reference kernels, with a threaded matmul (cpu_kernels.cc).
+// aligned), every operation runs synchronously on the calling thread (helped by the plugin's
+// thread pool), and the flags say so. Kernels: SIMD variants chosen from CPUID (kernels.h)
+// for matmul, attention, rope, rms_norm and swiglu; the SDK reference kernels for the rest.
+// Quantized weights are repacked at weight_upload into the layout of packed.h.
+//
+// Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
+// environment variable POLYCHIP_CPU_ISA), devices (default 1).
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "cpu_ops.h"
+#include "kernels.h"
+#include "packed.h"
+#include "thread_pool.h"
 #include "polychip/plugin/pc_backend.h"
 #include "polychip/sdk/plugin_util.h"
 #include "polychip/sdk/quant.h"
@@ -47,6 +58,9 @@ struct State {
   const pc_host_services_t* host = nullptr;
   int threads = 1;
   int n_devices = 1;
+  const polychip::cpu::KernelTable* kernels = nullptr;
+  std::unique_ptr<polychip::cpu::ThreadPool> pool;
+  std::mutex launch_mu;  // the pool runs one op at a time
   std::mutex mu;
   std::vector<pc_device*> open;  // by ordinal, nullptr when closed
 };
@@ -69,15 +83,36 @@ uint64_t AvailableMemory() {
 
 pc_error_t* BadArg(const std::string& msg) { return MakeError(PC_CODE_INVALID_ARGUMENT, msg); }
 
+// Physical cores (distinct core ids per package), so that SMT siblings do not oversubscribe
+// the vector units; falls back to the hardware thread count.
+int PhysicalCores() {
+  std::set<std::pair<int, int>> cores;
+  const unsigned n = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned cpu = 0; cpu < n; ++cpu) {
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream core(dir + "core_id"), pkg(dir + "physical_package_id");
+    int c = -1, p = -1;
+    if (!(core >> c) || !(pkg >> p)) return static_cast<int>(n);
+    cores.insert({p, c});
+  }
+  return cores.empty() ? static_cast<int>(n) : static_cast<int>(cores.size());
+}
+
+polychip::cpu::OpContext Ctx() { return {G().pool.get(), G().kernels}; }
+
 pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
   return Guard([&]() -> pc_error_t* {
     State& s = G();
-    s.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    s.threads = PhysicalCores();
     s.n_devices = 1;
+    const char* env_isa = std::getenv("POLYCHIP_CPU_ISA");
+    std::string isa = env_isa ? env_isa : "auto";
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       long long v = 0;
-      if (key == "threads" || key == "devices") {
+      if (key == "isa") {
+        isa = params[i].value ? params[i].value : "";
+      } else if (key == "threads" || key == "devices") {
         if (!polychip::sdk::ParseInt(params[i].value, &v) || v < 1 || v > 1024) {
           return BadArg("parameter " + key + " must be a positive integer, got '" +
                         (params[i].value ? params[i].value : "") + "'");
@@ -87,15 +122,28 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         Log(PC_LOG_WARNING, "unknown parameter '" + key + "' ignored");
       }
     }
+    const polychip::cpu::KernelTable* kernels = polychip::cpu::SelectKernels(isa.c_str());
+    if (!kernels) {
+      return BadArg("parameter isa must be auto, scalar, avx2 or avx512 (and supported by this "
+                    "CPU), got '" + isa + "'");
+    }
     std::lock_guard<std::mutex> lock(s.mu);
+    s.kernels = kernels;
+    if (!s.pool || s.pool->size() != s.threads) {
+      std::lock_guard<std::mutex> launch(s.launch_mu);
+      s.pool = std::make_unique<polychip::cpu::ThreadPool>(s.threads);
+    }
     s.open.assign(s.n_devices, nullptr);
     Log(PC_LOG_INFO, std::to_string(s.n_devices) + " device(s), " + std::to_string(s.threads) +
-                         " thread(s)");
+                         " thread(s), " + kernels->name + " kernels");
     return nullptr;
   });
 }
 
-void Shutdown() {}
+void Shutdown() {
+  std::lock_guard<std::mutex> launch(G().launch_mu);
+  G().pool.reset();
+}
 
 pc_error_t* DeviceCount(int32_t* count) {
   if (!count) return BadArg("count is null");
@@ -110,14 +158,15 @@ pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
     // Fill only as much as the caller's struct holds (it may be an older, shorter one).
     pc_device_props_t p{};
     p.struct_size = sizeof(p);
-    std::snprintf(p.name, sizeof(p.name), "cpu device %d (host memory, %d threads)", ordinal,
-                  G().threads);
+    std::snprintf(p.name, sizeof(p.name), "cpu device %d (host memory, %d threads, %s)", ordinal,
+                  G().threads, G().kernels ? G().kernels->name : "?");
     std::snprintf(p.physical_id, sizeof(p.physical_id), "cpu:%d", ordinal);
     p.total_memory = PhysicalMemory();
     p.free_memory = AvailableMemory();
     p.alignment = kAlignment;
     p.max_alloc_size = p.total_memory;
-    p.flags = PC_DEVICE_FLAG_HOST_ACCESSIBLE | PC_DEVICE_FLAG_TIMING;
+    p.flags = PC_DEVICE_FLAG_HOST_ACCESSIBLE | PC_DEVICE_FLAG_TIMING |
+              PC_DEVICE_FLAG_WEIGHT_REPACK;
     p.priority_low = 0;
     p.priority_high = 0;
     p.compute_units = G().threads;
@@ -192,6 +241,38 @@ pc_error_t* MemGetInfo(pc_device_t* device, uint64_t* free_bytes, uint64_t* tota
   *total_bytes = PhysicalMemory();
   *free_bytes = AvailableMemory();
   return nullptr;
+}
+
+// Packable quantized weights are repacked (packed.h); anything else is copied as it is.
+pc_error_t* WeightUpload(pc_device_t* device, pc_dtype_t dtype, int64_t rows, int64_t cols,
+                         const void* host_data, uint64_t host_bytes, pc_weight_t* out) {
+  return Guard([&]() -> pc_error_t* {
+    if (!device || !out || (host_bytes && !host_data)) return BadArg("null argument");
+    const int64_t row_bytes = polychip::sdk::RowBytes(dtype, cols);
+    if (rows < 0 || row_bytes < 0 || static_cast<uint64_t>(row_bytes * rows) != host_bytes)
+      return BadArg("weight shape does not match its byte size");
+    polychip::cpu::PackedFormat f;
+    const bool pack = polychip::cpu::PackedFormatOf(dtype, &f) && rows > 0;
+    const uint64_t bytes = pack ? polychip::cpu::PackedBytes(f, rows, cols) : host_bytes;
+    pc_devptr_t dst = 0;
+    if (pc_error_t* e = MemAlloc(device, bytes, &dst)) return e;
+    if (pack) {
+      std::lock_guard<std::mutex> launch(G().launch_mu);
+      polychip::cpu::PackParallel(Ctx(), dtype, host_data, rows, cols,
+                                  reinterpret_cast<void*>(static_cast<uintptr_t>(dst)));
+    } else if (host_bytes) {
+      std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), host_data, host_bytes);
+    }
+    out->data = dst;
+    out->layout = pack ? polychip::cpu::kLayoutPacked : PC_LAYOUT_GGUF;
+    out->bytes = bytes;
+    return nullptr;
+  });
+}
+
+pc_error_t* WeightFree(pc_device_t* device, const pc_weight_t* weight) {
+  if (!device || !weight) return BadArg("null argument");
+  return MemFree(device, weight->data);
 }
 
 void* Host(pc_devptr_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
@@ -270,16 +351,36 @@ int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
 pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
   return Guard([&]() -> pc_error_t* {
     if (!stream) return BadArg("stream is null");
-    if (const char* why = polychip::sdk::ValidateOpArgs(op, args)) {
+    // The SDK validates GGUF layouts only: check a packed matmul as if it were one.
+    pc_matmul_args_t packed_as_gguf;
+    const bool packed = op == PC_OP_MATMUL && args &&
+                        static_cast<const pc_matmul_args_t*>(args)->struct_size >=
+                            sizeof(pc_matmul_args_t) &&
+                        static_cast<const pc_matmul_args_t*>(args)->w_layout ==
+                            polychip::cpu::kLayoutPacked;
+    if (packed) {
+      packed_as_gguf = *static_cast<const pc_matmul_args_t*>(args);
+      packed_as_gguf.w_layout = PC_LAYOUT_GGUF;
+      if (!polychip::cpu::PackedFormatOf(packed_as_gguf.w_dtype, nullptr))
+        return BadArg("packed layout with a dtype that is never packed");
+    }
+    if (const char* why = polychip::sdk::ValidateOpArgs(op, packed ? &packed_as_gguf : args)) {
       return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
                                                   : PC_CODE_UNIMPLEMENTED,
                        why);
     }
     const char* why = nullptr;
-    if (op == PC_OP_MATMUL) {
-      why = polychip::cpu::Matmul(*static_cast<const pc_matmul_args_t*>(args), G().threads);
-    } else {
-      why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
+    std::lock_guard<std::mutex> launch(G().launch_mu);
+    const polychip::cpu::OpContext c = Ctx();
+    switch (op) {
+      case PC_OP_MATMUL: why = Matmul(c, *static_cast<const pc_matmul_args_t*>(args)); break;
+      case PC_OP_ATTENTION:
+        why = Attention(c, *static_cast<const pc_attention_args_t*>(args));
+        break;
+      case PC_OP_ROPE: why = Rope(c, *static_cast<const pc_rope_args_t*>(args)); break;
+      case PC_OP_RMS_NORM: why = RmsNorm(c, *static_cast<const pc_rms_norm_args_t*>(args)); break;
+      case PC_OP_SWIGLU: why = Swiglu(c, *static_cast<const pc_swiglu_args_t*>(args)); break;
+      default: why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
     }
     return why ? MakeError(PC_CODE_INVALID_ARGUMENT, why) : nullptr;
   });
@@ -291,7 +392,7 @@ const pc_backend_iface_t kIface = [] {
   t.abi_major = PC_ABI_MAJOR;
   t.abi_minor = PC_ABI_MINOR;
   t.name = "cpu";
-  t.version = "0.1.0";
+  t.version = "0.2.0";
   t.error_code = polychip::sdk::ErrorCode;
   t.error_message = polychip::sdk::ErrorMessage;
   t.error_destroy = polychip::sdk::ErrorDestroy;
@@ -310,6 +411,8 @@ const pc_backend_iface_t kIface = [] {
   t.memcpy_d2h = MemcpyD2H;
   t.memcpy_d2d = MemcpyD2D;
   t.memset = Memset;
+  t.weight_upload = WeightUpload;
+  t.weight_free = WeightFree;
   t.stream_create = StreamCreate;
   t.stream_destroy = StreamDestroy;
   t.stream_synchronize = StreamSynchronize;
