@@ -1,6 +1,6 @@
 #include "runtime/device.h"
 
-#include <spdlog/spdlog.h>
+#include "runtime/log.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -74,7 +74,7 @@ Backend::Backend(std::unique_ptr<BackendImpl> impl) : impl_(std::move(impl)) {}
 Backend::~Backend() {
   // Every Device holds a reference to its Backend, so all plugin objects are gone by now.
   if (impl_->initialized) impl_->table->shutdown();
-  spdlog::debug("unloaded backend '{}'", impl_->name);
+  Log().debug("unloaded backend '{}'", impl_->name);
 }
 
 const std::string& Backend::name() const { return impl_->name; }
@@ -352,7 +352,7 @@ DeviceBuffer::DeviceBuffer(std::shared_ptr<Device> device, DevPtr ptr, uint64_t 
 
 DeviceBuffer::~DeviceBuffer() {
   Status s = device_->FreeRaw(ptr_);
-  if (!s.ok()) spdlog::error("DeviceBuffer: {}", s.ToString());
+  if (!s.ok()) Log().error("DeviceBuffer: {}", s.ToString());
 }
 
 }  // namespace polychip::runtime

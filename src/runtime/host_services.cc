@@ -1,6 +1,6 @@
 #include "runtime/host_services.h"
 
-#include <spdlog/spdlog.h>
+#include "runtime/log.h"
 #include <sys/stat.h>
 
 #include <unistd.h>
@@ -154,10 +154,10 @@ void HostLog(void*, pc_log_level_t level, const char* source, const char* messag
     const char* src = source != nullptr ? source : "plugin";
     const char* msg = message != nullptr ? message : "";
     switch (level) {
-      case PC_LOG_DEBUG: spdlog::debug("[{}] {}", src, msg); break;
-      case PC_LOG_INFO: spdlog::info("[{}] {}", src, msg); break;
-      case PC_LOG_WARNING: spdlog::warn("[{}] {}", src, msg); break;
-      default: spdlog::error("[{}] {}", src, msg); break;
+      case PC_LOG_DEBUG: Log().debug("[{}] {}", src, msg); break;
+      case PC_LOG_INFO: Log().info("[{}] {}", src, msg); break;
+      case PC_LOG_WARNING: Log().warn("[{}] {}", src, msg); break;
+      default: Log().error("[{}] {}", src, msg); break;
     }
   } catch (...) {
   }

@@ -1,6 +1,6 @@
 #include "runtime/memory_pool.h"
 
-#include <spdlog/spdlog.h>
+#include "runtime/log.h"
 
 #include <algorithm>
 
@@ -39,17 +39,17 @@ MemoryPool::~MemoryPool() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& p : pending_) {
     Status s = p->event->Synchronize();
-    if (!s.ok()) spdlog::error("memory pool: {}", s.ToString());
+    if (!s.ok()) Log().error("memory pool: {}", s.ToString());
   }
   pending_.clear();
   if (!live_.empty()) {
-    spdlog::warn("memory pool of {} destroyed with {} blocks ({} bytes) still in use",
+    Log().warn("memory pool of {} destroyed with {} blocks ({} bytes) still in use",
                  device_->props().name, live_.size(), in_use_);
   }
   for (auto& a : arenas_) {
     if (a == nullptr) continue;
     Status s = device_->FreeRaw(a->base);
-    if (!s.ok()) spdlog::error("memory pool: {}", s.ToString());
+    if (!s.ok()) Log().error("memory pool: {}", s.ToString());
   }
 }
 

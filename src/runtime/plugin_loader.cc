@@ -1,7 +1,7 @@
 #include "runtime/plugin_loader.h"
 
 #include <dlfcn.h>
-#include <spdlog/spdlog.h>
+#include "runtime/log.h"
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -383,7 +383,7 @@ StatusOr<std::shared_ptr<Backend>> MakeBackend(std::unique_ptr<PluginLibrary> li
   impl->path = path;
   impl->version = table->version;
   impl->initialized = true;
-  spdlog::info("loaded backend '{}' {} (ABI {}) from {}{}", impl->name, impl->version,
+  Log().info("loaded backend '{}' {} (ABI {}) from {}{}", impl->name, impl->version,
                AbiPair(table->abi_major, table->abi_minor), path,
                params.empty() ? "" : " with " + ParamsText(params));
   return std::make_shared<Backend>(std::move(impl));
@@ -405,7 +405,7 @@ StatusOr<std::shared_ptr<CommPlugin>> MakeComm(std::unique_ptr<PluginLibrary> li
   impl->path = path;
   impl->version = table->version;
   impl->initialized = true;
-  spdlog::info("loaded comm '{}' {} (ABI {}) from {}{}", impl->name, impl->version,
+  Log().info("loaded comm '{}' {} (ABI {}) from {}{}", impl->name, impl->version,
                AbiPair(table->abi_major, table->abi_minor), path,
                params.empty() ? "" : " with " + ParamsText(params));
   return std::make_shared<CommPlugin>(std::move(impl));
@@ -561,7 +561,7 @@ StatusOr<std::shared_ptr<T>> LoadByName(PluginKind kind, const std::string& name
     if (loaded.ok()) return loaded;
     if (report.stage != "not found") {
       any_file = true;
-      spdlog::warn("{} '{}': {}", PluginKindName(kind), name, report.ToString());
+      Log().warn("{} '{}': {}", PluginKindName(kind), name, report.ToString());
     }
   }
   std::string msg = std::string(PluginKindName(kind)) + " '" + name + "' " +
@@ -697,7 +697,7 @@ StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_
       }
       sel.backend = *b;
     }
-    spdlog::info("backend '{}' selected by {}", sel.backend->name(), source);
+    Log().info("backend '{}' selected by {}", sel.backend->name(), source);
   } else if (load_all_if_unset) {
     int best_score = INT32_MIN;
     for (const PluginFile& f : DiscoverPlugins(search)) {
@@ -706,7 +706,7 @@ StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_
       auto b = LoadBackendFromPath(f.path, {}, &report);
       sel.reports.push_back(report);
       if (!b.ok()) {
-        spdlog::warn("skipping {}", report.ToString());
+        Log().warn("skipping {}", report.ToString());
         continue;
       }
       // A plugin without a probe ranks as score 1.

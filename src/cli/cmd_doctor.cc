@@ -1,0 +1,106 @@
+// `polychip doctor`: diagnoses plugin discovery. Prints the search path, every candidate file
+// and why it is or is not usable (dlopen error, unresolved dependencies as ldd would show them,
+// missing symbol, ABI pair, probe reason), then tries the backend that was asked for, if any.
+// Exit 1 when a requested backend cannot be loaded, or when no backend is usable at all.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/command.h"
+#include "runtime/config.h"
+#include "runtime/device.h"
+#include "runtime/plugin_loader.h"
+
+namespace polychip::cli {
+namespace {
+
+using runtime::PluginKind;
+
+int RunDoctor() {
+  std::ostream& out = std::cout;
+  const char* env_backend = std::getenv("POLYCHIP_DEVICE_BACKEND");
+  const char* env_path = std::getenv("POLYCHIP_PLUGIN_PATH");
+  out << "POLYCHIP_DEVICE_BACKEND=" << (env_backend ? env_backend : "(unset)") << "\n"
+      << "POLYCHIP_PLUGIN_PATH=" << (env_path ? env_path : "(unset)") << "\n";
+  auto config = runtime::ResolveRuntimeConfig(Globals().config_path, Globals().device);
+  if (!config.ok()) {
+    out << "configuration: " << config.status().ToString() << "\n";
+    return 1;
+  }
+
+  const auto search = runtime::PluginSearchPath(config->extra_search_path);
+  out << "\nsearch path:\n";
+  for (const auto& dir : search) {
+    std::error_code ec;
+    out << "  " << dir << (std::filesystem::is_directory(dir, ec) ? "" : "  (does not exist)")
+        << "\n";
+  }
+
+  out << "\ncandidates:\n";
+  const auto files = runtime::DiscoverPlugins(search);
+  if (files.empty()) out << "  none (no libpolychip_backend_*.so or libpolychip_comm_*.so)\n";
+  int usable_backends = 0;
+  for (const auto& f : files) {
+    out << "  " << runtime::PluginKindName(f.kind) << " " << f.name << ": " << f.path << "\n";
+    if (f.shadowed) {
+      out << "    shadowed by an earlier directory of the search path\n";
+      continue;
+    }
+    runtime::LoadReport r = runtime::DiagnosePlugin(f.path, f.kind);
+    if (r.usable) {
+      if (f.kind == PluginKind::kBackend) ++usable_backends;
+      out << "    usable: " << r.name << " " << r.version << ", ABI " << r.abi_major << "."
+          << r.abi_minor;
+      if (r.probe_score >= 0) out << ", probe score " << r.probe_score;
+      out << "\n";
+    } else {
+      out << "    NOT usable (" << r.stage << "): " << r.reason << "\n";
+    }
+    // ldd-like: every direct dependency, and any missing one further down.
+    const auto missing = runtime::MissingLibraries(f.path);
+    for (const auto& lib : runtime::NeededLibraries(f.path)) {
+      const bool lost = std::find(missing.begin(), missing.end(), lib) != missing.end();
+      out << "      " << lib << (lost ? " => not found" : " => found") << "\n";
+    }
+    for (const auto& lib : missing) {
+      const auto direct = runtime::NeededLibraries(f.path);
+      if (std::find(direct.begin(), direct.end(), lib) == direct.end()) {
+        out << "      " << lib << " => not found (indirect dependency)\n";
+      }
+    }
+  }
+
+  int rc = 0;
+  if (config->backend) {
+    out << "\nrequested backend: "
+        << (config->backend->name.empty() ? config->backend->path : config->backend->name)
+        << " (selected by " << config->backend_source << ")\n";
+    auto sel = runtime::SelectPlugins(*config);
+    if (sel.ok()) {
+      out << "  loaded " << sel->backend->name() << " " << sel->backend->version() << " from "
+          << sel->backend->path() << "\n";
+      auto count = sel->backend->DeviceCount();
+      out << "  devices visible: " << (count.ok() ? std::to_string(*count) : count.status().ToString())
+          << "\n";
+    } else {
+      out << "  FAILED: " << sel.status().ToString() << "\n";
+      rc = 1;
+    }
+  } else if (usable_backends == 0) {
+    out << "\nno usable device backend found\n";
+    rc = 1;
+  }
+  return rc;
+}
+
+std::function<int()> SetupDoctor(CLI::App& app) { return [] { return RunDoctor(); }; }
+
+const bool kRegistered =
+    RegisterCommand({"doctor", "diagnose plugin discovery and loading", SetupDoctor});
+
+}  // namespace
+}  // namespace polychip::cli
