@@ -1,0 +1,217 @@
+// `polychip serve`: the OpenAI- and SGLang-compatible HTTP server. Every flag may also come from
+// the YAML file given with --config (top-level keys or a `serve:` section, spelled like the
+// flag without dashes: `max-running-requests: 64` or `max_running_requests: 64`); the command
+// line wins. SIGINT/SIGTERM stop accepting, cancel what is in flight and exit 0.
+#include <CLI/CLI.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/command.h"
+#include "engine/engine.h"
+#include "model/runner.h"
+#include "model/runner_setup.h"
+#include "server/http_server.h"
+#include "server/text_codec.h"
+
+namespace polychip::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model_path;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  std::string api_key;
+  int64_t context_length = 0;
+  int max_running_requests = 256;
+  int max_queued_requests = 4096;
+  double mem_fraction_static = 0;
+  int64_t max_total_tokens = 0;
+  int page_size = 16;
+  int chunked_prefill_size = 512;
+  bool disable_radix_cache = false;
+  std::string schedule_policy = "fcfs";
+  int threads = 0;
+  std::string chat_template;
+  std::string kv_cache_dtype = "f16";
+  int http_threads = 320;
+};
+
+std::atomic<bool> g_stop{false};
+extern "C" void OnSignal(int) { g_stop.store(true); }
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+// Fills every option not given on the command line from the YAML file.
+Status ApplyYaml(CLI::App& app, const std::string& path) {
+  if (path.empty()) return Status::Ok();
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const std::exception& e) {
+    return InvalidArgument("cannot read config " + path + ": " + e.what());
+  }
+  const YAML::Node section = root["serve"] ? root["serve"] : root;
+  for (CLI::Option* opt : app.get_options()) {
+    std::string name = opt->get_single_name();
+    if (opt->count() > 0 || name.empty() || name == "help" || name == "config" ||
+        name == "device") {
+      continue;
+    }
+    std::string underscored = name;
+    std::replace(underscored.begin(), underscored.end(), '-', '_');
+    YAML::Node v = section[name] ? section[name] : section[underscored];
+    if (!v || v.IsNull()) continue;
+    if (!v.IsScalar()) return InvalidArgument("config key '" + name + "' must be a scalar");
+    try {
+      opt->add_result(v.as<std::string>());
+      opt->run_callback();
+    } catch (const std::exception& e) {
+      return InvalidArgument("config key '" + name + "': " + e.what());
+    }
+  }
+  if (Globals().device.empty() && section["device"]) {
+    Globals().device = section["device"].as<std::string>();
+  }
+  return Status::Ok();
+}
+
+int Serve(CLI::App& app, ServeOptions& o) {
+  if (Status s = ApplyYaml(app, Globals().config_path); !s.ok()) return Fail(s);
+  if (o.model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+  auto policy = engine::ParseSchedulePolicy(o.schedule_policy);
+  if (!policy.ok()) return Fail(policy.status());
+
+  auto device = model::OpenDevice(Globals().config_path, Globals().device, o.threads);
+  if (!device.ok()) return Fail(device.status());
+  auto mf = model::OpenModelFile(o.model_path);
+  if (!mf.ok()) return Fail(mf.status());
+
+  model::RunnerOptions ro;
+  ro.context_length = o.context_length;
+  ro.block_size = o.page_size;
+  ro.max_tokens_per_step = std::max(o.chunked_prefill_size, 64) + o.max_running_requests;
+  auto kv_type = DTypeFromName(o.kv_cache_dtype);
+  if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_cache_dtype));
+  ro.kv_dtype = *kv_type;
+  const auto& cfg = mf->config;
+  const int64_t ctx = o.context_length > 0 ? o.context_length
+                                           : std::min<int64_t>(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096, 4096);
+  int64_t kv_tokens = o.max_total_tokens;
+  if (kv_tokens <= 0 && o.mem_fraction_static > 0) {
+    // The KV cache gets the static fraction of free device memory.
+    uint64_t free_bytes = 0, total_bytes = 0;
+    if (Status s = (*device)->MemoryInfo(&free_bytes, &total_bytes); !s.ok()) return Fail(s);
+    const int64_t per_token = cfg.n_layer * cfg.n_head_kv *
+                              (cfg.head_dim + std::max(cfg.head_dim_v, cfg.head_dim)) *
+                              RowBytes(*kv_type, 1);
+    kv_tokens = static_cast<int64_t>(o.mem_fraction_static * free_bytes) / std::max<int64_t>(per_token, 1);
+  }
+  if (kv_tokens <= 0) kv_tokens = std::max<int64_t>(65536, ctx);
+  ro.kv_tokens = std::max(kv_tokens, ctx);
+  auto runner = model::TransformerRunner::Create(*mf->file, cfg, *device, ro);
+  if (!runner.ok()) return Fail(runner.status());
+  auto codec = server::MakeTokenizerCodec(mf->tokenizer.get(), o.chat_template);
+  if (!codec.ok()) return Fail(codec.status());
+
+  engine::EngineOptions eo;
+  eo.max_running_requests = o.max_running_requests;
+  eo.max_queued_requests = o.max_queued_requests;
+  eo.chunked_prefill_size = o.chunked_prefill_size;
+  eo.context_length = o.context_length;
+  eo.enable_prefix_cache = !o.disable_radix_cache;
+  eo.policy = *policy;
+  const server::TextCodec* text = codec->get();
+  engine::Engine engine(
+      runner->get(), eo, [text](int32_t t) { return text->Piece(t); }, text->EogTokens());
+  engine.Start();
+
+  server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.api_key = o.api_key;
+  std::string base = o.model_path.substr(o.model_path.find_last_of('/') + 1);
+  so.model_name = o.served_model_name.empty() ? base : o.served_model_name;
+  so.model_aliases = {o.model_path, base, "default"};
+  so.http_threads = o.http_threads;
+  std::shared_ptr<runtime::Device> dev = *device;
+  auto peak = std::make_shared<std::atomic<uint64_t>>(0);
+  so.device_memory = [dev, peak] {
+    server::DeviceMemory m;
+    uint64_t free_bytes = 0, total_bytes = 0;
+    if (dev->MemoryInfo(&free_bytes, &total_bytes).ok() && total_bytes >= free_bytes) {
+      m.total_bytes = total_bytes;
+      m.in_use_bytes = total_bytes - free_bytes;
+      uint64_t p = peak->load();
+      while (m.in_use_bytes > p && !peak->compare_exchange_weak(p, m.in_use_bytes)) {}
+      m.peak_bytes = std::max(p, m.in_use_bytes);
+    }
+    return m;
+  };
+  so.server_info = {{"model_path", o.model_path}, {"schedule_policy", o.schedule_policy},
+                    {"device", Globals().device}, {"threads", o.threads},
+                    {"kv_cache_dtype", o.kv_cache_dtype}};
+  server::HttpServer http(so, &engine, text);
+  if (Status s = http.Bind(); !s.ok()) return Fail(s);
+
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  std::thread watcher([&http] {
+    while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    http.Stop();
+  });
+  spdlog::info("polychip serve: model {} on {}:{} (context {}, {} KV blocks of {} tokens)",
+               so.model_name, o.host, http.port(), engine.context_length(),
+               (*runner)->num_kv_blocks(), (*runner)->block_size());
+  std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), http.port());
+  http.Run();
+  g_stop.store(true);
+  watcher.join();
+  engine.Stop();
+  spdlog::info("polychip serve: stopped");
+  return 0;
+}
+
+std::function<int()> SetupServe(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  app.add_option("--model-path,-m", o->model_path, "GGUF model file");
+  app.add_option("--served-model-name", o->served_model_name, "name reported by /v1/models");
+  app.add_option("--host", o->host, "address to bind (default 127.0.0.1)");
+  app.add_option("--port", o->port, "port (0: any free port)");
+  app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY'");
+  app.add_option("--context-length", o->context_length, "max tokens per sequence");
+  app.add_option("--max-running-requests", o->max_running_requests, "running batch size limit");
+  app.add_option("--max-queued-requests", o->max_queued_requests,
+                 "waiting requests beyond which new ones get 503");
+  app.add_option("--mem-fraction-static", o->mem_fraction_static,
+                 "fraction of free device memory for the KV cache");
+  app.add_option("--max-total-tokens", o->max_total_tokens, "KV cache size in tokens");
+  app.add_option("--page-size", o->page_size, "tokens per KV block");
+  app.add_option("--chunked-prefill-size", o->chunked_prefill_size,
+                 "prompt tokens per step (<= 0: unlimited)");
+  app.add_flag("--disable-radix-cache", o->disable_radix_cache, "no prefix cache");
+  app.add_option("--schedule-policy", o->schedule_policy, "fcfs, lpm or priority");
+  app.add_option("--threads", o->threads, "device threads (CPU backend)");
+  app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
+  app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "f16, bf16 or f32");
+  app.add_option("--http-threads", o->http_threads, "HTTP worker threads");
+  return [&app, o] { return Serve(app, *o); };
+}
+
+const bool kRegistered =
+    RegisterCommand({"serve", "OpenAI/SGLang-compatible HTTP server", SetupServe});
+
+}  // namespace
+}  // namespace polychip::cli

@@ -1,0 +1,353 @@
+// The HTTP server in-process over the fake runner and a byte-level toy codec, driven over
+// loopback HTTP: every endpoint, streaming, bad inputs, disconnects, preemption under load.
+#include "server/http_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <regex>
+#include <thread>
+
+#include "../engine/fake_runner.h"
+
+namespace polychip::server {
+namespace {
+
+using engine::testing::FakeRunner;
+using nlohmann::json;
+constexpr int64_t kVocab = 300;
+
+// Token b+1 is byte b; tokens above 256 are letters; 0 is EOS.
+class ByteCodec : public TextCodec {
+ public:
+  std::vector<int32_t> Encode(std::string_view text, bool) const override {
+    std::vector<int32_t> out;
+    for (unsigned char c : text) out.push_back(c + 1);
+    return out;
+  }
+  std::vector<int32_t> EncodeChat(std::span<const model::ChatMessage> messages) const override {
+    std::string s;
+    for (const auto& m : messages) s += m.role + ": " + m.content + "\n";
+    return Encode(s + "assistant: ", true);
+  }
+  std::string Decode(std::span<const int32_t> tokens) const override {
+    std::string s;
+    for (int32_t t : tokens) s += Piece(t);
+    return s;
+  }
+  std::string Piece(int32_t t) const override {
+    if (t >= 1 && t <= 256) return std::string(1, static_cast<char>(t - 1));
+    if (t > 256) return std::string(1, static_cast<char>('a' + t % 26));
+    return "";
+  }
+  std::vector<int32_t> EogTokens() const override { return {0}; }
+  int64_t vocab_size() const override { return kVocab; }
+};
+
+// A server on a free loopback port, over its own fake model.
+struct TestServer {
+  explicit TestServer(int64_t num_blocks = 256, std::string api_key = "",
+                      int64_t context = 1024) {
+    runner = std::make_unique<FakeRunner>(kVocab, context, 4, num_blocks);
+    engine::EngineOptions eo;
+    eo.chunked_prefill_size = 64;
+    engine = std::make_unique<engine::Engine>(
+        runner.get(), eo, [this](int32_t t) { return codec.Piece(t); }, codec.EogTokens());
+    engine->Start();
+    ServerOptions so;
+    so.port = 0;
+    so.api_key = api_key;
+    so.model_name = "toy";
+    so.http_threads = 64;
+    so.device_memory = [] { return DeviceMemory{100, 200, 1000}; };
+    http = std::make_unique<HttpServer>(so, engine.get(), &codec);
+    EXPECT_TRUE(http->Bind().ok());
+    thread = std::thread([this] { http->Run(); });
+    client = std::make_unique<httplib::Client>("127.0.0.1", http->port());
+    client->set_read_timeout(30, 0);
+    for (int i = 0; i < 100; ++i) {
+      if (auto r = client->Get("/health"); r && r->status == 200) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~TestServer() {
+    http->Stop();
+    thread.join();
+    engine->Stop();
+  }
+  json Post(const std::string& path, const json& body, int* status = nullptr) {
+    auto r = client->Post(path.c_str(), body.dump(), "application/json");
+    if (!r) return json{{"transport_error", true}};
+    if (status) *status = r->status;
+    return json::parse(r->body, nullptr, false);
+  }
+  double Metric(const std::string& name) {
+    auto r = client->Get("/metrics");
+    std::smatch m;
+    std::regex re("\n" + name + " ([0-9.e+-]+)");
+    if (!r || !std::regex_search(r->body, m, re)) return -1;
+    return std::stod(m[1]);
+  }
+
+  ByteCodec codec;
+  std::unique_ptr<FakeRunner> runner;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<HttpServer> http;
+  std::thread thread;
+  std::unique_ptr<httplib::Client> client;
+};
+
+// Raw socket POST returning the fd after sending (the caller reads and closes).
+int OpenStream(int port, const std::string& path, const std::string& body) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return -1;
+  return fd;
+}
+
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+std::vector<json> SseEvents(const std::string& raw, bool* saw_done) {
+  std::vector<json> events;
+  std::istringstream in(raw);
+  std::string line;
+  *saw_done = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    std::string payload = line.substr(6);
+    if (!payload.empty() && payload.back() == '\r') payload.pop_back();
+    if (payload == "[DONE]") {
+      *saw_done = true;
+      continue;
+    }
+    events.push_back(json::parse(payload, nullptr, false));
+  }
+  return events;
+}
+
+TEST(HttpServer, InfoEndpoints) {
+  TestServer s;
+  auto models = s.client->Get("/v1/models");
+  ASSERT_TRUE(models && models->status == 200);
+  auto mj = json::parse(models->body);
+  EXPECT_EQ(mj["data"][0]["id"], "toy");
+  auto info = s.client->Get("/get_server_info");
+  ASSERT_TRUE(info && info->status == 200);
+  EXPECT_EQ(json::parse(info->body)["page_size"], 4);
+  auto tok = s.Post("/tokenize", {{"text", "hi"}});
+  EXPECT_EQ(tok["tokens"], json({'h' + 1, 'i' + 1}));
+  EXPECT_EQ(s.Post("/detokenize", {{"tokens", {'h' + 1, 'i' + 1}}})["text"], "hi");
+  auto hg = s.client->Get("/health_generate");
+  ASSERT_TRUE(hg);
+  EXPECT_EQ(hg->status, 200);
+  auto flush = s.client->Post("/flush_cache", "", "text/plain");
+  ASSERT_TRUE(flush);
+  EXPECT_EQ(flush->status, 200);
+  EXPECT_EQ(s.Metric("polychip_device_memory_peak_bytes"), 200);
+  EXPECT_GE(s.Metric("polychip_requests_finished_total"), 1);
+  auto missing = s.client->Get("/nope");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_TRUE(json::parse(missing->body)["error"].contains("message"));
+}
+
+TEST(HttpServer, CompletionChatAndGenerate) {
+  TestServer s;
+  int status = 0;
+  auto c = s.Post("/v1/completions",
+                  {{"model", "toy"}, {"prompt", "Hello"}, {"max_tokens", 5}, {"temperature", 0},
+                   {"logprobs", 2}},
+                  &status);
+  ASSERT_EQ(status, 200) << c.dump();
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(c["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(c["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(c["choices"][0]["logprobs"]["token_logprobs"].size(), 5u);
+  EXPECT_EQ(c["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
+  const std::string text = c["choices"][0]["text"];
+  // The toy model emits raw bytes: the server returns valid UTF-8 whatever they are.
+  EXPECT_EQ(json(text).dump(-1, ' ', false, json::error_handler_t::strict).empty(), false);
+
+  auto chat = s.Post("/v1/chat/completions",
+                     {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                      {"max_tokens", 4}, {"temperature", 0}, {"n", 2}, {"logprobs", true},
+                      {"top_logprobs", 1}},
+                     &status);
+  ASSERT_EQ(status, 200) << chat.dump();
+  EXPECT_EQ(chat["object"], "chat.completion");
+  ASSERT_EQ(chat["choices"].size(), 2u);
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], chat["choices"][1]["message"]["content"]);
+  EXPECT_EQ(chat["choices"][0]["logprobs"]["content"].size(), 4u);
+  EXPECT_EQ(chat["usage"]["completion_tokens"], 8);
+
+  ByteCodec codec;
+  auto ids = codec.Encode("abc", true);
+  auto gen = s.Post("/generate", {{"input_ids", ids}, {"rid", "r1"},
+                                  {"sampling_params", {{"max_new_tokens", 3}, {"temperature", 0}}}},
+                    &status);
+  ASSERT_EQ(status, 200) << gen.dump();
+  EXPECT_EQ(gen["output_ids"], json(FakeRunner::Reference(ids, 3, kVocab)));
+  EXPECT_EQ(gen["meta_info"]["id"], "r1");
+  EXPECT_EQ(gen["meta_info"]["finish_reason"]["type"], "length");
+}
+
+TEST(HttpServer, StreamingMatchesNonStreaming) {
+  TestServer s;
+  json body = {{"messages", {{{"role", "user"}, {"content", "stream me"}}}},
+               {"max_tokens", 12}, {"temperature", 0}, {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  bool done = false;
+  auto events = SseEvents(ReadAll(OpenStream(s.http->port(), "/v1/chat/completions", body.dump())), &done);
+  EXPECT_TRUE(done);
+  ASSERT_GE(events.size(), 3u);
+  std::string streamed;
+  std::string finish;
+  for (const auto& e : events) {
+    ASSERT_FALSE(e.is_discarded());
+    if (e["choices"].empty()) continue;
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    const auto& ch = e["choices"][0];
+    if (ch["delta"].contains("content")) streamed += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(finish, "length");
+  body["stream"] = false;
+  auto full = s.Post("/v1/chat/completions", body);
+  EXPECT_EQ(streamed, full["choices"][0]["message"]["content"].get<std::string>());
+
+  // /generate streams cumulative text.
+  json g = {{"text", "abc"}, {"stream", true}, {"sampling_params", {{"max_new_tokens", 4}, {"temperature", 0}}}};
+  auto gev = SseEvents(ReadAll(OpenStream(s.http->port(), "/generate", g.dump())), &done);
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(gev.empty());
+  EXPECT_EQ(gev.back()["output_ids"].size(), 4u);
+  EXPECT_EQ(gev.back()["meta_info"]["finish_reason"]["type"], "length");
+}
+
+TEST(HttpServer, BadInputsGet4xxAndServerSurvives) {
+  TestServer s(/*num_blocks=*/256, "", /*context=*/256);
+  struct Case {
+    std::string path, body;
+    int status;
+  };
+  const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+  std::vector<Case> cases = {
+      {"/v1/chat/completions", "{not json", 400},
+      {"/v1/chat/completions", "[1,2]", 400},
+      {"/v1/chat/completions", R"({"messages":"hello"})", 400},
+      {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":"ten"})", 400},
+      {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":-5})", 400},
+      {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":100000000})", 400},
+      {"/v1/chat/completions", "{" + msgs + R"(,"temperature":"hot"})", 400},
+      {"/v1/chat/completions", "{" + msgs + R"(,"model":"gpt-5"})", 404},
+      {"/v1/completions", R"({"prompt":")" + std::string(400, 'x') + R"("})", 400},
+      {"/v1/completions", "{\"prompt\":\"\xff\xfe bad\"}", 400},
+      {"/v1/completions", R"({"prompt":[1,2,99999]})", 400},
+      {"/v1/completions", R"({"max_tokens":3})", 400},
+      {"/generate", R"({"sampling_params":{"max_new_tokens":2}})", 400},
+  };
+  for (const auto& c : cases) {
+    auto r = s.client->Post(c.path.c_str(), c.body, "application/json");
+    ASSERT_TRUE(r) << c.body;
+    EXPECT_EQ(r->status, c.status) << c.body << " -> " << r->body;
+    auto j = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string() && !j["error"]["message"].get<std::string>().empty());
+    EXPECT_TRUE(j["error"].contains("type") && j["error"].contains("param") && j["error"].contains("code"));
+  }
+  int status = 0;
+  s.Post("/v1/completions", {{"prompt", "ok"}, {"max_tokens", 2}}, &status);
+  EXPECT_EQ(status, 200);
+}
+
+TEST(HttpServer, ApiKey) {
+  TestServer s(256, "sekret");
+  auto none = s.client->Get("/v1/models");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body)["error"]["type"], "authentication_error");
+  auto wrong = s.client->Get("/v1/models", {{"Authorization", "Bearer nope"}});
+  EXPECT_EQ(wrong->status, 401);
+  auto right = s.client->Get("/v1/models", {{"Authorization", "Bearer sekret"}});
+  EXPECT_EQ(right->status, 200);
+  EXPECT_EQ(s.client->Get("/health")->status, 200);  // probes need no key
+}
+
+TEST(HttpServer, DisconnectMidStreamFreesBlocks) {
+  TestServer s(256, "", 4096);
+  s.runner->set_step_delay_us(3000);
+  json body = {{"prompt", "a long one"}, {"max_tokens", 900}, {"stream", true}, {"ignore_eos", true}};
+  int fd = OpenStream(s.http->port(), "/v1/completions", body.dump());
+  ASSERT_GE(fd, 0);
+  char buf[512];
+  ASSERT_GT(read(fd, buf, sizeof buf), 0);  // headers / first chunk arrived
+  for (int i = 0; i < 100 && s.Metric("polychip_kv_blocks_used") <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(s.Metric("polychip_kv_blocks_used"), 0);
+  close(fd);
+  bool freed = false;
+  for (int i = 0; i < 300 && !freed; ++i) {
+    freed = s.Metric("polychip_kv_blocks_used") == 0 &&
+            s.Metric("polychip_requests_aborted_total") == 1;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(freed);
+  EXPECT_LT(s.Metric("polychip_generation_tokens_total"), 900);
+}
+
+TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {
+  // 24 blocks of 4 tokens; each request needs 10 blocks.
+  TestServer s(/*num_blocks=*/24, "", /*context=*/96);
+  std::vector<std::thread> clients;
+  std::vector<json> outputs(8);
+  std::vector<int> statuses(8, 0);
+  ByteCodec codec;
+  for (int i = 0; i < 8; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", s.http->port());
+      c.set_read_timeout(60, 0);
+      json body = {{"input_ids", codec.Encode("prompt #" + std::to_string(i), true)},
+                   {"sampling_params", {{"max_new_tokens", 30}, {"temperature", 0},
+                                        {"ignore_eos", true}}}};
+      auto r = c.Post("/generate", body.dump(), "application/json");
+      if (!r) return;
+      statuses[i] = r->status;
+      outputs[i] = json::parse(r->body)["output_ids"];
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(statuses[i], 200);
+    // The same tokens as the request alone, preempted or not.
+    EXPECT_EQ(outputs[i], json(FakeRunner::Reference(
+                              codec.Encode("prompt #" + std::to_string(i), true), 30, kVocab)));
+  }
+  EXPECT_GT(s.Metric("polychip_num_preemptions_total"), 0);
+  EXPECT_EQ(s.Metric("polychip_requests_finished_total"), 8);
+  EXPECT_EQ(s.Metric("polychip_kv_blocks_used"), 0);
+}
+
+}  // namespace
+}  // namespace polychip::server
