@@ -1,5 +1,7 @@
 // polychip — entry point. Subcommands register themselves (see command.h).
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -28,6 +30,8 @@ bool RegisterCommand(Command command) {
 
 int main(int argc, char** argv) {
   using namespace polychip::cli;
+  // Logs go to stderr: stdout carries only results (generated text, --json output).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("polychip"));
   CLI::App app{"polychip — LLM inference on any accelerator through plugins"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "polychip 0.1.0");
