@@ -284,11 +284,13 @@ Status GgufFile::Parse() {
   PC_RETURN_IF_ERROR(c.Read(&n_kv, "metadata count"));
   // A tensor info takes at least 24 bytes (empty name, 0 dims), a key/value at least 13.
   if (n_tensors > c.remaining() / 24) {
-    return InvalidArgument(fmt::format("absurd tensor count {}: a {}-byte file cannot hold it",
+    return InvalidArgument(fmt::format("absurd tensor count {}: a {}-byte file cannot hold it "
+                                       "(truncated or corrupt)",
                                        n_tensors, size_));
   }
   if (n_kv > c.remaining() / 13) {
-    return InvalidArgument(fmt::format("absurd metadata count {}: a {}-byte file cannot hold it",
+    return InvalidArgument(fmt::format("absurd metadata count {}: a {}-byte file cannot hold it "
+                                       "(truncated or corrupt)",
                                        n_kv, size_));
   }
 

@@ -228,7 +228,7 @@ TEST(GgufTest, EveryTruncationIsAnErrorNeverACrash) {
   ExpectOneLineError(ParseError(bytes.substr(0, 16)), "truncated");
   ExpectOneLineError(ParseError(bytes.substr(0, 30)), "absurd tensor count 2: a 30-byte file");
   ExpectOneLineError(ParseError(bytes.substr(0, TensorInfoOffset(bytes, "tb") + 12)),
-                     "truncated file: needs 8 bytes at offset");
+                     "truncated file: needs 4 bytes at offset");
   ExpectOneLineError(ParseError(bytes.substr(0, bytes.size() - 10)), "beyond the end of the file");
 }
 
