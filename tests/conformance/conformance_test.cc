@@ -1,0 +1,182 @@
+// The conformance kit, run as a library on the in-tree plugins (which must pass) and on the
+// minimal test plugin, correct and deliberately broken (the kit must fail exactly the broken
+// check); and once through `polychip conformance` for the exit code and the table.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <sys/wait.h>
+
+#include "runtime/conformance/conformance.h"
+
+namespace polychip::runtime::conformance {
+namespace {
+
+std::string InTree(const std::string& name) {
+  return std::string(POLYCHIP_PLUGIN_DIR) + "/libpolychip_backend_" + name + ".so";
+}
+std::string TestPlugin(const std::string& file) {
+  return std::string(POLYCHIP_TEST_PLUGIN_DIR) + "/" + file;
+}
+
+Report RunKit(const std::string& path, int32_t device = 0, const std::string& filter = "") {
+  Options o;
+  o.plugin_path = path;
+  o.device = device;
+  o.filter = filter;
+  auto r = Run(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : Report{};
+}
+
+Outcome OutcomeOf(const Report& r, const std::string& name) {
+  const CheckResult* c = r.Find(name);
+  EXPECT_NE(c, nullptr) << "no check named " << name << "\n" << FormatTable(r);
+  return c ? c->outcome : Outcome::kSkip;
+}
+
+// Every in-tree plugin conforms. A missing plugin file is a failure, not a skip: shipping all
+// three is a requirement.
+class InTreePlugin : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(InTreePlugin, Conforms) {
+  const std::string path = InTree(GetParam());
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " was not built";
+  Report r = RunKit(path);
+  EXPECT_TRUE(r.Passed()) << FormatTable(r);
+  // The kit really exercised it: the setup and the core checks ran and passed.
+  for (const char* name : {"load", "lifetime.initialize", "device.open", "memory.round_trip",
+                           "stream.ordering", "stream.events", "errors.alloc_too_large"}) {
+    EXPECT_EQ(OutcomeOf(r, name), Outcome::kPass) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plugins, InTreePlugin, ::testing::Values("cpu", "emu", "template"));
+
+// The real backends claim the whole op set of the models; none of it may be skipped.
+TEST(InTreePluginOps, CpuAndEmuClaimEveryOp) {
+  for (const std::string name : {"cpu", "emu"}) {
+    const std::string path = InTree(name);
+    ASSERT_TRUE(std::filesystem::exists(path)) << path;
+    Report r = RunKit(path, 0, "^op\\.(embedding|matmul|attention|kv_store)\\.(f32|f16|q8_0|q4_0|q4_k|q6_k)|^op\\.(rms_norm|rope|swiglu|add)");
+    EXPECT_TRUE(r.Passed()) << FormatTable(r);
+    for (const CheckResult& c : r.checks) {
+      if (c.name.find(".uploaded") != std::string::npos) continue;  // weight_upload is optional
+      EXPECT_EQ(c.outcome, Outcome::kPass) << name << ": " << c.name << ": " << c.detail;
+    }
+  }
+}
+
+// emu has several devices: the last one conforms too (--device).
+TEST(InTreePluginDevices, EmuLastDevice) {
+  const std::string path = InTree("emu");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  Report r = RunKit(path, 1, "^(device|memory|stream|op\\.add)");
+  EXPECT_TRUE(r.Passed()) << FormatTable(r);
+  EXPECT_EQ(OutcomeOf(r, "device.open"), Outcome::kPass);
+}
+
+TEST(MinimalPlugin, CorrectOneConforms) {
+  Report r = RunKit(TestPlugin("libpolychip_backend_minimal_ok.so"));
+  EXPECT_TRUE(r.Passed()) << FormatTable(r);
+  EXPECT_EQ(OutcomeOf(r, "op.add"), Outcome::kPass);
+  EXPECT_EQ(OutcomeOf(r, "op.swiglu"), Outcome::kPass);
+  EXPECT_EQ(OutcomeOf(r, "op.rms_norm.weighted"), Outcome::kSkip);  // not claimed
+  EXPECT_EQ(r.plugin_name, "minimal");
+}
+
+TEST(BrokenPlugin, AddThatSubtractsFailsTheAddCheck) {
+  Report r = RunKit(TestPlugin("libpolychip_backend_broken_add.so"));
+  EXPECT_FALSE(r.Passed());
+  EXPECT_EQ(OutcomeOf(r, "op.add"), Outcome::kFail);
+  EXPECT_EQ(OutcomeOf(r, "op.add.aliased"), Outcome::kFail);
+  // Only the broken op: the rest of the plugin still checks out.
+  EXPECT_EQ(OutcomeOf(r, "op.swiglu"), Outcome::kPass);
+  EXPECT_EQ(OutcomeOf(r, "memory.round_trip"), Outcome::kPass);
+  EXPECT_NE(r.Find("op.add")->detail.find("rel err"), std::string::npos);
+}
+
+TEST(BrokenPlugin, NullErrorMessageFailsTheErrorChecks) {
+  Report r = RunKit(TestPlugin("libpolychip_backend_broken_error.so"));
+  EXPECT_FALSE(r.Passed());
+  EXPECT_EQ(OutcomeOf(r, "errors.alloc_too_large"), Outcome::kFail);
+  EXPECT_EQ(OutcomeOf(r, "device.bad_ordinal"), Outcome::kFail);
+  EXPECT_NE(r.Find("errors.alloc_too_large")->detail.find("NULL"), std::string::npos);
+  EXPECT_EQ(OutcomeOf(r, "op.add"), Outcome::kPass);
+}
+
+TEST(BrokenPlugin, ReorderedStreamFailsTheOrderingCheck) {
+  Report r = RunKit(TestPlugin("libpolychip_backend_broken_order.so"));
+  EXPECT_FALSE(r.Passed());
+  EXPECT_EQ(OutcomeOf(r, "stream.ordering"), Outcome::kFail);
+  EXPECT_EQ(OutcomeOf(r, "op.add"), Outcome::kPass);
+  EXPECT_EQ(OutcomeOf(r, "errors.alloc_too_large"), Outcome::kPass);
+}
+
+TEST(Kit, FilterSelectsChecks) {
+  Report r = RunKit(TestPlugin("libpolychip_backend_minimal_ok.so"), 0, "^op\\.add$");
+  for (const CheckResult& c : r.checks) {
+    const bool setup = c.name == "load" || c.name == "lifetime.initialize" || c.name == "device.open";
+    EXPECT_TRUE(setup || c.name == "op.add") << c.name;
+  }
+  EXPECT_EQ(OutcomeOf(r, "op.add"), Outcome::kPass);
+  Options bad;
+  bad.plugin_path = TestPlugin("libpolychip_backend_minimal_ok.so");
+  bad.filter = "([";
+  EXPECT_EQ(conformance::Run(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Kit, MissingFileAndCommPlugin) {
+  Report missing = RunKit("/nonexistent/libpolychip_backend_nope.so");
+  EXPECT_FALSE(missing.Passed());
+  EXPECT_EQ(OutcomeOf(missing, "load"), Outcome::kFail);
+
+  Options o;
+  o.plugin_path = TestPlugin("libpolychip_comm_fake.so");
+  auto r = conformance::Run(o);
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(r.status().message().find("comm conformance not implemented yet"), std::string::npos);
+}
+
+// The command line: exit status, the failing check named in the table, --json.
+int RunCli(const std::string& args, std::string* out) {
+  const std::string cmd = std::string(POLYCHIP_BINARY) + " conformance " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Cli, BrokenPluginExitsNonZeroAndNamesTheCheck) {
+  std::string out;
+  EXPECT_EQ(RunCli("--plugin " + TestPlugin("libpolychip_backend_broken_add.so"), &out), 1) << out;
+  const size_t failed_line = out.find("\nfailed: ");
+  ASSERT_NE(failed_line, std::string::npos) << out;
+  EXPECT_NE(out.find("op.add", failed_line), std::string::npos) << out;
+  EXPECT_NE(out.find("DOES NOT CONFORM"), std::string::npos) << out;
+}
+
+TEST(Cli, CorrectPluginExitsZeroWithJson) {
+  std::string out;
+  EXPECT_EQ(RunCli("--json --plugin " + TestPlugin("libpolychip_backend_minimal_ok.so"), &out), 0)
+      << out;
+  auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j["passed"], true);
+  EXPECT_EQ(j["plugin_name"], "minimal");
+  EXPECT_GT(j["checks"].size(), 10u);
+}
+
+TEST(Cli, CommPluginIsNotImplementedYet) {
+  std::string out;
+  EXPECT_EQ(RunCli("--plugin " + TestPlugin("libpolychip_comm_fake.so"), &out), 3) << out;
+  EXPECT_NE(out.find("comm conformance not implemented yet"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace polychip::runtime::conformance
