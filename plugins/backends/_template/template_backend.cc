@@ -123,6 +123,10 @@ void DeviceClose(pc_device_t* device) {
 
 pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
   if (!device || !out) return BadArg("null argument");
+  // The contract: a request above max_alloc_size is refused, never attempted.
+  if (size > kTotalMemory) {
+    return MakeError(PC_CODE_RESOURCE_EXHAUSTED, "allocation larger than max_alloc_size");
+  }
   // VENDOR: your device allocator. Round up so the size is a multiple of the alignment.
   const uint64_t rounded = (std::max<uint64_t>(size, 1) + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded);
