@@ -207,6 +207,11 @@ void DeviceClose(pc_device_t* device) {
 pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
   return Guard([&]() -> pc_error_t* {
     if (!device || !out) return BadArg("null argument");
+    // The contract: a request above max_alloc_size (= total memory) is refused, never tried.
+    if (size > PhysicalMemory()) {
+      return MakeError(PC_CODE_RESOURCE_EXHAUSTED, "cannot allocate " + std::to_string(size) +
+                                                       " bytes: more than the host's memory");
+    }
     const uint64_t rounded = (std::max<uint64_t>(size, 1) + kAlignment - 1) / kAlignment * kAlignment;
     void* p = std::aligned_alloc(kAlignment, rounded);
     if (!p) {

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Compares the polychip cpu backend with llama.cpp on the same GGUF files, same thread count,
+# in one run, and prints one markdown table (stdout; progress on stderr):
+#   model | test | polychip t/s | llama.cpp t/s | ratio | decode % of bandwidth (ours, theirs)
+# "% of bandwidth" = tokens/s x bytes read per token (model tensors, minus the embedding table
+# unless tied) / measured read bandwidth of this machine with the same threads.
+#
+# usage: bench/compare-cpu.sh [-t THREADS] [-r REPS] [-p N_PROMPT] [-n N_GEN] [-B BATCH]
+#                             [--models "qwen05-q4_0 ..."]
+# env:   POLYCHIP_BUILD_DIR (default: build), POLYCHIP_LLAMA_CPP_DIR (default:
+#        /root/.cache/polychip/llama.cpp, with build/bin/llama-bench and models/ vocab GGUFs),
+#        POLYCHIP_BENCH_CACHE (synthesized models; default ~/.cache/polychip/bench-models)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BUILD="${POLYCHIP_BUILD_DIR:-$ROOT/build}"
+PC="$BUILD/bin/polychip"
+LLAMA_DIR="${POLYCHIP_LLAMA_CPP_DIR:-/root/.cache/polychip/llama.cpp}"
+LB="$LLAMA_DIR/build/bin"
+VOCAB="$LLAMA_DIR/models"
+CACHE="${POLYCHIP_BENCH_CACHE:-$HOME/.cache/polychip/bench-models}"
+THREADS=2 REPS=3 NP=128 NG=64 BATCH=16
+MODELS="qwen05-q8_0 qwen05-q4_0 qwen05-q4_k qwen05-f16 llama1b-q4_0"
+BATCH_MODELS="qwen05-q4_0"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -t) THREADS="$2"; shift 2 ;;
+    -r) REPS="$2"; shift 2 ;;
+    -p) NP="$2"; shift 2 ;;
+    -n) NG="$2"; shift 2 ;;
+    -B) BATCH="$2"; shift 2 ;;
+    --models) MODELS="$2"; shift 2 ;;
+    --batch-models) BATCH_MODELS="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+log() { echo "[compare-cpu] $*" >&2; }
+[[ -x "$PC" ]] || { echo "missing $PC (build first, or set POLYCHIP_BUILD_DIR)" >&2; exit 1; }
+[[ -x "$LB/llama-bench" ]] || { echo "missing $LB/llama-bench" >&2; exit 1; }
+export LD_LIBRARY_PATH="$LB:${LD_LIBRARY_PATH:-}"
+export POLYCHIP_DEVICE_BACKEND="${POLYCHIP_DEVICE_BACKEND:-cpu}"
+mkdir -p "$CACHE"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+
+model_spec() {  # name -> "shape vocab type"
+  case "$1" in
+    qwen05-q8_0) echo "qwen2.5-0.5b qwen2 Q8_0" ;;
+    qwen05-q4_0) echo "qwen2.5-0.5b qwen2 Q4_0" ;;
+    qwen05-q4_k) echo "qwen2.5-0.5b qwen2 Q4_K" ;;
+    qwen05-f16) echo "qwen2.5-0.5b qwen2 F16" ;;
+    llama1b-q4_0) echo "llama-3.2-1b llama-bpe Q4_0" ;;
+    *) echo "unknown model $1" >&2; exit 2 ;;
+  esac
+}
+
+for m in $MODELS $BATCH_MODELS; do
+  f="$CACHE/$m.gguf"
+  [[ -f "$f" ]] && continue
+  read -r shape vocab type < <(model_spec "$m")
+  log "synthesizing $f ($shape, $type)"
+  "$PC" gguf synth --vocab "$VOCAB/ggml-vocab-$vocab.gguf" --shape "$shape" --type "$type" \
+    --out "$f" -q >&2
+done
+
+log "measuring read bandwidth with $THREADS threads"
+"$PC" bench --membw -t "$THREADS" -o json > "$OUT/membw.json"
+
+for m in $MODELS; do
+  f="$CACHE/$m.gguf"
+  log "$m: polychip bench"
+  "$PC" bench --model-path "$f" -p "$NP" -n "$NG" -r "$REPS" -t "$THREADS" -o json \
+    > "$OUT/$m.ours.json" 2> "$OUT/$m.ours.log" || { cat "$OUT/$m.ours.log" >&2; echo '[]' > "$OUT/$m.ours.json"; }
+  log "$m: llama-bench"
+  "$LB/llama-bench" -m "$f" -p "$NP" -n "$NG" -r "$REPS" -t "$THREADS" -o json \
+    > "$OUT/$m.theirs.json" 2> "$OUT/$m.theirs.log" || { cat "$OUT/$m.theirs.log" >&2; echo '[]' > "$OUT/$m.theirs.json"; }
+done
+
+for m in $BATCH_MODELS; do
+  f="$CACHE/$m.gguf"
+  log "$m: polychip bench --batch $BATCH"
+  "$PC" bench --model-path "$f" -p "$NP" -n "$NG" -r "$REPS" -t "$THREADS" --batch "$BATCH" \
+    -o json > "$OUT/$m.ours_batch.json" 2> "$OUT/$m.ours_batch.log" || { cat "$OUT/$m.ours_batch.log" >&2; echo '[]' > "$OUT/$m.ours_batch.json"; }
+  log "$m: llama-batched-bench -npl $BATCH"
+  ctx=$(( (NP + NG + 1) * BATCH + 256 ))
+  "$LB/llama-batched-bench" -m "$f" -c "$ctx" -b 2048 -ub 512 -npp "$NP" -ntg "$NG" \
+    -npl "$BATCH" -t "$THREADS" --output-format jsonl \
+    > "$OUT/$m.theirs_batch.jsonl" 2> "$OUT/$m.theirs_batch.log" || { cat "$OUT/$m.theirs_batch.log" >&2; : > "$OUT/$m.theirs_batch.jsonl"; }
+done
+
+python3 - "$OUT" "$THREADS" "$MODELS" "$BATCH_MODELS" "$BATCH" <<'PY'
+import json, os, sys
+out, threads, models, batch_models, batch = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), int(sys.argv[5])
+def load(p):
+    try:
+        with open(p) as f: return json.load(f)
+    except Exception: return []
+bw = load(f"{out}/membw.json")[0]["read_gbps"] * 1e9
+print(f"Read bandwidth ({threads} threads): {bw/1e9:.2f} GB/s\n")
+print("| model | test | polychip t/s | llama.cpp t/s | ratio | decode % of BW (polychip / llama.cpp) |")
+print("| --- | --- | ---: | ---: | ---: | ---: |")
+def fmt(r): return f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}" if r else "n/a"
+for m in models:
+    ours, theirs = load(f"{out}/{m}.ours.json"), load(f"{out}/{m}.theirs.json")
+    bpt = next((r.get("bytes_per_token", 0) for r in ours), 0)
+    for kind in ("pp", "tg"):
+        o = next((r for r in ours if (r["n_prompt"] > 0) == (kind == "pp") and r["n_seqs"] == 1), None)
+        t = next((r for r in theirs if (r["n_prompt"] > 0) == (kind == "pp")), None)
+        test = f"pp{o['n_prompt']}" if kind == "pp" and o else (f"tg{o['n_gen']}" if o else kind)
+        ratio = f"{o['avg_ts']/t['avg_ts']:.2f}x" if o and t else "n/a"
+        frac = ""
+        if kind == "tg" and bpt:
+            frac = " / ".join(f"{100*r['avg_ts']*bpt/bw:.0f}%" if r else "n/a" for r in (o, t))
+        print(f"| {m} | {test} | {fmt(o)} | {fmt(t)} | {ratio} | {frac} |")
+for m in batch_models:
+    ours = load(f"{out}/{m}.ours_batch.json")
+    o = ours[0] if ours else None
+    t = None
+    try:
+        for line in open(f"{out}/{m}.theirs_batch.jsonl"):
+            line = line.strip()
+            if line.startswith("{"):
+                r = json.loads(line)
+                if r.get("pl") == batch: t = r
+    except FileNotFoundError: pass
+    ours_ts = f"{o['avg_ts']:.2f} ± {o['stddev_ts']:.2f}" if o else "n/a"
+    theirs_ts = f"{t['speed_tg']:.2f}" if t else "n/a"
+    ratio = f"{o['avg_ts']/t['speed_tg']:.2f}x" if o and t else "n/a"
+    print(f"| {m} | {batch} seqs decode (aggregate) | {ours_ts} | {theirs_ts} | {ratio} | |")
+PY

@@ -1,0 +1,304 @@
+#include "cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "packed.h"
+#include "polychip/sdk/quant.h"
+#include "polychip/sdk/ref_kernels.h"
+
+namespace polychip::cpu {
+namespace {
+
+template <typename T>
+T* Ptr(pc_devptr_t p) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(p));
+}
+
+// Splits [0, n) into about `per_thread` chunks per thread (dynamic scheduling evens out a
+// core that another process is using), each at least `min_chunk` long.
+int64_t ChunkSize(int64_t n, int threads, int64_t min_chunk, int per_thread = 4) {
+  const int64_t chunks = std::max<int64_t>(1, int64_t(threads) * per_thread);
+  return std::max(min_chunk, (n + chunks - 1) / chunks);
+}
+
+template <typename F>
+void ParallelRange(const OpContext& c, int64_t n, int64_t chunk, F&& body) {
+  const int64_t n_tasks = (n + chunk - 1) / chunk;
+  if (n_tasks <= 1) {
+    if (n > 0) body(int64_t{0}, n);
+    return;
+  }
+  c.pool->Run(n_tasks, [&](int64_t t) { body(t * chunk, std::min(n, (t + 1) * chunk)); });
+}
+
+inline void Store(const pc_matmul_args_t& a, const float* bias, float* out, int64_t i, int64_t j,
+                  float v) {
+  float& y = out[i * a.out_stride + j];
+  v += bias ? bias[j] : 0.f;
+  y = a.accumulate ? y + v : v;
+}
+
+// Activation rows quantized for the packed kernels; grown as needed, reused across launches
+// (launches on one device are serialised by the plugin).
+std::vector<ActBlock>& ActBuffer() {
+  static std::vector<ActBlock> buf;
+  return buf;
+}
+
+const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
+  PackedFormat f;
+  if (!PackedFormatOf(a.w_dtype, &f) || a.k % kBlock != 0) return "packed layout for this dtype";
+  const auto* x = Ptr<const float>(a.x);  // [m, x_stride]
+  const auto* w = Ptr<const uint8_t>(a.w);
+  const auto* bias = Ptr<const float>(a.bias);
+  auto* out = Ptr<float>(a.out);  // [m, out_stride]
+  const int64_t kb = a.k / kBlock;
+  std::vector<ActBlock>& act = ActBuffer();  // [m, kb]
+  if (static_cast<int64_t>(act.size()) < a.m * kb) act.resize(a.m * kb);
+  ActBlock* xq = act.data();
+  if (a.m * a.k <= 32768) {
+    for (int64_t i = 0; i < a.m; ++i) c.k->quantize_row(x + i * a.x_stride, a.k, xq + i * kb);
+  } else {
+    ParallelRange(c, a.m, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) c.k->quantize_row(x + i * a.x_stride, a.k, xq + i * kb);
+    });
+  }
+  const int64_t n_groups = (a.n + kPackRows - 1) / kPackRows;
+  const int64_t group_bytes = kb * f.block_bytes();
+  // Rows of activations handled per kernel call: keeps them in L2 while the group's weights
+  // are reused from L1 for each 4-row tile.
+  constexpr int64_t kMBlock = 64;
+  ParallelRange(c, n_groups, ChunkSize(n_groups, c.pool->size(), 1), [&](int64_t g0, int64_t g1) {
+    thread_local std::vector<float> tile;
+    tile.resize(kMBlock * kPackRows);
+    for (int64_t i0 = 0; i0 < a.m; i0 += kMBlock) {
+      const int64_t mb = std::min(kMBlock, a.m - i0);
+      for (int64_t g = g0; g < g1; ++g) {
+        c.k->gemm_packed(f, w + g * group_bytes, kb, xq + i0 * kb, kb, mb, tile.data());
+        const int64_t rows = std::min<int64_t>(kPackRows, a.n - g * kPackRows);
+        for (int64_t i = 0; i < mb; ++i)
+          for (int64_t r = 0; r < rows; ++r)
+            Store(a, bias, out, i0 + i, g * kPackRows + r, tile[i * kPackRows + r]);
+      }
+    }
+  });
+  return nullptr;
+}
+
+// GGUF layout: float weights are dotted directly when m == 1; otherwise 4 weight rows at a
+// time are converted (or dequantized) to f32 once and dotted against every activation row.
+const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
+  const auto* x = Ptr<const float>(a.x);
+  const auto* w = Ptr<const uint8_t>(a.w);
+  const auto* bias = Ptr<const float>(a.bias);
+  auto* out = Ptr<float>(a.out);
+  const int64_t row_bytes = sdk::RowBytes(a.w_dtype, a.k);
+  const bool direct = a.m == 1 && (a.w_dtype == PC_DTYPE_F32 || a.w_dtype == PC_DTYPE_F16 ||
+                                   a.w_dtype == PC_DTYPE_BF16);
+  if (direct) {
+    ParallelRange(c, a.n, ChunkSize(a.n, c.pool->size(), 16), [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const uint8_t* row = w + j * row_bytes;
+        float v;
+        if (a.w_dtype == PC_DTYPE_F32) {
+          v = c.k->dot_f32(x, reinterpret_cast<const float*>(row), a.k);
+        } else if (a.w_dtype == PC_DTYPE_F16) {
+          v = c.k->dot_f16(x, reinterpret_cast<const uint16_t*>(row), a.k);
+        } else {
+          v = c.k->dot_bf16(x, reinterpret_cast<const uint16_t*>(row), a.k);
+        }
+        Store(a, bias, out, 0, j, v);
+      }
+    });
+    return nullptr;
+  }
+  const int64_t n4 = (a.n + 3) / 4;
+  bool ok = true;
+  ParallelRange(c, n4, ChunkSize(n4, c.pool->size(), 1), [&](int64_t q0, int64_t q1) {
+    thread_local std::vector<float> buf;
+    buf.resize(4 * a.k);  // [4, k]
+    for (int64_t q = q0; q < q1; ++q) {
+      const float* rows[4];
+      const int64_t nr = std::min<int64_t>(4, a.n - 4 * q);
+      for (int r = 0; r < 4; ++r) {
+        const int64_t j = 4 * q + std::min<int64_t>(r, nr - 1);  // tail: repeat the last row
+        const uint8_t* src = w + j * row_bytes;
+        float* dst = buf.data() + r * a.k;
+        rows[r] = dst;
+        switch (a.w_dtype) {
+          case PC_DTYPE_F32: rows[r] = reinterpret_cast<const float*>(src); break;
+          case PC_DTYPE_F16: c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k); break;
+          case PC_DTYPE_BF16: c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k); break;
+          default:
+            if (!sdk::DequantizeRow(a.w_dtype, src, dst, a.k)) ok = false;
+        }
+      }
+      for (int64_t i = 0; i < a.m; ++i) {
+        float v[4];
+        c.k->dot4_f32(x + i * a.x_stride, rows[0], rows[1], rows[2], rows[3], a.k, v);
+        for (int64_t r = 0; r < nr; ++r) Store(a, bias, out, i, 4 * q + r, v[r]);
+      }
+    }
+  });
+  return ok ? nullptr : "unsupported weight dtype";
+}
+
+int64_t CacheElemBytes(pc_dtype_t t) { return t == PC_DTYPE_F32 ? 4 : 2; }
+
+}  // namespace
+
+const char* Matmul(const OpContext& c, const pc_matmul_args_t& a) {
+  if (a.m == 0) return nullptr;
+  if (!a.x || !a.w || !a.out) return "null operand";
+  if (a.w_layout == kLayoutPacked) return MatmulPacked(c, a);
+  if (a.w_layout != PC_LAYOUT_GGUF) return "unknown weight layout";
+  return MatmulGguf(c, a);
+}
+
+const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
+  const auto* q = Ptr<const float>(a.q);  // [n_tokens, n_heads, head_dim]
+  auto* out = Ptr<float>(a.out);          // [n_tokens, n_heads, head_dim]
+  const auto* qstart = Ptr<const int32_t>(a.query_start);  // [n_seqs + 1]
+  const auto* seq_lens = Ptr<const int32_t>(a.seq_lens);   // [n_seqs]
+  const auto* tables = Ptr<const int32_t>(a.block_tables); // [n_seqs, max_blocks_per_seq]
+  const auto* kc = Ptr<const uint8_t>(a.k_cache);  // [n_blocks, block_size, n_kv_heads, hd]
+  const auto* vc = Ptr<const uint8_t>(a.v_cache);
+  if (a.n_tokens == 0) return nullptr;
+  if (!q || !out || !qstart || !seq_lens || !tables || !kc || !vc) return "null operand";
+  if (a.n_heads % a.n_kv_heads != 0) return "n_heads is not a multiple of n_kv_heads";
+  // Which sequence each query row belongs to; checks the index arrays once.
+  std::vector<int32_t> seq_of(a.n_tokens, -1);
+  for (int64_t s = 0; s < a.n_seqs; ++s) {
+    const int64_t q0 = qstart[s], q1 = qstart[s + 1], len = seq_lens[s];
+    if (q0 < 0 || q1 > a.n_tokens || q1 < q0 || q1 - q0 > len) return "bad query_start/seq_lens";
+    if ((len + a.block_size - 1) / a.block_size > a.max_blocks_per_seq)
+      return "seq_len exceeds the block table";
+    for (int64_t b = 0; b < (len + a.block_size - 1) / a.block_size; ++b)
+      if (tables[s * a.max_blocks_per_seq + b] < 0) return "negative block index";
+    for (int64_t t = q0; t < q1; ++t) seq_of[t] = static_cast<int32_t>(s);
+  }
+  const int64_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  const int64_t esize = CacheElemBytes(a.cache_dtype);
+  const int64_t row_elems = a.n_kv_heads * hd;  // per slot
+  const int64_t n_tasks = a.n_tokens * a.n_heads;
+  c.pool->Run(n_tasks, [&](int64_t task) {
+    const int64_t t = task / a.n_heads, h = task % a.n_heads;
+    float* o = out + (t * a.n_heads + h) * hd;
+    const int32_t s = seq_of[t];
+    if (s < 0) {  // a row no sequence owns: defined as zeros
+      std::memset(o, 0, hd * sizeof(float));
+      return;
+    }
+    const int64_t n_q = qstart[s + 1] - qstart[s];
+    const int64_t pos = seq_lens[s] - n_q + (t - qstart[s]);
+    const int64_t kvh = h / group;
+    const float* qh = q + (t * a.n_heads + h) * hd;
+    thread_local std::vector<float> scores, tmp;
+    scores.resize(pos + 1);
+    tmp.resize(hd);
+    const int32_t* table = tables + s * a.max_blocks_per_seq;
+    auto slot_ptr = [&](const uint8_t* cache, int64_t p) {
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      return cache + (slot * row_elems + kvh * hd) * esize;
+    };
+    float mx = -INFINITY;
+    for (int64_t p = 0; p <= pos; ++p) {
+      const uint8_t* kr = slot_ptr(kc, p);
+      float d;
+      switch (a.cache_dtype) {
+        case PC_DTYPE_F16: d = c.k->dot_f16(qh, reinterpret_cast<const uint16_t*>(kr), hd); break;
+        case PC_DTYPE_BF16: d = c.k->dot_bf16(qh, reinterpret_cast<const uint16_t*>(kr), hd); break;
+        default: d = c.k->dot_f32(qh, reinterpret_cast<const float*>(kr), hd);
+      }
+      scores[p] = d * a.scale;
+      mx = std::max(mx, scores[p]);
+    }
+    float sum = 0;
+    for (int64_t p = 0; p <= pos; ++p) {
+      scores[p] = std::exp(scores[p] - mx);
+      sum += scores[p];
+    }
+    std::memset(o, 0, hd * sizeof(float));
+    for (int64_t p = 0; p <= pos; ++p) {
+      const uint8_t* vr = slot_ptr(vc, p);
+      const float* v = reinterpret_cast<const float*>(vr);
+      if (a.cache_dtype == PC_DTYPE_F16) {
+        c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(vr), tmp.data(), hd);
+        v = tmp.data();
+      } else if (a.cache_dtype == PC_DTYPE_BF16) {
+        c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(vr), tmp.data(), hd);
+        v = tmp.data();
+      }
+      c.k->axpy_f32(scores[p], v, o, hd);
+    }
+    c.k->scale_f32(1.f / sum, o, hd);
+  });
+  return nullptr;
+}
+
+const char* Rope(const OpContext& c, const pc_rope_args_t& a) {
+  auto* x = Ptr<float>(a.x);                       // [n_tokens, n_heads, head_dim]
+  const auto* pos = Ptr<const int32_t>(a.positions);  // [n_tokens]
+  const auto* ff = Ptr<const float>(a.freq_factors);  // [n_rot / 2] or null
+  if (a.n_tokens == 0) return nullptr;
+  if (!x || !pos) return "null operand";
+  const int64_t half = a.n_rot / 2;
+  ParallelRange(c, a.n_tokens, ChunkSize(a.n_tokens, c.pool->size(), 4),
+                [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> cs;
+    cs.resize(2 * half);  // the angles of one position, shared by all heads
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t i = 0; i < half; ++i)
+        sdk::RopeCosSin(a, pos[t], i, ff ? ff[i] : 1.f, &cs[2 * i], &cs[2 * i + 1]);
+      for (int64_t h = 0; h < a.n_heads; ++h) {
+        float* v = x + (t * a.n_heads + h) * a.head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t i0 = a.mode == PC_ROPE_NEOX ? i : 2 * i;
+          const int64_t i1 = a.mode == PC_ROPE_NEOX ? i + half : 2 * i + 1;
+          const float x0 = v[i0], x1 = v[i1], co = cs[2 * i], si = cs[2 * i + 1];
+          v[i0] = x0 * co - x1 * si;
+          v[i1] = x0 * si + x1 * co;
+        }
+      }
+    }
+  });
+  return nullptr;
+}
+
+const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a) {
+  const auto* x = Ptr<const float>(a.x);  // [n_rows, dim]
+  const auto* w = Ptr<const float>(a.weight);
+  auto* out = Ptr<float>(a.out);
+  if (a.n_rows == 0) return nullptr;
+  if (!x || !out) return "null operand";
+  ParallelRange(c, a.n_rows, ChunkSize(a.n_rows, c.pool->size(), 8), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) c.k->rms_norm(x + r * a.dim, w, out + r * a.dim, a.dim, a.eps);
+  });
+  return nullptr;
+}
+
+const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a) {
+  const auto* g = Ptr<const float>(a.gate);
+  const auto* u = Ptr<const float>(a.up);
+  auto* out = Ptr<float>(a.out);
+  if (a.n == 0) return nullptr;
+  if (!g || !u || !out) return "null operand";
+  ParallelRange(c, a.n, ChunkSize(a.n, c.pool->size(), 16384), [&](int64_t i0, int64_t i1) {
+    c.k->swiglu(g + i0, u + i0, out + i0, i1 - i0);
+  });
+  return nullptr;
+}
+
+void PackParallel(const OpContext& c, pc_dtype_t dtype, const void* src, int64_t n, int64_t k,
+                  void* dst) {
+  const int64_t n_groups = (n + kPackRows - 1) / kPackRows;
+  ParallelRange(c, n_groups, ChunkSize(n_groups, c.pool->size(), 1, 16),
+                [&](int64_t g0, int64_t g1) {
+    PackGroups(dtype, static_cast<const uint8_t*>(src), n, k, g0, g1, static_cast<uint8_t*>(dst));
+  });
+}
+
+}  // namespace polychip::cpu

@@ -1,0 +1,56 @@
+// The cpu plugin's kernel table: one implementation per instruction set (kernels_scalar.cc,
+// kernels_avx2.cc, kernels_avx512.cc, each compiled with its own -m flags), chosen at run time
+// from CPUID or forced with the plugin parameter `isa`. The ops (cpu_ops.cc) call through the
+// table, so every variant computes the same thing in the same layout and tests can compare
+// them one by one against the SDK reference.
+#pragma once
+
+#include <cstdint>
+
+#include "packed.h"
+
+namespace polychip::cpu {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+struct KernelTable {
+  const char* name;
+  Isa isa;
+
+  // ---- quantized weights (packed layout, packed.h) ----
+  // x [k] -> k/32 activation blocks.
+  void (*quantize_row)(const float* x, int64_t k, ActBlock* out);
+  // One group of kPackRows weight rows against m activation rows:
+  //   tile[i * kPackRows + r] = sum_e W[r, e] * x_i[e]
+  // group: the group's first block; x: m rows of kb blocks, x_stride blocks apart.
+  void (*gemm_packed)(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+                      int64_t x_stride, int64_t m, float* tile);
+
+  // ---- float ----
+  float (*dot_f32)(const float* x, const float* y, int64_t n);
+  // out[r] = dot(x, w[r]) for 4 rows: x is loaded once for four weight rows.
+  void (*dot4_f32)(const float* x, const float* w0, const float* w1, const float* w2,
+                   const float* w3, int64_t n, float* out);
+  float (*dot_f16)(const float* x, const uint16_t* w, int64_t n);
+  float (*dot_bf16)(const float* x, const uint16_t* w, int64_t n);
+  void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*bf16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x
+  void (*scale_f32)(float a, float* y, int64_t n);                 // y *= a
+  void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
+  // out = x / sqrt(mean(x^2) + eps) * w (w may be null)
+  void (*rms_norm)(const float* x, const float* w, float* out, int64_t n, float eps);
+};
+
+const KernelTable& ScalarKernels();
+const KernelTable& Avx2Kernels();
+const KernelTable& Avx512Kernels();
+
+// What this CPU supports (CPUID).
+bool CpuHasAvx2();
+bool CpuHasAvx512();
+// The best table for this CPU, or the named one ("scalar", "avx2", "avx512"); nullptr if the
+// name is unknown or the CPU lacks the instructions.
+const KernelTable* SelectKernels(const char* isa_name);
+
+}  // namespace polychip::cpu

@@ -1,0 +1,195 @@
+// AVX2 kernel table (AVX2, FMA, F16C): the packed layout with 256-bit vectors, 8 weight rows
+// per vector (a 16-row group is two halves). Without VNNI, u8 x s8 products go through
+// vpmaddubsw (saturating 16-bit pair sums) then vpmaddwd: safe for 4- and 6-bit quants; 8-bit
+// quants (offset 128) are turned back into signed bytes and multiplied with the sign trick.
+#include <immintrin.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace polychip::cpu {
+namespace avx2 {
+
+#include "kernels_float.inc"
+
+inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t HSumI(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+void QuantizeRow(const float* x, int64_t k, ActBlock* out) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + b * kBlock + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.f;
+    const __m256 id = _mm256_set1_ps(d > 0 ? 1.f / d : 0.f);
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+    ActBlock& a = out[b];
+    a.d = d;
+    a.sum[0] = HSumI(_mm256_add_epi32(q[0], q[1]));
+    a.sum[1] = HSumI(_mm256_add_epi32(q[2], q[3]));
+    // Pack 32 int32 to 32 int8 (packs interleave 128-bit lanes; the permute restores order).
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q), p8);
+  }
+}
+
+inline __m256i Bcast(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// u8 weights x s8 activations, 4 per int32 lane.
+template <bool SIGNED8>
+inline __m256i Dot4(__m256i w, __m256i x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (SIGNED8) {
+    const __m256i ws = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));  // u - 128
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(ws, ws), _mm256_sign_epi8(x, ws)),
+                             ones);
+  } else {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+  }
+}
+
+template <int MT, bool Q4, bool HALF, bool MIN>
+void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+          int64_t x_stride, float* tile) {
+  // 8-bit quants with offset 128 are multiplied as signed bytes: no offset correction.
+  constexpr bool kSigned8 = !Q4 && !HALF;
+  const int32_t offset = kSigned8 ? 0 : f.offset;
+  const int64_t stride = f.block_bytes();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h+7
+    __m256 acc[MT];
+    for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
+    const uint8_t* cell = group;
+    for (int64_t b = 0; b < kb; ++b, cell += stride) {
+      __m256i w[8];
+      if constexpr (Q4) {
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 64 * c + 32 * h));
+          w[c] = _mm256_and_si256(v, low4);
+          w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+      } else {
+        for (int c = 0; c < 8; ++c)
+          w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 64 * c + 32 * h));
+      }
+      const uint16_t* sp = reinterpret_cast<const uint16_t*>(cell + (Q4 ? 256 : 512)) + 8 * h;
+      const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
+      __m256 s1 = s0, mn = s0;
+      if constexpr (HALF)
+        s1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16)));
+      if constexpr (MIN)
+        mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16)));
+      for (int i = 0; i < MT; ++i) {
+        const ActBlock& a = x[i * x_stride + b];
+        const __m256 dx = _mm256_set1_ps(a.d);
+        __m256i p0 = _mm256_set1_epi32(-offset * a.sum[0]);
+        __m256i p1 = _mm256_set1_epi32(-offset * a.sum[1]);
+        for (int c = 0; c < 4; ++c) {
+          p0 = _mm256_add_epi32(p0, Dot4<kSigned8>(w[c], Bcast(a.q + 4 * c)));
+          p1 = _mm256_add_epi32(p1, Dot4<kSigned8>(w[c + 4], Bcast(a.q + 16 + 4 * c)));
+        }
+        if constexpr (HALF) {
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(s0, dx), acc[i]);
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(s1, dx), acc[i]);
+        } else {
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)),
+                                   _mm256_mul_ps(s0, dx), acc[i]);
+        }
+        if constexpr (MIN) {
+          acc[i] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(a.d * float(a.sum[0] + a.sum[1])), acc[i]);
+        }
+      }
+    }
+    for (int i = 0; i < MT; ++i) _mm256_storeu_ps(tile + i * kPackRows + 8 * h, acc[i]);
+  }
+}
+
+template <bool Q4, bool HALF, bool MIN>
+void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+                int64_t x_stride, int64_t m, float* tile) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) Tile<4, Q4, HALF, MIN>(f, group, kb, x + i * x_stride, x_stride,
+                                                    tile + i * kPackRows);
+  const ActBlock* xr = x + i * x_stride;
+  float* tr = tile + i * kPackRows;
+  switch (m - i) {
+    case 3: Tile<3, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    case 2: Tile<2, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    case 1: Tile<1, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    default: break;
+  }
+}
+
+void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+                int64_t x_stride, int64_t m, float* tile) {
+  if (f.q4) {
+    if (f.has_min) return GemmFormat<true, false, true>(f, group, kb, x, x_stride, m, tile);
+    return GemmFormat<true, false, false>(f, group, kb, x, x_stride, m, tile);
+  }
+  if (f.half_scales) return GemmFormat<false, true, false>(f, group, kb, x, x_stride, m, tile);
+  return GemmFormat<false, false, false>(f, group, kb, x, x_stride, m, tile);
+}
+
+float DotF16(const float* x, const uint16_t* w, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
+    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i + 8)));
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), w0, a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), w1, a1);
+  }
+  float s = HSum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += x[i] * _cvtsh_ss(w[i]);
+  return s;
+}
+
+void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
+}
+
+}  // namespace avx2
+
+const KernelTable& Avx2Kernels() {
+  static const KernelTable t = {
+      "avx2",          Isa::kAvx2,       avx2::QuantizeRow, avx2::GemmPacked,
+      avx2::DotF32,    avx2::Dot4F32,    avx2::DotF16,      avx2::DotBf16,
+      avx2::F16ToF32Row, avx2::Bf16ToF32Row, avx2::AxpyF32, avx2::ScaleF32,
+      avx2::Swiglu,    avx2::RmsNorm,
+  };
+  return t;
+}
+
+}  // namespace polychip::cpu

@@ -1,0 +1,165 @@
+// AVX-512 kernel table (F, BW, VL, DQ, VNNI): integer dot products with vpdpbusd on the packed
+// layout (packed.h), 16 weight rows per instruction, activations broadcast 4 bytes at a time.
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mfma -mf16c; only
+// called when CPUID reports those (kernels_dispatch.cc).
+#include <immintrin.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace polychip::cpu {
+namespace avx512 {
+
+#include "kernels_float.inc"
+
+void QuantizeRow(const float* x, int64_t k, ActBlock* out) {
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + b * kBlock);
+    const __m512 v1 = _mm512_loadu_ps(x + b * kBlock + 16);
+    const __m512 amax =
+        _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
+    const float d = _mm512_reduce_max_ps(amax) / 127.f;
+    const __m512 id = _mm512_set1_ps(d > 0 ? 1.f / d : 0.f);
+    // cvtps rounds to nearest even under the default MXCSR, as nearbyint does.
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+    ActBlock& a = out[b];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q + 16), _mm512_cvtsepi32_epi8(q1));
+    a.d = d;
+    a.sum[0] = _mm512_reduce_add_epi32(q0);
+    a.sum[1] = _mm512_reduce_add_epi32(q1);
+  }
+}
+
+inline __m512i Bcast(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// MT activation rows against one group: the group's weight vectors are loaded (and, for 4-bit,
+// unpacked) once per block and reused for every row of the tile.
+template <int MT, bool Q4, bool HALF, bool MIN>
+void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+          int64_t x_stride, float* tile) {
+  const int64_t stride = f.block_bytes();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MT];
+  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  const uint8_t* cell = group;
+  for (int64_t b = 0; b < kb; ++b, cell += stride) {
+    __m512i w[8];
+    if constexpr (Q4) {
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(cell + 64 * c);
+        w[c] = _mm512_and_si512(v, low4);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+    } else {
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(cell + 64 * c);
+    }
+    const uint16_t* sp = reinterpret_cast<const uint16_t*>(cell + (Q4 ? 256 : 512));
+    const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp)));
+    __m512 s1 = s0, mn = s0;
+    if constexpr (HALF)
+      s1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16)));
+    if constexpr (MIN)
+      mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16)));
+    for (int i = 0; i < MT; ++i) {
+      const ActBlock& a = x[i * x_stride + b];
+      const __m512 dx = _mm512_set1_ps(a.d);
+      if constexpr (HALF) {
+        __m512i p0 = _mm512_set1_epi32(-f.offset * a.sum[0]);
+        __m512i p1 = _mm512_set1_epi32(-f.offset * a.sum[1]);
+        for (int c = 0; c < 4; ++c) {
+          p0 = _mm512_dpbusd_epi32(p0, w[c], Bcast(a.q + 4 * c));
+          p1 = _mm512_dpbusd_epi32(p1, w[c + 4], Bcast(a.q + 16 + 4 * c));
+        }
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(s0, dx), acc[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(s1, dx), acc[i]);
+      } else {
+        // Two chains, so the eight dependent vpdpbusd of a block overlap.
+        __m512i p0 = _mm512_set1_epi32(-f.offset * (a.sum[0] + a.sum[1]));
+        __m512i p1 = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c += 2) {
+          p0 = _mm512_dpbusd_epi32(p0, w[c], Bcast(a.q + 4 * c));
+          p1 = _mm512_dpbusd_epi32(p1, w[c + 1], Bcast(a.q + 4 * c + 4));
+        }
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
+                                 _mm512_mul_ps(s0, dx), acc[i]);
+      }
+      if constexpr (MIN) {
+        acc[i] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(a.d * float(a.sum[0] + a.sum[1])), acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) _mm512_storeu_ps(tile + i * kPackRows, acc[i]);
+}
+
+template <bool Q4, bool HALF, bool MIN>
+void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+                int64_t x_stride, int64_t m, float* tile) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) Tile<4, Q4, HALF, MIN>(f, group, kb, x + i * x_stride, x_stride,
+                                                    tile + i * kPackRows);
+  const ActBlock* xr = x + i * x_stride;
+  float* tr = tile + i * kPackRows;
+  switch (m - i) {
+    case 3: Tile<3, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    case 2: Tile<2, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    case 1: Tile<1, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    default: break;
+  }
+}
+
+void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+                int64_t x_stride, int64_t m, float* tile) {
+  if (f.q4) {
+    if (f.has_min) return GemmFormat<true, false, true>(f, group, kb, x, x_stride, m, tile);
+    return GemmFormat<true, false, false>(f, group, kb, x, x_stride, m, tile);
+  }
+  if (f.half_scales) return GemmFormat<false, true, false>(f, group, kb, x, x_stride, m, tile);
+  return GemmFormat<false, false, false>(f, group, kb, x, x_stride, m, tile);
+}
+
+float DotF16(const float* x, const uint16_t* w, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i)));
+    const __m512 w1 =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i + 16)));
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), w0, a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), w1, a1);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  for (; i < n; ++i) s += x[i] * _cvtsh_ss(w[i]);
+  return s;
+}
+
+void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i,
+                     _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
+  for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
+}
+
+}  // namespace avx512
+
+const KernelTable& Avx512Kernels() {
+  static const KernelTable t = {
+      "avx512",          Isa::kAvx512,       avx512::QuantizeRow, avx512::GemmPacked,
+      avx512::DotF32,    avx512::Dot4F32,    avx512::DotF16,      avx512::DotBf16,
+      avx512::F16ToF32Row, avx512::Bf16ToF32Row, avx512::AxpyF32, avx512::ScaleF32,
+      avx512::Swiglu,    avx512::RmsNorm,
+  };
+  return t;
+}
+
+}  // namespace polychip::cpu

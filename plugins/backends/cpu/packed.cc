@@ -1,0 +1,139 @@
+#include "packed.h"
+
+#include <cstring>
+
+#include "polychip/sdk/quant.h"
+
+namespace polychip::cpu {
+namespace {
+
+uint16_t Load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// One source block of 32 weights decoded to the packed form: unsigned quants, scale(s), min.
+struct Cell {
+  uint8_t u[32];
+  uint16_t scale[2];  // f16 bits; [1] used only with half scales
+  uint16_t min;       // f16 bits
+};
+
+// Q4_K's 6-bit sub-block scale and min (entries 0-3 in bytes 0-7, 4-7 split across 8-11 and
+// the top bits of 0-7).
+void ScaleMinK4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Decodes block b (of 32 elements) of one GGUF row.
+void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
+  switch (dtype) {
+    case PC_DTYPE_Q4_0: {  // [d:f16][qs:16], element e<16 low nibble of qs[e], else high
+      const uint8_t* blk = row + b * 18;
+      c->scale[0] = Load16(blk);
+      for (int e = 0; e < 16; ++e) {
+        c->u[e] = blk[2 + e] & 0xF;
+        c->u[e + 16] = blk[2 + e] >> 4;
+      }
+      break;
+    }
+    case PC_DTYPE_Q8_0: {  // [d:f16][qs:32 int8]
+      const uint8_t* blk = row + b * 34;
+      c->scale[0] = Load16(blk);
+      for (int e = 0; e < 32; ++e) c->u[e] = static_cast<uint8_t>(int8_t(blk[2 + e]) + 128);
+      break;
+    }
+    case PC_DTYPE_Q4_K: {  // [d][dmin][scales:12][qs:128]; sub-block j: nibbles of qs[32(j/2)+l]
+      const uint8_t* sb = row + (b / 8) * 144;
+      const int j = static_cast<int>(b % 8);
+      const float d = sdk::Fp16ToFp32(Load16(sb)), dmin = sdk::Fp16ToFp32(Load16(sb + 2));
+      int sc, m;
+      ScaleMinK4(j, sb + 4, &sc, &m);
+      c->scale[0] = sdk::Fp32ToFp16(d * sc);
+      c->min = sdk::Fp32ToFp16(dmin * m);
+      const uint8_t* qs = sb + 16 + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) c->u[l] = (j & 1) ? qs[l] >> 4 : qs[l] & 0xF;
+      break;
+    }
+    case PC_DTYPE_Q6_K: {  // [ql:128][qh:64][scales:16 int8][d:f16], sub-blocks of 16
+      const uint8_t* sb = row + (b / 8) * 210;
+      const int t = static_cast<int>(b % 8), h = t / 4, r = t % 4;
+      const float d = sdk::Fp16ToFp32(Load16(sb + 208));
+      const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192 + 8 * h);
+      c->scale[0] = sdk::Fp32ToFp16(d * sc[2 * r]);
+      c->scale[1] = sdk::Fp32ToFp16(d * sc[2 * r + 1]);
+      const uint8_t* ql = sb + 64 * h;
+      const uint8_t* qh = sb + 128 + 32 * h;
+      for (int l = 0; l < 32; ++l) {
+        const int low = (ql[l + 32 * (r & 1)] >> (4 * (r >> 1))) & 0xF;
+        const int high = (qh[l] >> (2 * r)) & 3;
+        c->u[l] = static_cast<uint8_t>(low | (high << 4));
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f) {
+  PackedFormat p;
+  switch (dtype) {
+    case PC_DTYPE_Q4_0: p.q4 = true; p.offset = 8; break;
+    case PC_DTYPE_Q8_0: p.offset = 128; break;
+    case PC_DTYPE_Q4_K: p.q4 = true; p.has_min = true; break;
+    case PC_DTYPE_Q6_K: p.offset = 32; p.half_scales = true; break;
+    default: return false;
+  }
+  if (f) *f = p;
+  return true;
+}
+
+int64_t PackedBytes(const PackedFormat& f, int64_t n, int64_t k) {
+  return (n + kPackRows - 1) / kPackRows * (k / kBlock) * f.block_bytes();
+}
+
+void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int64_t g0,
+                int64_t g1, uint8_t* dst) {
+  PackedFormat f;
+  if (!PackedFormatOf(dtype, &f)) return;
+  const int64_t kb = k / kBlock;
+  const int64_t row_bytes = sdk::RowBytes(dtype, k);
+  for (int64_t g = g0; g < g1; ++g) {
+    uint8_t* cell_out = dst + g * kb * f.block_bytes();
+    for (int64_t b = 0; b < kb; ++b, cell_out += f.block_bytes()) {
+      std::memset(cell_out, 0, f.block_bytes());
+      uint8_t* q = cell_out;
+      uint8_t* scales = cell_out + f.quant_bytes();
+      uint8_t* mins = scales + f.scale_bytes();
+      for (int r = 0; r < kPackRows; ++r) {
+        const int64_t row = g * kPackRows + r;
+        if (row >= n) break;  // padding rows stay zero (scale 0)
+        Cell c{};
+        DecodeCell(dtype, src + row * row_bytes, b, &c);
+        for (int e = 0; e < 32; ++e) {
+          if (f.q4) {
+            const int chunk = (e % 16) / 4, byte = 64 * chunk + 4 * r + e % 4;
+            q[byte] |= e < 16 ? c.u[e] : c.u[e] << 4;
+          } else {
+            q[64 * (e / 4) + 4 * r + e % 4] = c.u[e];
+          }
+        }
+        std::memcpy(scales + 2 * r, &c.scale[0], 2);
+        if (f.half_scales) std::memcpy(scales + 2 * (kPackRows + r), &c.scale[1], 2);
+        if (f.has_min) std::memcpy(mins + 2 * r, &c.min, 2);
+      }
+    }
+  }
+}
+
+}  // namespace polychip::cpu

@@ -1,0 +1,61 @@
+// The cpu plugin's private weight layout ("packed"), chosen at weight_upload for Q4_0, Q8_0,
+// Q4_K and Q6_K weights.
+//
+// Rows are taken kPackRows (16) at a time: a group holds 16 rows' 32-element blocks side by
+// side, so one 64-byte load holds 4 consecutive quants of each of the 16 rows and one integer
+// dot-product instruction (vpdpbusd) advances all 16 dot products at once, with the activation
+// bytes broadcast. Per group and per 32-element block b (groups and blocks in memory order):
+//
+//   quants  4-bit: 4 chunks of 64 bytes; chunk c, bytes 4r..4r+3 (row r): low nibbles are
+//                  elements 4c..4c+3, high nibbles elements 16+4c..16+4c+3           [256 B]
+//           8-bit: 8 chunks of 64 bytes; chunk c, bytes 4r..4r+3: elements 4c..4c+3  [512 B]
+//           stored unsigned: u = q + offset (so u8 x s8 instructions apply)
+//   scales  f16 [16] (one per row), or f16 [2][16] when half_scales (per 16 elements)
+//   mins    f16 [16] when has_min
+//
+// Weight value = scale * (u - offset) - min. The row count is padded to a multiple of 16 with
+// zero rows. Q4_0 and Q8_0 keep their exact size (18 and 34 bytes per 32); Q4_K grows from
+// 18 to 20 (its 6-bit sub-scales are folded into f16 scales) and Q6_K from 26.25 to 36.
+#pragma once
+
+#include <cstdint>
+
+#include "polychip/plugin/pc_common.h"
+
+namespace polychip::cpu {
+
+constexpr int kPackRows = 16;
+constexpr int kBlock = 32;
+// The layout tag weight_upload returns for packed weights (w_dtype still says the source type).
+constexpr uint32_t kLayoutPacked = 0x43505531u;  // "1UPC"
+
+struct PackedFormat {
+  bool q4 = false;           // 4-bit quants, else 8-bit
+  int32_t offset = 0;        // u = q + offset
+  bool half_scales = false;  // a scale per 16 elements instead of per 32
+  bool has_min = false;
+
+  int64_t quant_bytes() const { return q4 ? 256 : 512; }
+  int64_t scale_bytes() const { return (half_scales ? 2 : 1) * kPackRows * 2; }
+  // Bytes of one (group, block) cell.
+  int64_t block_bytes() const { return quant_bytes() + scale_bytes() + (has_min ? 32 : 0); }
+};
+
+// A row of activations quantized to int8 in blocks of 32 (one float scale per block), with the
+// sums of each half-block's quants for the offset and min corrections.
+struct ActBlock {
+  int8_t q[32];
+  float d;
+  int32_t sum[2];  // sum of q[0..15], q[16..31]
+};
+
+// True (and *f set) when `dtype` has a packed form.
+bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f);
+// Bytes of a packed [n, k] matrix.
+int64_t PackedBytes(const PackedFormat& f, int64_t n, int64_t k);
+// Repacks rows' groups [g0, g1) of a GGUF [n, k] matrix of `dtype` into `dst` (the whole packed
+// buffer). Groups are independent, so callers may split the range across threads.
+void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int64_t g0,
+                int64_t g1, uint8_t* dst);
+
+}  // namespace polychip::cpu

@@ -1,0 +1,296 @@
+// `polychip bench`: llama-bench-style throughput of a model on one device.
+//   pp<P>      prompt processing: one sequence's P-token prompt in one step, tokens/s
+//   tg<N>      generation: N single-token steps of one sequence from an empty cache, tokens/s
+//   pp<P>+tg<N>@B  with --batch B > 1: B sequences each prefilled with P tokens (not timed),
+//              then N steps decoding all B together; aggregate generated tokens/s
+// Each test runs once to warm up, then -r times; the result is mean ± stdev over repetitions.
+// `-o json` prints a JSON array of records using llama-bench's field names (n_prompt, n_gen,
+// n_threads, avg_ts, stddev_ts, ...) so a script can compare the two tools. `--membw` measures
+// the host's read bandwidth instead (the roofline for decode on a host-memory device).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/command.h"
+#include "model/runner.h"
+#include "model/runner_setup.h"
+
+namespace polychip::cli {
+namespace {
+
+struct BenchOptions {
+  std::string model_path;
+  int n_prompt = 128;
+  int n_gen = 64;
+  int reps = 3;
+  int threads = 0;
+  int batch = 1;
+  std::string output = "md";
+  std::string kv_type = "f16";
+  bool membw = false;
+  int membw_mib = 1024;
+};
+
+struct Record {
+  std::string test;  // "pp128", "tg64", "pp128+tg64@16"
+  int n_prompt = 0, n_gen = 0, n_seqs = 1;
+  std::vector<double> ts;  // tokens/s per repetition
+  std::vector<double> ns;  // nanoseconds per repetition
+};
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / v.size();
+}
+double Stdev(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = Mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / (v.size() - 1));
+}
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+using Clock = std::chrono::steady_clock;
+
+// Streams a buffer with `threads` threads, summing 64-bit words (the sum keeps the reads from
+// being optimised away); best of several passes, in bytes per second.
+double MeasureReadBandwidth(int threads, size_t bytes) {
+  const size_t n = bytes / 8;
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+  for (size_t i = 0; i < n; ++i) buf[i] = i;  // touch every page
+  double best = 0;
+  std::vector<uint64_t> sums(threads * 8);
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = Clock::now();
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        const size_t b = n * t / threads, e = n * (t + 1) / threads;
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = b; i + 4 <= e; i += 4) {
+          s0 += buf[i];
+          s1 += buf[i + 1];
+          s2 += buf[i + 2];
+          s3 += buf[i + 3];
+        }
+        sums[t * 8] = s0 + s1 + s2 + s3;
+      });
+    }
+    for (auto& t : ts) t.join();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, bytes / s);
+  }
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  if (total == 42) std::fprintf(stderr, " ");  // keeps `total` alive
+  return best;
+}
+
+int Run(const BenchOptions& o) {
+  const int threads = o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency());
+  if (o.membw) {
+    const double bw = MeasureReadBandwidth(threads, size_t(o.membw_mib) << 20);
+    if (o.output == "json") {
+      std::printf("[{\"test\": \"membw\", \"n_threads\": %d, \"bytes\": %zu, \"read_gbps\": %.3f}]\n",
+                  threads, size_t(o.membw_mib) << 20, bw / 1e9);
+    } else {
+      std::printf("read bandwidth, %d threads: %.2f GB/s\n", threads, bw / 1e9);
+    }
+    return 0;
+  }
+  if (o.model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+  if (o.batch < 1 || o.reps < 1 || o.n_prompt < 0 || o.n_gen < 0)
+    return Fail(InvalidArgument("--batch, -r must be >= 1; -p, -n >= 0"));
+  const auto t0 = Clock::now();
+  auto device = model::OpenDevice(Globals().config_path, Globals().device, o.threads);
+  if (!device.ok()) return Fail(device.status());
+  auto mf = model::OpenModelFile(o.model_path);
+  if (!mf.ok()) return Fail(mf.status());
+
+  const int B = o.batch;
+  model::RunnerOptions ro;
+  ro.context_length = o.n_prompt + o.n_gen + 1;
+  const int64_t bs = ro.block_size;
+  const int64_t blocks_per_seq = (ro.context_length + bs - 1) / bs;
+  ro.kv_tokens = blocks_per_seq * bs * B;
+  ro.max_tokens_per_step = std::max<int64_t>({int64_t(o.n_prompt), int64_t(B), 1});
+  auto kv_type = DTypeFromName(o.kv_type);
+  if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_type));
+  ro.kv_dtype = *kv_type;
+  auto runner = model::TransformerRunner::Create(*mf->file, mf->config, *device, ro);
+  if (!runner.ok()) return Fail(runner.status());
+  model::TransformerRunner& r = **runner;
+  const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::fprintf(stderr, "bench: %s on %s, %.1f MiB of weights, loaded in %.2f s\n",
+               mf->config.Summary().c_str(), r.device().props().name.c_str(),
+               r.weight_bytes() / 1048576.0, load_s);
+
+  // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
+  std::vector<std::vector<int32_t>> tables(B);
+  for (int s = 0; s < B; ++s)
+    for (int64_t b = 0; b < blocks_per_seq; ++b)
+      tables[s].push_back(static_cast<int32_t>(s * blocks_per_seq + b));
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(r.vocab_size() - 1));
+  std::vector<int32_t> prompt(std::max(o.n_prompt, 1));
+  for (auto& t : prompt) t = tok(rng);
+  std::vector<float> logits;
+
+  auto prefill = [&](int seq, int n) -> Status {
+    engine::SequenceStep st;
+    st.seq_id = seq;
+    st.tokens = {prompt.data(), size_t(n)};
+    st.start_pos = 0;
+    st.block_table = tables[seq];
+    st.logits = engine::LogitsMode::kLast;
+    return r.Forward({&st, 1}, &logits);
+  };
+  // n steps of `seqs` sequences decoding together from position `start`.
+  auto decode = [&](int seqs, int start, int n) -> Status {
+    std::vector<int32_t> toks(seqs);
+    std::vector<engine::SequenceStep> steps(seqs);
+    for (int i = 0; i < n; ++i) {
+      for (int s = 0; s < seqs; ++s) {
+        toks[s] = tok(rng);
+        steps[s].seq_id = s;
+        steps[s].tokens = {&toks[s], 1};
+        steps[s].start_pos = start + i;
+        steps[s].block_table = tables[s];
+        steps[s].logits = engine::LogitsMode::kLast;
+      }
+      PC_RETURN_IF_ERROR(r.Forward(steps, &logits));
+    }
+    return Status::Ok();
+  };
+
+  std::vector<Record> records;
+  auto measure = [&](Record rec, const std::function<Status()>& setup,
+                     const std::function<Status()>& body, int tokens) -> Status {
+    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1 warms up
+      PC_RETURN_IF_ERROR(setup());
+      const auto a = Clock::now();
+      PC_RETURN_IF_ERROR(body());
+      const double s = std::chrono::duration<double>(Clock::now() - a).count();
+      if (rep >= 0) {
+        rec.ts.push_back(tokens / s);
+        rec.ns.push_back(s * 1e9);
+      }
+    }
+    std::fprintf(stderr, "bench: %s %.2f ± %.2f t/s\n", rec.test.c_str(), Mean(rec.ts),
+                 Stdev(rec.ts));
+    records.push_back(std::move(rec));
+    return Status::Ok();
+  };
+  auto nothing = [] { return Status::Ok(); };
+  if (B == 1) {
+    if (o.n_prompt > 0) {
+      Record rec{"pp" + std::to_string(o.n_prompt), o.n_prompt, 0, 1, {}, {}};
+      if (Status s = measure(rec, nothing, [&] { return prefill(0, o.n_prompt); }, o.n_prompt);
+          !s.ok())
+        return Fail(s);
+    }
+    if (o.n_gen > 0) {
+      Record rec{"tg" + std::to_string(o.n_gen), 0, o.n_gen, 1, {}, {}};
+      if (Status s = measure(rec, nothing, [&] { return decode(1, 0, o.n_gen); }, o.n_gen);
+          !s.ok())
+        return Fail(s);
+    }
+  } else {
+    Record rec{"pp" + std::to_string(o.n_prompt) + "+tg" + std::to_string(o.n_gen) + "@" +
+                   std::to_string(B),
+               o.n_prompt, o.n_gen, B, {}, {}};
+    auto setup = [&]() -> Status {
+      for (int s = 0; s < B && o.n_prompt > 0; ++s) PC_RETURN_IF_ERROR(prefill(s, o.n_prompt));
+      return Status::Ok();
+    };
+    if (Status s = measure(rec, setup, [&] { return decode(B, o.n_prompt, o.n_gen); },
+                           o.n_gen * B);
+        !s.ok())
+      return Fail(s);
+  }
+
+  std::string type = "?";
+  if (const model::GgufTensor* t = mf->file->FindTensor("blk.0.ffn_down.weight"))
+    type = DTypeName(t->dtype);
+  if (const model::GgufTensor* t = mf->file->FindTensor("blk.0.attn_q.weight"))
+    type = DTypeName(t->dtype);
+  // Bytes a decode step reads from the model file: every tensor but the embedding table (one
+  // row is gathered), unless the table doubles as the output projection.
+  uint64_t bytes_per_token = 0;
+  for (const model::GgufTensor& t : mf->file->tensors()) {
+    if (t.name == "token_embd.weight" && !mf->config.tied_output) continue;
+    bytes_per_token += t.n_bytes;
+  }
+  const std::string model_type = std::string(model::ArchName(mf->config.arch)) + " " + type;
+  if (o.output == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Record& rec : records) {
+      out.push_back({{"model_filename", o.model_path},
+                     {"model_type", model_type},
+                     {"model_size", r.weight_bytes()},
+                     {"bytes_per_token", bytes_per_token},
+                     {"backends", r.device().props().name},
+                     {"n_threads", threads},
+                     {"n_prompt", rec.n_prompt},
+                     {"n_gen", rec.n_gen},
+                     {"n_seqs", rec.n_seqs},
+                     {"test", rec.test},
+                     {"type_k", o.kv_type},
+                     {"load_s", load_s},
+                     {"avg_ns", Mean(rec.ns)},
+                     {"stddev_ns", Stdev(rec.ns)},
+                     {"avg_ts", Mean(rec.ts)},
+                     {"stddev_ts", Stdev(rec.ts)},
+                     {"samples_ts", rec.ts}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("| model | size | backend | threads | test | t/s |\n");
+    std::printf("| --- | ---: | --- | ---: | ---: | ---: |\n");
+    for (const Record& rec : records) {
+      std::printf("| %s | %.2f MiB | %s | %d | %s | %.2f ± %.2f |\n", model_type.c_str(),
+                  r.weight_bytes() / 1048576.0, r.device().props().name.c_str(), threads,
+                  rec.test.c_str(), Mean(rec.ts), Stdev(rec.ts));
+    }
+  }
+  return 0;
+}
+
+std::function<int()> Setup(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  app.add_option("-m,--model-path", o->model_path, "GGUF model file");
+  app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (default 128; 0 skips pp)");
+  app.add_option("-n,--n-gen", o->n_gen, "generated tokens (default 64; 0 skips tg)");
+  app.add_option("-r,--repetitions", o->reps, "timed repetitions after a warm-up (default 3)");
+  app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
+  app.add_option("--batch", o->batch, "sequences decoding together (default 1)");
+  app.add_option("-o,--output", o->output, "md (default) or json")
+      ->check(CLI::IsMember({"md", "json"}));
+  app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
+  app.add_flag("--membw", o->membw, "measure the host's read bandwidth instead");
+  app.add_option("--membw-mib", o->membw_mib, "buffer size for --membw (default 1024)");
+  return [o] { return Run(*o); };
+}
+
+const bool kRegistered =
+    RegisterCommand({"bench", "prompt/generation throughput, like llama-bench", Setup});
+
+}  // namespace
+}  // namespace polychip::cli

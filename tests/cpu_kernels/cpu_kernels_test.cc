@@ -1,0 +1,255 @@
+// Every kernel variant of the cpu plugin that this CPU can run (scalar, avx2, avx512), forced
+// one by one, against the SDK reference kernels on odd shapes: n not a multiple of the 16-row
+// interleave, m = 1, 3, 17 (tiles of 4 plus a tail), strides, bias and accumulate. Quantized
+// activations make the packed matmul approximate, so it is held to a relative error bound;
+// the variants must also agree with the scalar variant almost exactly (same integer math).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "kernels.h"
+#include "packed.h"
+#include "polychip/sdk/quant.h"
+#include "polychip/sdk/ref_kernels.h"
+#include "thread_pool.h"
+
+namespace polychip::cpu {
+namespace {
+
+pc_devptr_t D(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+std::vector<float> Random(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// ||a - b|| / ||b||
+double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += double(a[i] - b[i]) * (a[i] - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<const KernelTable*> Variants() {
+  std::vector<const KernelTable*> v = {&ScalarKernels()};
+  if (CpuHasAvx2()) v.push_back(&Avx2Kernels());
+  if (CpuHasAvx512()) v.push_back(&Avx512Kernels());
+  return v;
+}
+
+class CpuKernels : public ::testing::TestWithParam<const KernelTable*> {
+ protected:
+  ThreadPool pool_{3};
+  OpContext Ctx() const { return {const_cast<ThreadPool*>(&pool_), GetParam()}; }
+};
+
+struct MatmulCase {
+  pc_dtype_t dtype;
+  int64_t m, n, k;
+};
+
+// Runs the cpu matmul (packed when the dtype packs) and the SDK reference on the same GGUF
+// weights; returns both outputs and, optionally, a per-output error bound for int8 activations:
+// rounding x to int8 moves each element by at most amax(block)/254, and the f16 scales of the
+// packed K-quants are relatively off by at most 2^-11 (bounded here by 1e-3 of the block max).
+void RunMatmul(const OpContext& c, const MatmulCase& mc, bool pack, std::vector<float>* got,
+               std::vector<float>* want, std::vector<float>* bound = nullptr) {
+  const int64_t xs = mc.k + 3, os = mc.n + 2;
+  auto x = Random(mc.m * xs, 11), wf = Random(mc.n * mc.k, 12), bias = Random(mc.n, 13);
+  const int64_t rb = sdk::RowBytes(mc.dtype, mc.k);
+  std::vector<uint8_t> w(mc.n * rb);
+  for (int64_t j = 0; j < mc.n; ++j)
+    ASSERT_TRUE(sdk::QuantizeRow(mc.dtype, wf.data() + j * mc.k, w.data() + j * rb, mc.k));
+  if (bound) {
+    std::vector<float> wd(mc.k);
+    *bound = std::vector<float>(mc.m * os, 0.f);
+    for (int64_t j = 0; j < mc.n; ++j) {
+      ASSERT_TRUE(sdk::DequantizeRow(mc.dtype, w.data() + j * rb, wd.data(), mc.k));
+      for (int64_t i = 0; i < mc.m; ++i) {
+        double b = 1e-5;
+        for (int64_t e0 = 0; e0 < mc.k; e0 += 32) {
+          float amax = 0, wmax = 0;
+          for (int e = 0; e < 32; ++e) {
+            amax = std::max(amax, std::fabs(x[i * xs + e0 + e]));
+            wmax = std::max(wmax, std::fabs(wd[e0 + e]));
+          }
+          for (int e = 0; e < 32; ++e)
+            b += std::fabs(wd[e0 + e]) * amax / 254 + 1e-3 * wmax * std::fabs(x[i * xs + e0 + e]);
+        }
+        (*bound)[i * os + j] = static_cast<float>(b * 1.01);
+      }
+    }
+  }
+  pc_matmul_args_t a{sizeof(a), D(x.data()), D(w.data()), mc.dtype, PC_LAYOUT_GGUF,
+                     D(bias.data()), 0, mc.m, mc.n, mc.k, xs, os, /*accumulate=*/1};
+  *want = std::vector<float>(mc.m * os, 0.25f);
+  a.out = D(want->data());
+  ASSERT_EQ(sdk::RefLaunch(PC_OP_MATMUL, &a, sdk::IdentityMemory()), nullptr);
+
+  std::vector<uint8_t> packed;
+  if (pack) {
+    PackedFormat f;
+    ASSERT_TRUE(PackedFormatOf(mc.dtype, &f));
+    packed.assign(PackedBytes(f, mc.n, mc.k), 0xAA);
+    PackParallel(c, mc.dtype, w.data(), mc.n, mc.k, packed.data());
+    a.w = D(packed.data());
+    a.w_layout = kLayoutPacked;
+  }
+  *got = std::vector<float>(mc.m * os, 0.25f);
+  a.out = D(got->data());
+  ASSERT_EQ(Matmul(c, a), nullptr);
+  // Padding columns between rows are untouched.
+  for (int64_t i = 0; i < mc.m; ++i)
+    for (int64_t j = mc.n; j < os; ++j) ASSERT_EQ((*got)[i * os + j], 0.25f);
+}
+
+TEST_P(CpuKernels, PackedMatmulMatchesReference) {
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
+    const bool kquant = t == PC_DTYPE_Q4_K || t == PC_DTYPE_Q6_K;
+    for (int64_t m : {1, 3, 17}) {
+      for (int64_t n : {1, 17, 40}) {
+        const int64_t k = kquant ? 512 : 96;
+        SCOPED_TRACE(std::string(sdk::GetDtypeInfo(t)->name) + " m=" + std::to_string(m) +
+                     " n=" + std::to_string(n));
+        std::vector<float> got, want, bound;
+        RunMatmul(Ctx(), {t, m, n, k}, /*pack=*/true, &got, &want, &bound);
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_LE(std::fabs(got[i] - want[i]), bound[i]) << "output " << i;
+        if (n * m >= 17) EXPECT_LT(RelErr(got, want), 1.5e-2);
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, PackedVariantAgreesWithScalar) {
+  ThreadPool pool(2);
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
+    std::vector<float> got, scalar, want;
+    RunMatmul(Ctx(), {t, 5, 33, 256}, true, &got, &want);
+    RunMatmul({&pool, &ScalarKernels()}, {t, 5, 33, 256}, true, &scalar, &want);
+    EXPECT_LT(RelErr(got, scalar), 1e-5);
+  }
+}
+
+TEST_P(CpuKernels, GgufMatmulMatchesReference) {
+  for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16, PC_DTYPE_Q4_K, PC_DTYPE_Q5_0}) {
+    for (int64_t m : {1, 3, 17}) {
+      SCOPED_TRACE(std::string(sdk::GetDtypeInfo(t)->name) + " m=" + std::to_string(m));
+      std::vector<float> got, want;
+      RunMatmul(Ctx(), {t, m, 7, 256}, /*pack=*/false, &got, &want);
+      EXPECT_LT(RelErr(got, want), 1e-5);
+    }
+  }
+}
+
+TEST_P(CpuKernels, AttentionMatchesReference) {
+  // Two sequences (a 3-token prefill chunk and a decode token), GQA 4:2, paged blocks of 4
+  // slots given out of order.
+  const int64_t n_heads = 4, n_kv = 2, hd = 40, bs = 4, n_blocks = 8, max_blocks = 4;
+  const int64_t n_tokens = 4;
+  for (pc_dtype_t cache : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(cache)->name);
+    const int64_t esize = cache == PC_DTYPE_F32 ? 4 : 2;
+    const int64_t cache_elems = n_blocks * bs * n_kv * hd;
+    auto kf = Random(cache_elems, 21), vf = Random(cache_elems, 22);
+    std::vector<uint8_t> kc(cache_elems * esize), vc(cache_elems * esize);
+    pc_convert_args_t cv{sizeof(cv), D(kf.data()), D(kc.data()), PC_DTYPE_F32, cache, cache_elems};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
+    cv.src = D(vf.data());
+    cv.dst = D(vc.data());
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
+    auto q = Random(n_tokens * n_heads * hd, 23);
+    std::vector<int32_t> qstart = {0, 3, 4}, lens = {7, 13};
+    std::vector<int32_t> tables = {5, 1, -1, -1, 2, 7, 0, 3};
+    std::vector<float> got(n_tokens * n_heads * hd), want(got.size());
+    pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), D(want.data()),
+                          D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
+                          2, n_heads, n_kv, hd, bs, max_blocks, 13, 1.f / std::sqrt(40.f)};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_ATTENTION, &a, sdk::IdentityMemory()), nullptr);
+    a.out = D(got.data());
+    ASSERT_EQ(Attention(Ctx(), a), nullptr);
+    EXPECT_LT(RelErr(got, want), 1e-5);
+  }
+}
+
+TEST_P(CpuKernels, RopeNormSwigluMatchReference) {
+  for (pc_rope_mode_t mode : {PC_ROPE_NORMAL, PC_ROPE_NEOX}) {
+    const int64_t T = 9, H = 3, hd = 64;
+    auto x = Random(T * H * hd, 31);
+    auto ref = x;
+    std::vector<int32_t> pos = {0, 1, 2, 5, 8, 100, 1000, 3, 4};
+    pc_rope_args_t a{sizeof(a), D(ref.data()), D(pos.data()), 0, T, H, hd, 48, mode,
+                     10000.f, 1.f, 0.f, 1.f, 32.f, 1.f, 4096};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_ROPE, &a, sdk::IdentityMemory()), nullptr);
+    a.x = D(x.data());
+    ASSERT_EQ(Rope(Ctx(), a), nullptr);
+    EXPECT_LT(RelErr(x, ref), 1e-6);
+  }
+  {
+    const int64_t rows = 11, dim = 77;
+    auto x = Random(rows * dim, 41), w = Random(dim, 42);
+    std::vector<float> got(x.size()), want(x.size());
+    pc_rms_norm_args_t a{sizeof(a), D(x.data()), D(w.data()), D(want.data()), rows, dim, 1e-6f};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_RMS_NORM, &a, sdk::IdentityMemory()), nullptr);
+    a.out = D(got.data());
+    ASSERT_EQ(RmsNorm(Ctx(), a), nullptr);
+    EXPECT_LT(RelErr(got, want), 1e-6);
+  }
+  {
+    const int64_t n = 70001;  // several parallel chunks and a ragged tail
+    auto g = Random(n, 51, -30, 30), u = Random(n, 52);
+    g[0] = -100.f;  // exp argument clamp
+    g[1] = 90.f;
+    std::vector<float> got(n), want(n);
+    pc_swiglu_args_t a{sizeof(a), D(g.data()), D(u.data()), D(want.data()), n};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_SWIGLU, &a, sdk::IdentityMemory()), nullptr);
+    a.out = D(got.data());
+    ASSERT_EQ(Swiglu(Ctx(), a), nullptr);
+    EXPECT_LT(RelErr(got, want), 1e-6);
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[i])) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, CpuKernels, ::testing::ValuesIn(Variants()),
+                         [](const auto& info) { return std::string(info.param->name); });
+
+TEST(ThreadPool, EveryTaskRunsExactlyOnce) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    for (int rep = 0; rep < 300; ++rep) {
+      const int64_t n = 1 + rep % 37;
+      std::vector<std::atomic<int>> hits(n);
+      pool.Run(n, [&](int64_t t) { hits[t].fetch_add(1); });
+      for (int64_t t = 0; t < n; ++t) ASSERT_EQ(hits[t].load(), 1);
+    }
+    std::atomic<int> seen{0};
+    pool.RunPerThread([&](int i, int nt) {
+      EXPECT_EQ(nt, threads);
+      seen.fetch_or(1 << i);
+    });
+    EXPECT_EQ(seen.load(), (1 << threads) - 1);
+  }
+}
+
+TEST(KernelSelection, NamesAndFallback) {
+  ASSERT_NE(SelectKernels("auto"), nullptr);
+  EXPECT_EQ(SelectKernels("scalar"), &ScalarKernels());
+  EXPECT_EQ(SelectKernels("bogus"), nullptr);
+  EXPECT_EQ(SelectKernels("avx512") != nullptr, CpuHasAvx512());
+  EXPECT_EQ(SelectKernels("avx2") != nullptr, CpuHasAvx2());
+}
+
+}  // namespace
+}  // namespace polychip::cpu
