@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Serving comparison: polychip serve vs llama-server on the same synthesized model (qwen2.5-0.5b
+# shape, Q4_0), the same threads and the same per-sequence context, driven by the same
+# `polychip bench-serving` load. Prints both results side by side. Long: not part of the tests.
+#   bench/compare-serving.sh [BUILD_DIR]   env: THREADS=2 PROMPTS=64 CONC=16 IN=128 OUT=128
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$ROOT/build}
+PC=$BUILD/bin/polychip
+LLAMA=${LLAMA_SERVER:-/root/.cache/polychip/llama.cpp/build/bin/llama-server}
+VOCAB=/root/.cache/polychip/llama.cpp/models/ggml-vocab-qwen2.gguf
+MODEL=${MODEL:-$HOME/.cache/polychip/models/qwen2.5-0.5b-q4_0.gguf}
+THREADS=${THREADS:-2}; PROMPTS=${PROMPTS:-64}; CONC=${CONC:-16}; IN=${IN:-128}; OUT=${OUT:-128}
+CTX=$((IN + OUT + 64))          # per-sequence context, the same for both servers
+PC_PORT=${PC_PORT:-30731}; LL_PORT=${LL_PORT:-30732}
+OUTDIR=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+[ -x "$PC" ] || { echo "build polychip first ($PC)"; exit 1; }
+if [ ! -f "$MODEL" ]; then
+  mkdir -p "$(dirname "$MODEL")"
+  "$PC" gguf synth --vocab "$VOCAB" --shape qwen2.5-0.5b --type Q4_0 --out "$MODEL" -q
+fi
+
+wait_ready() {  # url
+  for _ in $(seq 1 300); do curl -sf "$1/health" >/dev/null 2>&1 && return 0; sleep 1; done
+  echo "server at $1 did not come up"; return 1
+}
+
+"$PC" serve --model-path "$MODEL" --device cpu:0 --threads "$THREADS" --port "$PC_PORT" \
+  --context-length "$CTX" --max-total-tokens $((CTX * CONC * 2)) \
+  --max-running-requests "$CONC" >"$OUTDIR/polychip.log" 2>&1 &
+PIDS+=($!)
+wait_ready "http://127.0.0.1:$PC_PORT"
+"$PC" bench-serving --base-url "http://127.0.0.1:$PC_PORT" --backend openai \
+  --num-prompts "$PROMPTS" --max-concurrency "$CONC" --random-input-len "$IN" \
+  --random-output-len "$OUT" --seed 1 --output-json "$OUTDIR/polychip.json" >/dev/null || true
+kill "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true
+
+if [ -x "$LLAMA" ]; then
+  "$LLAMA" -m "$MODEL" --host 127.0.0.1 --port "$LL_PORT" -t "$THREADS" --parallel "$CONC" \
+    -c $((CTX * CONC)) >"$OUTDIR/llama.log" 2>&1 &
+  PIDS+=($!)
+  wait_ready "http://127.0.0.1:$LL_PORT"
+  "$PC" bench-serving --base-url "http://127.0.0.1:$LL_PORT" --backend openai \
+    --num-prompts "$PROMPTS" --max-concurrency "$CONC" --random-input-len "$IN" \
+    --random-output-len "$OUT" --seed 1 --output-json "$OUTDIR/llama.json" >/dev/null || true
+else
+  echo "llama-server not found at $LLAMA: polychip only"
+  echo '{}' >"$OUTDIR/llama.json"
+fi
+
+python3 - "$OUTDIR/polychip.json" "$OUTDIR/llama.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+rows = ["completed", "failed", "request_throughput", "output_token_throughput",
+        "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms",
+        "p50_e2e_ms", "p99_e2e_ms"]
+print(f"{'metric':28} {'polychip':>12} {'llama-server':>14}")
+for r in rows:
+    f = lambda d: (f"{d[r]:.2f}" if isinstance(d.get(r), float) else str(d.get(r, '-')))
+    print(f"{r:28} {f(a):>12} {f(b):>14}")
+PY
