@@ -1,13 +1,15 @@
-// The loaded comm (collective communication) plugin, as a C++ object. A Communicator wrapper
-// over its collectives belongs here too (added with the dist module), so that no module
-// outside src/runtime includes the ABI.
+// The loaded comm (collective communication) plugin, as a C++ object, and Communicator, the
+// RAII wrapper over one of its communicators, so that no module outside src/runtime includes
+// the ABI.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "runtime/config.h"
+#include "runtime/host_services.h"
 #include "runtime/dtype.h"
 #include "util/status.h"
 
@@ -36,6 +38,61 @@ class CommPlugin : public std::enable_shared_from_this<CommPlugin> {
 
  private:
   std::unique_ptr<CommImpl> impl_;
+};
+
+enum class ReduceOp : int32_t { kSum = 0, kMax = 1, kMin = 2, kProd = 3 };
+
+// One rank's handle on a communicator. Collectives take host pointers: with a comm plugin that
+// reads device memory (reads_device_memory()) the caller passes device addresses cast to void*
+// instead. Not thread-safe: one thread issues a communicator's operations, in the same order
+// on every rank. Abort() alone may be called from any thread.
+class Communicator {
+ public:
+  // Collective over n_ranks processes (or threads): rank 0 makes the unique id and publishes it
+  // in `kv` under `key`; the others read it there. Fails with UNAVAILABLE after timeout_ms when
+  // a rank never arrives.
+  static StatusOr<std::unique_ptr<Communicator>> Create(std::shared_ptr<CommPlugin> plugin,
+                                                        KvStore& kv, const std::string& key,
+                                                        int32_t n_ranks, int32_t rank,
+                                                        int64_t timeout_ms);
+  ~Communicator();  // comm_destroy
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int32_t rank() const { return rank_; }
+  int32_t size() const { return size_; }
+  const CommPlugin& plugin() const { return *plugin_; }
+
+  // Collective over this communicator: ranks with the same color form a new communicator,
+  // ordered by key. color < 0: this rank joins none and gets nullptr.
+  StatusOr<std::unique_ptr<Communicator>> Split(int32_t color, int32_t key);
+
+  Status AllReduce(const void* send, void* recv, uint64_t count, DType dtype, ReduceOp op);
+  // recv: [size(), count] rank-major.
+  Status AllGather(const void* send, void* recv, uint64_t count, DType dtype);
+  // send: [size(), recv_count]; rank r receives the reduced r-th row.
+  Status ReduceScatter(const void* send, void* recv, uint64_t recv_count, DType dtype,
+                       ReduceOp op);
+  Status Broadcast(const void* send, void* recv, uint64_t count, DType dtype, int32_t root);
+  Status Send(const void* buf, uint64_t count, DType dtype, int32_t peer);
+  Status Recv(void* buf, uint64_t count, DType dtype, int32_t peer);
+  Status Barrier();
+  // Makes pending and later operations fail (here and, through the plugin, on the peers).
+  void Abort();
+
+  // Wall time spent inside this communicator's operations, and their number (for metrics).
+  double seconds_in_ops() const { return seconds_; }
+  uint64_t n_ops() const { return n_ops_; }
+
+  Communicator(std::shared_ptr<CommPlugin> plugin, void* comm, int32_t rank, int32_t size);  // runtime-internal
+
+ private:
+  Status Timed(const char* what, const std::function<Status()>& op);
+  std::shared_ptr<CommPlugin> plugin_;
+  void* comm_;  // pc_comm_t*
+  int32_t rank_, size_;
+  double seconds_ = 0;
+  uint64_t n_ops_ = 0;
 };
 
 }  // namespace polychip::runtime
