@@ -22,6 +22,14 @@ inline fs::path TempDir() {
                  ("polychip_gguf_test_" + std::to_string(::getpid()) + "_" +
                   std::to_string(std::random_device{}()));
     fs::create_directories(d);
+    // Synthesized models are large: remove them when the test process ends.
+    static struct Cleanup {
+      fs::path dir;
+      ~Cleanup() {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+      }
+    } cleanup{d};
     return d;
   }();
   return dir;
