@@ -3,7 +3,10 @@
 // The default temperature is 0 (greedy), so that a run is deterministic unless asked otherwise.
 #include <CLI/CLI.hpp>
 
+#include <fmt/format.h>
+
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -29,6 +32,7 @@ struct RunOptions {
   bool chat = false;
   bool special = false;
   bool ignore_eos = false;
+  bool print_tokens = false;
   int threads = 0;
   std::string kv_type = "f16";
   std::vector<std::string> stop;
@@ -36,6 +40,24 @@ struct RunOptions {
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// One line per generated token on stderr, for tools comparing runs:
+//   token <id> margin <best logit - second best> piece <hex bytes>
+void PrintToken(int32_t token, const std::vector<float>& logits, const std::string& piece) {
+  float best = -INFINITY, second = -INFINITY;
+  for (float v : logits) {
+    if (v > best) {
+      second = best;
+      best = v;
+    } else if (v > second) {
+      second = v;
+    }
+  }
+  std::string hex;
+  for (unsigned char ch : piece) hex += fmt::format("{:02x}", ch);
+  std::fprintf(stderr, "token %d margin %.6f piece %s\n", token, best - second,
+               hex.empty() ? "-" : hex.c_str());
 }
 
 int Fail(const Status& status) {
@@ -114,6 +136,7 @@ int Run(const RunOptions& o) {
   while (o.n_predict > 0) {
     token = sampler.Sample(logits).token;
     ++n_gen;
+    if (o.print_tokens) PrintToken(token, logits, tok.Piece(token, true));
     const engine::StopChecker::Step out = stop.Push(token, tok.Piece(token, o.special));
     if (!out.text.empty()) {
       std::fwrite(out.text.data(), 1, out.text.size(), stdout);
@@ -154,6 +177,8 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_flag("--chat", o->chat, "wrap the prompt in the model's chat template");
   app.add_flag("--special", o->special, "print control tokens' text");
   app.add_flag("--ignore-eos", o->ignore_eos, "continue past end-of-generation tokens");
+  app.add_flag("--print-tokens", o->print_tokens,
+               "print each generated token's id, logit margin and bytes on stderr");
   app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
   app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
   return [o] { return Run(*o); };

@@ -103,7 +103,7 @@ std::string ModelFor(const ModelCase& c) {
   const std::string vocab = LlamaCppDir() + "/models/ggml-vocab-" + c.vocab + ".gguf";
   const std::string cmd = kPolychip + " gguf synth --vocab " + Quote(vocab) +
                           " --shape tiny --arch " + c.arch + " --type " + c.type +
-                          " --seed 7 --quiet --out " + Quote(out);
+                          " --seed 7 --weight-std 0.08 --quiet --out " + Quote(out);
   const CommandResult r = RunCommand(cmd);
   if (r.exit_code != 0) {
     ADD_FAILURE() << cmd << " failed:\n" << r.err;
@@ -148,28 +148,73 @@ TEST_P(ReferenceTest, PerplexityAgreesWithLlamaCpp) {
   EXPECT_LT(rel, 0.005) << "polychip " << p_ours << " vs llama.cpp " << p_ref;
 }
 
-// llama-simple prints the prompt's pieces, then the greedy continuation, then a newline; ours
-// prints the continuation and a newline. Invalid UTF-8 is compared as U+FFFD on both sides.
+// Below this logit margin (best - second best) a greedy choice is a close call that rounding
+// may legitimately flip: llama.cpp (and the cpu plugin) quantize activations to 8 bits for
+// quantized weights, so the two runs do not compute bit-identical logits.
+constexpr double kCloseCall = 0.05;
+
+struct GeneratedToken {
+  int32_t id;
+  double margin;
+  std::string bytes;
+};
+
+// Parses `polychip run --print-tokens` lines: "token <id> margin <m> piece <hex|->".
+std::vector<GeneratedToken> ParseTokens(const std::string& err) {
+  std::vector<GeneratedToken> out;
+  static const std::regex re(R"(token (-?[0-9]+) margin ([0-9.eE+-]+) piece ([0-9a-f]+|-))");
+  for (auto it = std::sregex_iterator(err.begin(), err.end(), re); it != std::sregex_iterator();
+       ++it) {
+    GeneratedToken t{std::stoi((*it)[1]), std::stod((*it)[2]), ""};
+    const std::string hex = (*it)[3];
+    for (size_t i = 0; hex != "-" && i + 1 < hex.size(); i += 2) {
+      t.bytes += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+// llama-simple prints the prompt's pieces, the greedy continuation, and a newline; with -n 0 it
+// prints only the prompt, which gives us its continuation. Our tokens are walked along it: every
+// token must match, except that after a close call (small margin) the runs may part.
 TEST_P(ReferenceTest, GreedyTokensAgreeWithLlamaCpp) {
   if (!HaveLlamaCpp()) return;
   const std::string model = ModelFor(GetParam());
   if (model.empty()) return;
 
   const CommandResult ours =
-      RunCommand(kPolychip + " run --device cpu:0 --special --model-path " + Quote(model) +
+      RunCommand(kPolychip + " run --device cpu:0 --print-tokens --model-path " + Quote(model) +
                  " --prompt " + Quote(kPrompt) + " -n " + std::to_string(kPredict));
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
-  const CommandResult ref = RunCommand(LlamaCppDir() + "/build/bin/llama-simple -m " +
-                                       Quote(model) + " -n " + std::to_string(kPredict) + " " +
+  const std::string simple = LlamaCppDir() + "/build/bin/llama-simple -m " + Quote(model);
+  const CommandResult ref = RunCommand(simple + " -n " + std::to_string(kPredict) + " " +
                                        Quote(kPrompt));
+  const CommandResult ref_prompt = RunCommand(simple + " -n 0 " + Quote(kPrompt));
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
-  size_t consumed = 0;
-  std::string ref_text = engine::TakeCompleteUtf8(ref.out, &consumed);
-  ASSERT_GT(ours.out.size(), 1u) << "no text generated";
-  ASSERT_GE(ref_text.size(), ours.out.size()) << "llama.cpp: " << ref_text << "\npolychip: " << ours.out;
-  EXPECT_EQ(ref_text.substr(ref_text.size() - ours.out.size()), ours.out)
-      << "llama.cpp (prompt + continuation): " << ref_text << "\npolychip continuation: "
-      << ours.out;
+  ASSERT_EQ(ref_prompt.exit_code, 0) << ref_prompt.err;
+  ASSERT_GE(ref.out.size(), ref_prompt.out.size());
+  // Both end with "\n": the continuation is what lies between the prompt and that newline.
+  const std::string cont = ref.out.substr(ref_prompt.out.size() - 1,
+                                          ref.out.size() - ref_prompt.out.size());
+
+  const std::vector<GeneratedToken> tokens = ParseTokens(ours.err);
+  ASSERT_FALSE(tokens.empty()) << ours.err;
+  size_t offset = 0, matched = 0;
+  for (const GeneratedToken& t : tokens) {
+    if (offset == cont.size()) break;  // llama.cpp stopped here (end of generation)
+    if (cont.compare(offset, t.bytes.size(), t.bytes) != 0) {
+      EXPECT_LT(t.margin, kCloseCall)
+          << "token " << matched << " (id " << t.id << ") differs from llama.cpp with a clear "
+          << "margin; llama.cpp: " << cont << "\npolychip: " << ours.out;
+      break;
+    }
+    offset += t.bytes.size();
+    ++matched;
+  }
+  std::printf("[ agreement ] %s: %zu of %zu greedy tokens identical to llama.cpp\n",
+              CaseName(GetParam()).c_str(), matched, tokens.size());
+  if (matched == tokens.size()) EXPECT_EQ(offset, cont.size()) << cont;
 }
 
 std::vector<ModelCase> Cases() {
@@ -196,7 +241,9 @@ INSTANTIATE_TEST_SUITE_P(Models, ReferenceTest, ::testing::ValuesIn(Cases()),
 // same thing on the host-memory cpu device and on the emulated discrete device.
 TEST(BackendAgreementTest, RunGivesTheSameTokensOnCpuAndEmu) {
   if (!HaveLlamaCpp()) return;  // the vocabulary comes from llama.cpp's models/
-  const std::string model = ModelFor({"qwen2", "qwen2", "Q8_0"});
+  // F16 weights: for quantized weights the cpu plugin quantizes activations to int8 (as ggml
+  // does) while emu computes in F32, so their logits differ by design there.
+  const std::string model = ModelFor({"qwen2", "qwen2", "F16"});
   if (model.empty()) return;
   auto run = [&](const std::string& device) {
     return RunCommand(kPolychip + " run --device " + device + " --model-path " + Quote(model) +

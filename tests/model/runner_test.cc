@@ -1,0 +1,204 @@
+// The runner's contract with the engine, on a synthesized tiny model: results do not depend on
+// how a step is split, batched, or where its KV blocks lie, and the cpu and emu devices compute
+// the same logits.
+#include "model/runner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "model/synth.h"
+#include "runtime/plugin_loader.h"
+
+namespace polychip::model {
+namespace {
+
+namespace fs = std::filesystem;
+using engine::LogitsMode;
+using engine::SequenceStep;
+
+std::string VocabPath() {
+  const char* d = std::getenv("POLYCHIP_LLAMA_CPP_DIR");
+  const char* home = std::getenv("HOME");
+  const std::string dir = d && *d ? d : std::string(home ? home : "") + "/.cache/polychip/llama.cpp";
+  return dir + "/models/ggml-vocab-qwen2.gguf";
+}
+
+// A tiny qwen2 model (biases, NeoX rope, GQA), synthesized once.
+const std::string& ModelPath() {
+  static const std::string path = [] {
+    const std::string out = std::string(POLYCHIP_BUILD_DIR) + "/test-models/runner_qwen2_f16.gguf";
+    fs::create_directories(fs::path(out).parent_path());
+    SynthOptions o;
+    o.vocab_path = VocabPath();
+    o.config = *ShapePreset("tiny");
+    o.config.arch = Arch::kQwen2;
+    o.config.has_qkv_bias = true;
+    // F16: for quantized weights the cpu plugin quantizes activations to int8 (as ggml does)
+    // while emu computes in F32, so cpu and emu logits would differ by design.
+    o.type = DType::kF16;
+    o.weight_std = 0.15f;
+    o.seed = 3;
+    o.progress = false;
+    const Status s = SynthesizeModel(o, out);
+    return s.ok() ? out : std::string("error: " + s.ToString());
+  }();
+  return path;
+}
+
+std::shared_ptr<runtime::Device> OpenDev(const std::string& backend) {
+  auto b = runtime::LoadBackendFromPath(std::string(POLYCHIP_BUILD_DIR) +
+                                        "/lib/polychip/libpolychip_backend_" + backend + ".so");
+  if (!b.ok()) {
+    ADD_FAILURE() << b.status().ToString();
+    return nullptr;
+  }
+  auto d = (*b)->OpenDevice(0);
+  if (!d.ok()) {
+    ADD_FAILURE() << d.status().ToString();
+    return nullptr;
+  }
+  return *d;
+}
+
+class RunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(VocabPath())) {
+      GTEST_FAIL() << VocabPath() << " missing: run tests/setup/fetch-llama-cpp.sh";
+    }
+    ASSERT_EQ(ModelPath().rfind("error", 0), std::string::npos) << ModelPath();
+    auto f = GgufFile::Open(ModelPath());
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    file_ = std::move(*f);
+    auto c = ModelConfig::FromGguf(*file_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    config_ = *c;
+  }
+
+  std::unique_ptr<TransformerRunner> Make(const std::string& backend, RunnerOptions o = {}) {
+    auto dev = OpenDev(backend);
+    if (!dev) return nullptr;
+    o.context_length = 64;
+    o.kv_tokens = 256;
+    o.block_size = 4;
+    auto r = TransformerRunner::Create(*file_, config_, dev, o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+
+  std::vector<int32_t> Prompt(int n, int salt = 0) const {
+    std::vector<int32_t> t;
+    for (int i = 0; i < n; ++i) t.push_back((i * 7919 + salt * 104729 + 11) % 150000);
+    return t;
+  }
+
+  std::unique_ptr<GgufFile> file_;
+  ModelConfig config_;
+};
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+std::vector<int32_t> Iota(int n, int from = 0) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = from + i;
+  return v;
+}
+
+TEST_F(RunnerTest, SplittingAndBlockPlacementDoNotChangeLogits) {
+  auto whole = Make("cpu");
+  RunnerOptions small;
+  small.max_tokens_per_step = 3;  // forces sub-steps inside one sequence
+  small.max_logit_rows = 2;
+  auto split = Make("cpu", small);
+  ASSERT_TRUE(whole && split);
+  const std::vector<int32_t> prompt = Prompt(10);
+
+  std::vector<int32_t> blocks_a = Iota(16);
+  std::vector<int32_t> blocks_b = Iota(16, 40);  // other blocks, in reverse order
+  std::reverse(blocks_b.begin(), blocks_b.end());
+  SequenceStep a{1, prompt, 0, blocks_a, LogitsMode::kAll};
+  SequenceStep b{1, prompt, 0, blocks_b, LogitsMode::kAll};
+  std::vector<float> la, lb;
+  ASSERT_TRUE(whole->Forward({&a, 1}, &la).ok());
+  ASSERT_TRUE(split->Forward({&b, 1}, &lb).ok());
+  ASSERT_EQ(la.size(), prompt.size() * whole->vocab_size());
+  EXPECT_LT(MaxAbsDiff(la, lb), 1e-4f);
+
+  // kLast gives the last row of kAll; a decode step after the prompt matches a prefill of 11.
+  SequenceStep last{1, prompt, 0, blocks_a, LogitsMode::kLast};
+  std::vector<float> ll;
+  ASSERT_TRUE(whole->Forward({&last, 1}, &ll).ok());
+  std::vector<float> tail(la.end() - whole->vocab_size(), la.end());
+  EXPECT_LT(MaxAbsDiff(ll, tail), 1e-4f);
+
+  const int32_t next = 4242;
+  SequenceStep decode{1, {&next, 1}, 10, blocks_a, LogitsMode::kLast};
+  std::vector<float> ld;
+  ASSERT_TRUE(whole->Forward({&decode, 1}, &ld).ok());
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(next);
+  SequenceStep fresh{2, longer, 0, blocks_b, LogitsMode::kLast};
+  std::vector<float> lf;
+  ASSERT_TRUE(split->Forward({&fresh, 1}, &lf).ok());
+  EXPECT_LT(MaxAbsDiff(ld, lf), 1e-4f);
+}
+
+TEST_F(RunnerTest, BatchedSequencesMatchSeparateRuns) {
+  auto r = Make("cpu");
+  ASSERT_TRUE(r);
+  const std::vector<int32_t> p1 = Prompt(7, 1), p2 = Prompt(5, 2);
+  const std::vector<int32_t> b1 = Iota(8), b2 = Iota(8, 20);
+  SequenceStep s1{1, p1, 0, b1, LogitsMode::kLast};
+  SequenceStep s2{2, p2, 0, b2, LogitsMode::kAll};
+  std::vector<float> sep1, sep2, both;
+  ASSERT_TRUE(r->Forward({&s1, 1}, &sep1).ok());
+  ASSERT_TRUE(r->Forward({&s2, 1}, &sep2).ok());
+  SequenceStep batch[2] = {s1, s2};
+  ASSERT_TRUE(r->Forward(batch, &both).ok());
+  std::vector<float> expected = sep1;
+  expected.insert(expected.end(), sep2.begin(), sep2.end());
+  EXPECT_LT(MaxAbsDiff(both, expected), 1e-4f);
+}
+
+TEST_F(RunnerTest, RejectsBadSteps) {
+  auto r = Make("cpu");
+  ASSERT_TRUE(r);
+  const std::vector<int32_t> p = Prompt(5);
+  const std::vector<int32_t> short_table = {0};  // 5 tokens need 2 blocks of 4
+  SequenceStep s{1, p, 0, short_table, LogitsMode::kLast};
+  std::vector<float> out;
+  EXPECT_EQ(r->Forward({&s, 1}, &out).code(), StatusCode::kInvalidArgument);
+  const std::vector<int32_t> bad_block = {0, 9999};
+  s.block_table = bad_block;
+  EXPECT_EQ(r->Forward({&s, 1}, &out).code(), StatusCode::kInvalidArgument);
+  const std::vector<int32_t> big = Iota(32);
+  s.block_table = big;
+  s.start_pos = 62;  // past the context length of 64
+  EXPECT_EQ(r->Forward({&s, 1}, &out).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(RunnerTest, CpuAndEmuComputeTheSameLogits) {
+  auto cpu = Make("cpu");
+  auto emu = Make("emu");
+  ASSERT_TRUE(cpu && emu);
+  const std::vector<int32_t> prompt = Prompt(9);
+  const std::vector<int32_t> blocks = Iota(16);
+  SequenceStep s{1, prompt, 0, blocks, LogitsMode::kAll};
+  std::vector<float> a, b;
+  ASSERT_TRUE(cpu->Forward({&s, 1}, &a).ok());
+  ASSERT_TRUE(emu->Forward({&s, 1}, &b).ok());
+  float scale = 0;
+  for (float v : a) scale = std::max(scale, std::abs(v));
+  EXPECT_LT(MaxAbsDiff(a, b), 1e-3f * std::max(1.f, scale)) << "max |logit| " << scale;
+}
+
+}  // namespace
+}  // namespace polychip::model
