@@ -1,7 +1,8 @@
-// `polychip conformance --plugin <path.so> [--json] [--filter REGEX] [--device N]`: runs the
-// plugin ABI contract (src/runtime/conformance) against one plugin file and prints a table of
-// checks. Exit codes: 0 every selected check passed (SKIPs allowed), 1 a check failed,
-// 2 usage error, 3 a plugin kind the kit cannot check yet (comm plugins).
+// `polychip conformance --plugin <path.so> [--json] [--filter REGEX] [--device N] [--ranks N]`:
+// runs the plugin ABI contract (src/runtime/conformance) against one plugin file and prints a
+// table of checks. A comm plugin is checked with --ranks ranks (threads of this process).
+// Exit codes: 0 every selected check passed (SKIPs allowed), 1 a check failed, 2 usage error,
+// 3 a plugin kind the kit cannot check.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -24,6 +25,7 @@ struct ConformanceFlags {
   uint32_t seed = 1234;
   bool json = false;
   bool list = false;
+  int32_t ranks = 2;
 };
 
 // The global --device flag names the ordinal under test: "N" or "backend:N".
@@ -40,12 +42,14 @@ bool ParseOrdinal(const std::string& flag, int32_t* ordinal) {
 int RunConformance(const ConformanceFlags& f) {
   if (f.list) {
     for (const std::string& name : conf::BackendCheckNames()) std::printf("%s\n", name.c_str());
+    for (const std::string& name : conf::CommCheckNames()) std::printf("comm: %s\n", name.c_str());
     return 0;
   }
   conf::Options options;
   options.plugin_path = f.plugin;
   options.filter = f.filter;
   options.seed = f.seed;
+  options.ranks = f.ranks;
   if (!ParseOrdinal(Globals().device, &options.device)) {
     std::fprintf(stderr, "polychip conformance: --device wants an ordinal N (or backend:N), got '%s'\n",
                  Globals().device.c_str());
@@ -77,6 +81,8 @@ std::function<int()> SetupConformance(CLI::App& app) {
   app.add_option("--param", flags->params, "key=value passed to the plugin's initialize()");
   app.add_option("--seed", flags->seed, "seed of the random inputs");
   app.add_flag("--list", flags->list, "list the checks and exit");
+  app.add_option("--ranks", flags->ranks, "comm plugins: number of ranks (threads), default 2")
+      ->check(CLI::Range(1, 64));
   return [flags]() {
     if (flags->plugin.empty() && !flags->list) {
       std::fprintf(stderr, "polychip conformance: --plugin <path.so> is required\n");

@@ -63,6 +63,14 @@ struct RawBackend {
 };
 Status OpenRawBackend(const std::string& path, RawBackend* out, LoadReport* report = nullptr);
 
+// The same for a comm plugin.
+struct RawComm {
+  std::unique_ptr<PluginLibrary> library;
+  const pc_comm_iface_t* table = nullptr;  // valid while `library` lives
+  pc_comm_probe_fn probe = nullptr;        // may be null
+};
+Status OpenRawComm(const std::string& path, RawComm* out, LoadReport* report = nullptr);
+
 struct BackendImpl {
   std::unique_ptr<PluginLibrary> library;  // null when registered from code as a table
   const pc_backend_iface_t* table = nullptr;

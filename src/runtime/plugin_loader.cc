@@ -426,6 +426,18 @@ Status OpenRawBackend(const std::string& path, RawBackend* out, LoadReport* repo
   return s;
 }
 
+Status OpenRawComm(const std::string& path, RawComm* out, LoadReport* report) {
+  LoadReport local;
+  if (report == nullptr) report = &local;
+  void* get_api = nullptr;
+  void* probe = nullptr;
+  const void* table = nullptr;
+  Status s = OpenRaw(path, PluginKind::kComm, report, &out->library, &get_api, &probe, &table);
+  out->probe = reinterpret_cast<pc_comm_probe_fn>(probe);
+  out->table = static_cast<const pc_comm_iface_t*>(table);
+  return s;
+}
+
 LoadReport DiagnosePlugin(const std::string& path, PluginKind kind) {
   LoadReport report;
   report.path = path;

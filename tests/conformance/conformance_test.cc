@@ -133,11 +133,27 @@ TEST(Kit, MissingFileAndCommPlugin) {
   EXPECT_FALSE(missing.Passed());
   EXPECT_EQ(OutcomeOf(missing, "load"), Outcome::kFail);
 
+  // A comm plugin whose get_api returns NULL: recognised as comm, its load fails.
+  Report fake = RunKit(TestPlugin("libpolychip_comm_fake.so"));
+  EXPECT_EQ(fake.kind, "comm");
+  EXPECT_FALSE(fake.Passed());
+  EXPECT_EQ(OutcomeOf(fake, "load"), Outcome::kFail);
+}
+
+// The shm comm plugin with 3 ranks and a small slot (every collective spans many chunks).
+TEST(Kit, ShmCommPluginConforms) {
   Options o;
-  o.plugin_path = TestPlugin("libpolychip_comm_fake.so");
+  o.plugin_path = std::string(POLYCHIP_PLUGIN_DIR) + "/libpolychip_comm_shm.so";
+  o.ranks = 3;
+  o.params = {{"buffer_bytes", "8192"}};
   auto r = conformance::Run(o);
-  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(r.status().message().find("comm conformance not implemented yet"), std::string::npos);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->Passed()) << conformance::FormatTable(*r);
+  EXPECT_EQ(r->kind, "comm");
+  for (const char* name : {"collective.all_reduce.bf16.sum", "collective.reduce_scatter.f16.sum",
+                           "split.overlapping", "init.missing_rank_times_out", "p2p.ring"}) {
+    EXPECT_EQ(OutcomeOf(*r, name), Outcome::kPass) << name;
+  }
 }
 
 // The command line: exit status, the failing check named in the table, --json.
@@ -172,10 +188,18 @@ TEST(Cli, CorrectPluginExitsZeroWithJson) {
   EXPECT_GT(j["checks"].size(), 10u);
 }
 
-TEST(Cli, CommPluginIsNotImplementedYet) {
+TEST(Cli, CommPlugins) {
   std::string out;
-  EXPECT_EQ(RunCli("--plugin " + TestPlugin("libpolychip_comm_fake.so"), &out), 3) << out;
-  EXPECT_NE(out.find("comm conformance not implemented yet"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("--plugin " + TestPlugin("libpolychip_comm_fake.so"), &out), 1) << out;
+  EXPECT_NE(out.find("returned NULL"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(RunCli("--ranks 2 --filter all_reduce.f32 --plugin " + std::string(POLYCHIP_PLUGIN_DIR) +
+                       "/libpolychip_comm_shm.so",
+                   &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("collective.all_reduce.f32.sum"), std::string::npos) << out;
+  EXPECT_NE(out.find("CONFORMS"), std::string::npos) << out;
 }
 
 }  // namespace

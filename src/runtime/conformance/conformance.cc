@@ -104,8 +104,8 @@ StatusOr<Report> Run(const Options& options) {
     const bool comm = (*lib)->Symbol(PC_COMM_GET_API_SYMBOL) != nullptr;
     if (!backend && comm) {
       report.kind = "comm";
-      return Unimplemented("comm conformance not implemented yet (" + options.plugin_path +
-                           " is a comm plugin)");
+      RunCommChecks(options, report);
+      return report;
     }
     if (!backend) {
       report.kind = "unknown";

@@ -31,6 +31,7 @@ struct Options {
   std::string filter;      // ECMAScript regex on check names; empty: every check
   PluginParams params;     // passed to the plugin's initialize()
   uint32_t seed = 1234;    // random inputs are reproducible
+  int32_t ranks = 2;       // comm plugins: ranks (threads of this process) in the world
 };
 
 struct Report {
@@ -47,11 +48,13 @@ struct Report {
 
 // Runs every check selected by the filter. A plugin that cannot be loaded at all still gives a
 // report (its "load" check fails). Errors are returned only for a misuse of the kit itself (a
-// bad filter) or a plugin kind it cannot check yet (comm plugins: UNIMPLEMENTED).
+// bad filter). A comm plugin is checked with options.ranks ranks.
 StatusOr<Report> Run(const Options& options);
 
 // The names of every check the kit knows for a backend plugin (op checks included), in order.
 std::vector<std::string> BackendCheckNames();
+// The same for a comm plugin.
+std::vector<std::string> CommCheckNames();
 
 std::string FormatTable(const Report& report);
 std::string FormatJson(const Report& report);

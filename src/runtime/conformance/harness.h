@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "polychip/plugin/pc_backend.h"
+#include "polychip/plugin/pc_comm.h"
 #include "runtime/conformance/conformance.h"
 #include "util/status.h"
 
@@ -115,5 +116,12 @@ struct Check {
 void AddApiChecks(std::vector<Check>& checks);     // checks_api.cc
 void AddMemoryChecks(std::vector<Check>& checks);  // checks_memory.cc (memory and streams)
 void AddOpChecks(std::vector<Check>& checks);      // checks_ops.cc
+
+// Comm plugins (comm_checks.cc): runs every comm check on options.ranks ranks (threads) and
+// appends the rows to the report.
+void RunCommChecks(const Options& options, Report& report);
+// As CheckErrorObject, for an error made by a comm plugin.
+std::string CheckCommError(const pc_comm_iface_t* api, pc_error_t* error,
+                           std::initializer_list<pc_code_t> allowed);
 
 }  // namespace polychip::runtime::conformance
