@@ -83,6 +83,37 @@ void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
   }
 }
 
+// Fast path for Q4_0 and Q8_0, whose source bytes already sit in the packed order: a Q4_0
+// block's byte j holds elements j and j + 16, exactly packed byte 4r + j % 4 of chunk j / 4;
+// Q8_0's byte e is element e, which only needs the +128 offset (a sign-bit flip).
+void PackGroupsQx0(bool q4, const uint8_t* src, int64_t n, int64_t kb, int64_t row_bytes,
+                   int64_t g0, int64_t g1, uint8_t* dst, const PackedFormat& f) {
+  const int64_t src_block = q4 ? 18 : 34;
+  const int chunks = q4 ? 4 : 8;
+  for (int64_t g = g0; g < g1; ++g) {
+    uint8_t* cell = dst + g * kb * f.block_bytes();
+    for (int64_t b = 0; b < kb; ++b, cell += f.block_bytes()) {
+      uint16_t* scales = reinterpret_cast<uint16_t*>(cell + f.quant_bytes());
+      for (int r = 0; r < kPackRows; ++r) {
+        const int64_t row = g * kPackRows + r;
+        if (row >= n) {
+          for (int c = 0; c < chunks; ++c) std::memset(cell + 64 * c + 4 * r, 0, 4);
+          scales[r] = 0;
+          continue;
+        }
+        const uint8_t* blk = src + row * row_bytes + b * src_block;
+        scales[r] = Load16(blk);
+        for (int c = 0; c < chunks; ++c) {
+          uint32_t v;
+          std::memcpy(&v, blk + 2 + 4 * c, 4);
+          if (!q4) v ^= 0x80808080u;
+          std::memcpy(cell + 64 * c + 4 * r, &v, 4);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f) {
@@ -108,6 +139,10 @@ void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int6
   if (!PackedFormatOf(dtype, &f)) return;
   const int64_t kb = k / kBlock;
   const int64_t row_bytes = sdk::RowBytes(dtype, k);
+  if (dtype == PC_DTYPE_Q4_0 || dtype == PC_DTYPE_Q8_0) {
+    PackGroupsQx0(dtype == PC_DTYPE_Q4_0, src, n, kb, row_bytes, g0, g1, dst, f);
+    return;
+  }
   for (int64_t g = g0; g < g1; ++g) {
     uint8_t* cell_out = dst + g * kb * f.block_bytes();
     for (int64_t b = 0; b < kb; ++b, cell_out += f.block_bytes()) {
