@@ -40,6 +40,9 @@ struct SamplingParams {
   int32_t penalty_last_n = 64;     // window of tokens the penalties look at; < 0: all
   std::optional<uint64_t> seed;    // absent: a random seed
   int32_t top_logprobs = 0;        // number of alternatives to report (0: none)
+  // Compute the chosen token's logprob (a log-sum-exp over the vocabulary, a large share of
+  // a small model's step); off: SampleResult::logprob is 0.
+  bool want_logprob = true;
 
   int32_t max_tokens = 256;
   int32_t min_tokens = 0;  // stop tokens and stop strings are ignored before this many tokens
@@ -79,6 +82,8 @@ class Sampler {
  private:
   void ApplyPenalties(std::vector<float>& logits) const;
   double NextUniform();  // [0, 1)
+  // Draws from softmax(logits / temperature) restricted by top-k, top-p and min-p.
+  int32_t SampleTemperature(std::vector<float>& logits);
 
   SamplingParams params_;
   int64_t vocab_size_;

@@ -322,6 +322,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
     if (return_logprob) out->logprobs = static_cast<int>(top);
   }
   if (out->logprobs > 0) params.top_logprobs = out->logprobs;
+  params.want_logprob = out->logprobs >= 0;  // otherwise nobody reads it
 
   for (size_t p = 0; p < prompts.size(); ++p) {
     if (prompts[p].empty()) return Bad("prompt", "the prompt is empty");

@@ -1,7 +1,9 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -74,6 +76,26 @@ struct Job {
   bool done_sent = false;
 };
 
+// cpp-httplib 0.11 listens with a backlog of 5 and does not expose its socket, so a burst of a
+// few hundred clients connecting at once overflows the accept queue and their SYNs are retried
+// after 1 s, 3 s, ... (seen as TTFT spikes). listen() again on the bound socket (found by its
+// port) raises the backlog; Linux allows this on a listening socket.
+void WidenListenBacklog(int port) {
+  for (int fd = 3; fd < 4096; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int p = -1;
+    if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (p == port && ::listen(fd, SOMAXCONN) == 0) return;
+  }
+  spdlog::warn("could not raise the listen backlog of port {}", port);
+}
+
 }  // namespace
 
 class HttpServer::Impl {
@@ -102,6 +124,7 @@ class HttpServer::Impl {
       }
       port_ = options_.port;
     }
+    WidenListenBacklog(port_);
     return Status::Ok();
   }
   void Run() { svr_.listen_after_bind(); }

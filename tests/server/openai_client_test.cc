@@ -1,0 +1,48 @@
+// Runs tests/server/openai_client_test.mjs (the official `openai` npm client) against the real
+// `polychip serve`. The package comes from $POLYCHIP_NPM_DIR (default
+// $HOME/.cache/polychip/npm), installed by tests/setup/setup-test-deps.sh; without it the test
+// fails and says so.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+
+#include "serve_process.h"
+
+namespace polychip::server::testing {
+namespace {
+
+fs::path NpmDir() {
+  if (const char* d = std::getenv("POLYCHIP_NPM_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return fs::path(home ? home : "/root") / ".cache" / "polychip" / "npm";
+}
+
+TEST(OpenAiNpmClient, ChatCompletionAndStreaming) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ASSERT_EQ(RunCommand("node --version >/dev/null 2>&1"), 0) << "node is not installed";
+  ASSERT_TRUE(fs::exists(NpmDir() / "node_modules" / "openai" / "package.json"))
+      << "the openai npm package is not installed in " << NpmDir()
+      << ": run tests/setup/setup-test-deps.sh (or set POLYCHIP_NPM_DIR)";
+  const std::string key = "test-key";
+  ServeProcess s(model, {"--served-model-name", "tiny", "--api-key", key,
+                         "--context-length", "512"});
+  ASSERT_TRUE(s.ok());
+  const std::string cmd = "POLYCHIP_NPM_DIR=" + NpmDir().string() + " node " +
+                          (fs::path(POLYCHIP_SOURCE_DIR) / "tests" / "server" /
+                           "openai_client_test.mjs").string() +
+                          " http://127.0.0.1:" + std::to_string(s.port()) + " " + key + " 2>&1";
+  std::string output;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) output.append(buf.data(), n);
+  const int rc = pclose(p);
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << output;
+  EXPECT_NE(output.find("ok   chat.completions.create stream"), std::string::npos) << output;
+  std::printf("%s", output.c_str());
+}
+
+}  // namespace
+}  // namespace polychip::server::testing

@@ -1,0 +1,290 @@
+// The real `polychip serve` binary over HTTP: a tiny synthesized model on the cpu plugin, one
+// server process per test. Checks the API's shapes, bad inputs, client disconnects, KV-cache
+// pressure, many concurrent streams and a clean SIGTERM shutdown.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "serve_process.h"
+
+namespace polychip::server::testing {
+namespace {
+
+// A prompt of about `n` tokens (common English words are one token each in qwen2's vocabulary).
+std::string Words(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += i % 2 ? " house" : " water";
+  return s;
+}
+
+TEST(ServeBinary, ChatCompletionGenerateAndStreaming) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--served-model-name", "tiny", "--context-length", "512"});
+  ASSERT_TRUE(s.ok());
+
+  auto models = s.Client()->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+
+  // Chat, non-streaming. ignore_eos makes the length deterministic on a random model.
+  const json chat = {{"model", "tiny"},
+                     {"messages", {{{"role", "user"}, {"content", "Say something."}}}},
+                     {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+  auto [status, r] = s.Post("/v1/chat/completions", chat);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(r["model"], "tiny");
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 8);
+  EXPECT_GT(r["usage"]["prompt_tokens"].get<int>(), 5);  // the chat template adds markers
+  EXPECT_EQ(r["usage"]["total_tokens"].get<int>(),
+            r["usage"]["prompt_tokens"].get<int>() + 8);
+  const std::string chat_text = r["choices"][0]["message"]["content"];
+
+  // The same request streamed: the deltas add up to the same text (greedy).
+  json chat_stream = chat;
+  chat_stream["stream"] = true;
+  chat_stream["stream_options"] = {{"include_usage", true}};
+  auto [sst, raw] = PostStream(s, "/v1/chat/completions", chat_stream);
+  ASSERT_EQ(sst, 200) << raw;
+  bool done = false;
+  auto events = SseEvents(raw, &done);
+  EXPECT_TRUE(done);
+  ASSERT_GE(events.size(), 2u);
+  std::string streamed;
+  std::string finish;
+  for (const auto& e : events) {
+    ASSERT_FALSE(e.is_discarded());
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    if (e["choices"].empty()) continue;
+    const auto& c = e["choices"][0];
+    if (c["delta"].contains("content")) streamed += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(streamed, chat_text);
+  EXPECT_EQ(finish, "length");
+  EXPECT_TRUE(events.back()["choices"].empty());
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 8);
+
+  // Completion, non-streaming and streaming.
+  const json comp = {{"prompt", "The quick brown fox"}, {"max_tokens", 6},
+                     {"temperature", 0}, {"ignore_eos", true}};
+  auto [cst, c] = s.Post("/v1/completions", comp);
+  ASSERT_EQ(cst, 200) << c.dump();
+  EXPECT_EQ(c["object"], "text_completion");
+  EXPECT_EQ(c["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(c["usage"]["prompt_tokens"], 4);  // "The", " quick", " brown", " fox"
+  json comp_stream = comp;
+  comp_stream["stream"] = true;
+  auto [cst2, craw] = PostStream(s, "/v1/completions", comp_stream);
+  ASSERT_EQ(cst2, 200);
+  std::string ctext;
+  for (const auto& e : SseEvents(craw, &done)) ctext += e["choices"][0]["text"].get<std::string>();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(ctext, c["choices"][0]["text"].get<std::string>());
+
+  // SGLang's /generate from token ids, and /tokenize agreeing with usage.
+  auto [tst, tok] = s.Post("/tokenize", {{"text", "The quick brown fox"}});
+  ASSERT_EQ(tst, 200);
+  EXPECT_EQ(tok["count"], 4);
+  auto [gst, g] = s.Post("/generate", {{"input_ids", tok["tokens"]},
+                                       {"sampling_params", {{"max_new_tokens", 6},
+                                                            {"temperature", 0},
+                                                            {"ignore_eos", true}}}});
+  ASSERT_EQ(gst, 200) << g.dump();
+  EXPECT_EQ(g["output_ids"].size(), 6u);
+  EXPECT_EQ(g["text"], c["choices"][0]["text"]);  // same tokens in, same greedy tokens out
+}
+
+TEST(ServeBinary, BadInputGets4xxAndServerStillAnswers) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  const std::string key = "sekret";
+  ServeProcess s(model, {"--api-key", key, "--context-length", "128"});
+  ASSERT_TRUE(s.ok());
+  struct Case {
+    const char* what;
+    const char* path;
+    std::string body;
+    std::string key;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"malformed JSON", "/v1/completions", R"({"prompt": "hi",)", key, 400},
+      {"prompt of the wrong type", "/v1/completions", R"({"prompt": {"a": 1}})", key, 400},
+      {"messages of the wrong type", "/v1/chat/completions", R"({"messages": "hi"})", key, 400},
+      {"max_tokens a string", "/v1/completions", R"({"prompt": "hi", "max_tokens": "ten"})",
+       key, 400},
+      {"negative max_tokens", "/v1/completions", R"({"prompt": "hi", "max_tokens": -1})", key,
+       400},
+      {"huge max_tokens", "/v1/completions",
+       R"({"prompt": "hi", "max_tokens": 1000000000000})", key, 400},
+      {"prompt longer than the context", "/v1/completions",
+       json{{"prompt", Words(300)}}.dump(), key, 400},
+      {"invalid UTF-8", "/v1/completions", "{\"prompt\": \"\xff\xfe bad\"}", key, 400},
+      {"unknown model", "/v1/completions", R"({"prompt": "hi", "model": "gpt-17"})", key, 404},
+      {"missing API key", "/v1/completions", R"({"prompt": "hi"})", "", 401},
+      {"wrong API key", "/v1/completions", R"({"prompt": "hi"})", "wrong", 401},
+  };
+  for (const auto& c : cases) {
+    auto [status, body] = s.PostRaw(c.path, c.body, c.key);
+    EXPECT_EQ(status, c.status) << c.what << ": " << body.dump();
+    ASSERT_TRUE(body.is_object()) << c.what;
+    ASSERT_TRUE(body.contains("error")) << c.what << ": " << body.dump();
+    EXPECT_FALSE(body["error"]["message"].get<std::string>().empty()) << c.what;
+    // The server still answers a good request after each bad one.
+    auto [ok, good] = s.Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}}, key);
+    EXPECT_EQ(ok, 200) << "after " << c.what << ": " << good.dump();
+  }
+  EXPECT_EQ(s.Metric("polychip_requests_failed_total"), 0);
+}
+
+TEST(ServeBinary, ClientDisconnectMidStreamFreesKvBlocks) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--context-length", "2048"});
+  ASSERT_TRUE(s.ok());
+  constexpr int kMaxTokens = 1500;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json{{"prompt", Words(40)}, {"max_tokens", kMaxTokens}, {"ignore_eos", true},
+                  {"stream", true}}
+                 .dump();
+  req.set_header("Content-Type", "application/json");
+  int chunks = 0;
+  double used_while_streaming = -1;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    if (std::string(data, len).find("data: ") != std::string::npos) ++chunks;
+    if (chunks < 3) return true;
+    used_while_streaming = s.Metric("polychip_kv_blocks_used");
+    return false;  // hang up mid-stream
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  s.Client()->send(req, res, err);
+  EXPECT_GE(chunks, 3);
+  EXPECT_GT(used_while_streaming, 0);  // 40 prompt tokens + 3 generated: at least 3 blocks
+  const bool freed = ServeProcess::WaitFor(
+      [&] {
+        return s.Metric("polychip_kv_blocks_used") == 0 &&
+               s.Metric("polychip_requests_aborted_total") == 1;
+      },
+      20);
+  EXPECT_TRUE(freed) << "kv_blocks_used " << s.Metric("polychip_kv_blocks_used")
+                     << ", aborted " << s.Metric("polychip_requests_aborted_total");
+  EXPECT_LT(s.Metric("polychip_generation_tokens_total"), kMaxTokens);
+  EXPECT_EQ(s.Metric("polychip_num_running_reqs"), 0);
+}
+
+TEST(ServeBinary, MoreRequestsThanKvCapacityAllComplete) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  // 256 tokens of KV (16 blocks of 16); each request needs 20 + 100 tokens (8 blocks).
+  ServeProcess s(model, {"--context-length", "256", "--max-total-tokens", "256",
+                         "--page-size", "16"});
+  ASSERT_TRUE(s.ok());
+  constexpr int kRequests = 6, kMaxTokens = 100;
+  std::vector<int> statuses(kRequests, 0), generated(kRequests, 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      auto [status, r] = s.Post("/v1/completions",
+                                {{"prompt", Words(18) + " " + std::to_string(i)},
+                                 {"max_tokens", kMaxTokens}, {"temperature", 0},
+                                 {"ignore_eos", true}});
+      statuses[i] = status;
+      if (status == 200) generated[i] = r["usage"]["completion_tokens"];
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(statuses[i], 200) << "request " << i;
+    EXPECT_EQ(generated[i], kMaxTokens) << "request " << i;
+  }
+  EXPECT_GT(s.Metric("polychip_num_preemptions_total"), 0);
+  EXPECT_EQ(s.Metric("polychip_requests_finished_total"), kRequests);
+  EXPECT_EQ(s.Metric("polychip_requests_failed_total"), 0);
+  EXPECT_EQ(s.Metric("polychip_kv_blocks_used"), 0);
+}
+
+// 256 clients open their streams at once (the burst overflows a small listen backlog, which
+// shows up as connect retries). Every one must be served to completion.
+TEST(ServeBinary, ManyConcurrentStreamingClientsAllComplete) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--context-length", "256", "--max-total-tokens", "16384",
+                         "--max-running-requests", "256"});
+  ASSERT_TRUE(s.ok());
+  constexpr int kClients = 256, kMaxTokens = 8;
+  std::vector<std::string> failures(kClients);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> clients;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < kClients) std::this_thread::yield();
+      auto [status, raw] = PostStream(
+          s, "/v1/completions",
+          {{"prompt", "client " + std::to_string(i) + Words(8)}, {"max_tokens", kMaxTokens},
+           {"temperature", 0}, {"ignore_eos", true}, {"stream", true},
+           {"stream_options", {{"include_usage", true}}}});
+      if (status != 200) {
+        failures[i] = "HTTP " + std::to_string(status) + " " + raw.substr(0, 200);
+        return;
+      }
+      bool done = false;
+      auto events = SseEvents(raw, &done);
+      if (!done || events.empty() || !events.back().contains("usage") ||
+          events.back()["usage"]["completion_tokens"] != kMaxTokens) {
+        failures[i] = "incomplete stream: " + raw.substr(0, 300);
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int failed = 0;
+  for (int i = 0; i < kClients; ++i) {
+    if (failures[i].empty()) continue;
+    if (++failed <= 5) ADD_FAILURE() << "client " << i << ": " << failures[i];
+  }
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(s.Metric("polychip_requests_finished_total"), kClients);
+  std::printf("256 streaming clients served in %.1f s\n", seconds);
+}
+
+TEST(ServeBinary, SigtermWithAStreamInFlightExitsZero) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--context-length", "2048"});
+  ASSERT_TRUE(s.ok());
+  std::atomic<bool> streaming{false};
+  std::pair<int, std::string> result;
+  std::thread client([&] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "hello"}, {"max_tokens", 1500}, {"ignore_eos", true},
+                    {"stream", true}}
+                   .dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+      result.second.append(data, len);
+      streaming = true;
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    s.Client()->send(req, res, err);
+    result.first = res.status;
+  });
+  ASSERT_TRUE(ServeProcess::WaitFor([&] { return streaming.load(); }, 30));
+  EXPECT_EQ(s.Terminate(30), 0) << s.Log();
+  client.join();  // the stream ends (cancelled) rather than hanging
+  EXPECT_NE(result.second.find("data: "), std::string::npos);
+  EXPECT_NE(s.Log().find("stopped"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace polychip::server::testing

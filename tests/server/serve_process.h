@@ -1,0 +1,245 @@
+// Runs the real `polychip serve` binary as a child process on a free loopback port, over a tiny
+// synthesized model (random weights, qwen2's real tokenizer), for tests that drive it over HTTP.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace polychip::server::testing {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+inline fs::path BuildDir() { return POLYCHIP_BUILD_DIR; }
+inline fs::path PolychipBinary() { return BuildDir() / "bin" / "polychip"; }
+inline fs::path CpuPlugin() {
+  return BuildDir() / "lib" / "polychip" / "libpolychip_backend_cpu.so";
+}
+
+inline fs::path LlamaCppDir() {
+  if (const char* d = std::getenv("POLYCHIP_LLAMA_CPP_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return fs::path(home ? home : "/root") / ".cache" / "polychip" / "llama.cpp";
+}
+
+inline int RunCommand(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// The tiny model (2 layers, 128 wide, qwen2 vocabulary), synthesized once per build directory.
+// Empty with `why` set when it cannot be made.
+inline fs::path TinyModel(std::string* why) {
+  const fs::path vocab = LlamaCppDir() / "models" / "ggml-vocab-qwen2.gguf";
+  const fs::path model = BuildDir() / "test-data" / "serve-tiny-qwen2-q8_0.gguf";
+  if (fs::exists(model)) return model;
+  if (!fs::exists(vocab)) {
+    *why = vocab.string() + " not found: run tests/setup/setup-test-deps.sh or set "
+           "POLYCHIP_LLAMA_CPP_DIR";
+    return {};
+  }
+  fs::create_directories(model.parent_path());
+  // Tests may run in parallel: write aside, then rename into place atomically.
+  const fs::path tmp = model.string() + ".tmp" + std::to_string(getpid());
+  const std::string cmd = PolychipBinary().string() + " gguf synth --vocab " + vocab.string() +
+                          " --shape tiny --type Q8_0 --seed 7 -q --out " + tmp.string();
+  if (RunCommand(cmd) != 0) {
+    *why = "model synthesis failed: " + cmd;
+    return {};
+  }
+  fs::rename(tmp, model);
+  return model;
+}
+
+// Skips the test when the binary, the cpu plugin or the vocabulary is not there.
+#define PC_REQUIRE_SERVE_DEPS(model_var)                                                   \
+  std::string model_var;                                                                   \
+  do {                                                                                     \
+    if (!fs::exists(::polychip::server::testing::PolychipBinary())) {                      \
+      GTEST_SKIP() << "polychip binary not built";                                         \
+    }                                                                                      \
+    if (!fs::exists(::polychip::server::testing::CpuPlugin())) {                           \
+      GTEST_SKIP() << "cpu plugin not built";                                              \
+    }                                                                                      \
+    std::string why_;                                                                      \
+    model_var = ::polychip::server::testing::TinyModel(&why_).string();                    \
+    if (model_var.empty()) GTEST_SKIP() << why_;                                           \
+  } while (0)
+
+class ServeProcess {
+ public:
+  // Starts `polychip serve` on port 0 (the server prints the port it got) with `extra` flags.
+  ServeProcess(const std::string& model, std::vector<std::string> extra) {
+    log_ = fs::temp_directory_path() /
+           ("polychip-serve-test-" + std::to_string(getpid()) + "-" +
+            std::to_string(counter_++) + ".log");
+    std::vector<std::string> args = {PolychipBinary().string(), "serve", "--model-path", model,
+                                      "--device", "cpu:0", "--threads", "1", "--host",
+                                      "127.0.0.1", "--port", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = std::fopen(log_.c_str(), "w");
+      if (f) {
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+      }
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    // The machine may be busy: allow a minute for the model to load.
+    const std::regex listening(R"(listening on http://[^:]+:(\d+))");
+    for (int i = 0; i < 600 && port_ == 0; ++i) {
+      std::smatch m;
+      const std::string text = Log();
+      if (std::regex_search(text, m, listening)) {
+        port_ = std::stoi(m[1]);
+        break;
+      }
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        ADD_FAILURE() << "polychip serve exited at startup:\n" << text;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (port_ == 0) ADD_FAILURE() << "polychip serve did not start:\n" << Log();
+  }
+
+  ~ServeProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ec;
+    fs::remove(log_, ec);
+  }
+
+  bool ok() const { return port_ > 0; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  std::unique_ptr<httplib::Client> Client(std::string api_key = "") const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    c->set_read_timeout(120, 0);
+    c->set_connection_timeout(30, 0);
+    if (!api_key.empty()) c->set_bearer_token_auth(api_key.c_str());
+    return c;
+  }
+
+  // POSTs `body` (raw text) and returns the status and parsed JSON body (discarded if not JSON).
+  std::pair<int, json> PostRaw(const std::string& path, const std::string& body,
+                               const std::string& api_key = "") const {
+    auto r = Client(api_key)->Post(path.c_str(), body, "application/json");
+    if (!r) return {-1, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  std::pair<int, json> Post(const std::string& path, const json& body,
+                            const std::string& api_key = "") const {
+    return PostRaw(path, body.dump(), api_key);
+  }
+
+  // The value of an unlabelled Prometheus metric, -1 when absent.
+  double Metric(const std::string& name) const {
+    auto r = Client()->Get("/metrics");
+    std::smatch m;
+    std::regex re("(^|\n)" + name + " ([0-9.e+-]+)");
+    if (!r || !std::regex_search(r->body, m, re)) return -1;
+    return std::stod(m[2]);
+  }
+
+  // Waits up to `seconds` for `pred`; returns its last value.
+  template <typename Pred>
+  static bool WaitFor(Pred pred, double seconds) {
+    const auto end = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+
+  // Sends SIGTERM and returns the exit status (-1: killed by a signal or did not exit in time).
+  int Terminate(double seconds = 30) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    const bool exited = WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, seconds);
+    if (!exited) return -1;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path log_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+// The `data:` payloads of an SSE body; `done` tells whether `data: [DONE]` came.
+inline std::vector<json> SseEvents(const std::string& raw, bool* done) {
+  std::vector<json> events;
+  std::istringstream in(raw);
+  std::string line;
+  *done = false;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.rfind("data: ", 0) != 0) continue;
+    const std::string payload = line.substr(6);
+    if (payload == "[DONE]") {
+      *done = true;
+      continue;
+    }
+    events.push_back(json::parse(payload, nullptr, false));
+  }
+  return events;
+}
+
+// A streaming POST; returns the status and the raw body.
+inline std::pair<int, std::string> PostStream(const ServeProcess& s, const std::string& path,
+                                              const json& body) {
+  std::string raw;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    raw.append(data, len);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  if (!s.Client()->send(req, res, err)) return {-1, httplib::to_string(err)};
+  return {res.status, raw.empty() ? res.body : raw};
+}
+
+}  // namespace polychip::server::testing
