@@ -136,7 +136,16 @@ const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
             if (!sdk::DequantizeRow(a.w_dtype, src, dst, a.k)) ok = false;
         }
       }
-      for (int64_t i = 0; i < a.m; ++i) {
+      int64_t i = 0;
+      for (; i + 4 <= a.m; i += 4) {
+        float v[16];
+        const float* xr[4] = {x + i * a.x_stride, x + (i + 1) * a.x_stride,
+                              x + (i + 2) * a.x_stride, x + (i + 3) * a.x_stride};
+        c.k->dot4x4_f32(xr, rows, a.k, v);
+        for (int64_t ii = 0; ii < 4; ++ii)
+          for (int64_t r = 0; r < nr; ++r) Store(a, bias, out, i + ii, 4 * q + r, v[ii * 4 + r]);
+      }
+      for (; i < a.m; ++i) {
         float v[4];
         c.k->dot4_f32(x + i * a.x_stride, rows[0], rows[1], rows[2], rows[3], a.k, v);
         for (int64_t r = 0; r < nr; ++r) Store(a, bias, out, i, 4 * q + r, v[r]);

@@ -31,6 +31,8 @@ struct KernelTable {
   // out[r] = dot(x, w[r]) for 4 rows: x is loaded once for four weight rows.
   void (*dot4_f32)(const float* x, const float* w0, const float* w1, const float* w2,
                    const float* w3, int64_t n, float* out);
+  // out[i * 4 + r] = dot(x[i], w[r]) for 4 activation rows and 4 weight rows.
+  void (*dot4x4_f32)(const float* const* x, const float* const* w, int64_t n, float* out);
   float (*dot_f16)(const float* x, const uint16_t* w, int64_t n);
   float (*dot_bf16)(const float* x, const uint16_t* w, int64_t n);
   void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);

@@ -82,7 +82,7 @@ void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
 const KernelTable& ScalarKernels() {
   static const KernelTable t = {
       "scalar",          Isa::kScalar,       scalar::QuantizeRow, scalar::GemmPacked,
-      scalar::DotF32,    scalar::Dot4F32,    scalar::DotF16,      scalar::DotBf16,
+      scalar::DotF32,    scalar::Dot4F32, scalar::Dot4x4F32,    scalar::DotF16,      scalar::DotBf16,
       scalar::F16ToF32Row, scalar::Bf16ToF32Row, scalar::AxpyF32, scalar::ScaleF32,
       scalar::Swiglu,    scalar::RmsNorm,
   };
