@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "dist/parallel.h"
 #include "engine/sampler.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
@@ -36,6 +37,7 @@ struct RunOptions {
   int threads = 0;
   std::string kv_type = "f16";
   std::vector<std::string> stop;
+  int tp_size = 1;
 };
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -68,8 +70,6 @@ int Fail(const Status& status) {
 int Run(const RunOptions& o) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  auto device = model::OpenDevice(Globals().config_path, Globals().device, o.threads);
-  if (!device.ok()) return Fail(device.status());
   auto mf = model::OpenModelFile(o.model_path);
   if (!mf.ok()) return Fail(mf.status());
   const model::Tokenizer& tok = *mf->tokenizer;
@@ -97,13 +97,15 @@ int Run(const RunOptions& o) {
   auto kv_type = DTypeFromName(o.kv_type);
   if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_type));
   ro.kv_dtype = *kv_type;
-  auto runner = model::TransformerRunner::Create(*mf->file, mf->config, *device, ro);
+  // tp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
+  // never returns.
+  auto runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
+                                   {o.tp_size});
   if (!runner.ok()) return Fail(runner.status());
-  model::TransformerRunner& r = **runner;
+  engine::ModelRunner& r = **runner;
   const auto t_loaded = Clock::now();
-  std::fprintf(stderr, "model: %s on %s, %.1f MiB of weights, loaded in %.2f s\n",
-               mf->config.Summary().c_str(), r.device().props().name.c_str(),
-               r.weight_bytes() / 1048576.0, Seconds(t0, t_loaded));
+  std::fprintf(stderr, "model: %s on %s, loaded in %.2f s\n", mf->config.Summary().c_str(),
+               dist::DescribeRunner(r).c_str(), Seconds(t0, t_loaded));
 
   engine::SamplingParams sp;
   sp.temperature = o.temperature;
@@ -181,6 +183,9 @@ std::function<int()> Setup(CLI::App& app) {
                "print each generated token's id, logit margin and bytes on stderr");
   app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
   app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
+  app.add_option("--tp-size", o->tp_size,
+                 "tensor-parallel ranks, one process each (--device emu:0,1: a device per rank)")
+      ->check(CLI::Range(1, 64));
   return [o] { return Run(*o); };
 }
 

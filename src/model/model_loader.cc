@@ -1,5 +1,6 @@
 #include "model/model_loader.h"
 
+#include <cstring>
 #include <string>
 
 namespace polychip::model {
@@ -41,13 +42,42 @@ class Uploader {
     return t;
   }
 
-  // A matrix for MATMUL (the plugin may repack it).
-  StatusOr<MatrixRef> Matrix(const std::string& name) {
+  // A matrix for MATMUL (the plugin may repack it). A tensor-parallel shard takes the rows
+  // [begin, begin + count) (kRows) or the columns (kCols) of the stored matrix.
+  enum class Cut { kAll, kRows, kCols };
+  StatusOr<MatrixRef> Matrix(const std::string& name, Cut cut = Cut::kAll, int64_t begin = 0,
+                             int64_t count = 0) {
     PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
-    PC_ASSIGN_OR_RETURN(auto weight,
-                        runtime::DeviceWeight::Upload(device_, t->dtype, t->n_rows(),
-                                                      t->row_len(), t->data, t->n_bytes));
-    MatrixRef ref{weight->data(), t->dtype, weight->layout(), t->n_rows(), t->row_len()};
+    int64_t rows = t->n_rows(), cols = t->row_len();
+    const uint8_t* data = static_cast<const uint8_t*>(t->data);
+    uint64_t n_bytes = t->n_bytes;
+    const int64_t row_bytes = RowBytes(t->dtype, cols);
+    if (cut == Cut::kRows) {
+      if (begin + count > rows) return InvalidArgument(name + ": shard rows out of range");
+      data += begin * row_bytes;
+      rows = count;
+      n_bytes = uint64_t(count) * row_bytes;
+    } else if (cut == Cut::kCols) {
+      const int64_t skip = RowBytes(t->dtype, begin), take = RowBytes(t->dtype, count);
+      if (skip < 0 || take < 0 || begin + count > cols) {
+        return InvalidArgument(name + ": columns [" + std::to_string(begin) + ", " +
+                               std::to_string(begin + count) + ") of a " + DTypeName(t->dtype) +
+                               " matrix do not fall on block boundaries; choose another "
+                               "tensor-parallel size");
+      }
+      // The shard's columns are strided in the file: gather them into a buffer that lives until
+      // the uploads completed.
+      std::vector<uint8_t>& host = staging_.emplace_back(uint64_t(rows) * take);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(host.data() + r * take, data + r * row_bytes + skip, take);
+      }
+      data = host.data();
+      cols = count;
+      n_bytes = host.size();
+    }
+    PC_ASSIGN_OR_RETURN(auto weight, runtime::DeviceWeight::Upload(device_, t->dtype, rows, cols,
+                                                                   data, n_bytes));
+    MatrixRef ref{weight->data(), t->dtype, weight->layout(), rows, cols};
     w_.device_bytes += weight->bytes();
     w_.matrices.push_back(std::move(weight));
     return ref;
@@ -63,18 +93,22 @@ class Uploader {
     return ptr;
   }
 
-  // A 1D tensor converted to F32 (norm weights may be stored as F16 or BF16).
-  StatusOr<DevPtr> Vector(const std::string& name, int64_t expected_len) {
+  // A 1D tensor converted to F32 (norm weights may be stored as F16 or BF16). With shards > 1
+  // the tensor holds `shards` times expected_len elements and the shard-th part is taken.
+  StatusOr<DevPtr> Vector(const std::string& name, int64_t expected_len, int32_t shard = 0,
+                          int32_t shards = 1) {
     PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
-    if (t->n_elements != expected_len) {
+    if (t->n_elements != expected_len * shards) {
       return InvalidArgument("tensor " + name + " has " + std::to_string(t->n_elements) +
-                             " elements, expected " + std::to_string(expected_len));
+                             " elements, expected " + std::to_string(expected_len * shards));
     }
-    std::vector<float> host(t->n_elements);
-    if (!DequantizeRow(t->dtype, t->data, host.data(), t->n_elements)) {
+    std::vector<float> all(t->n_elements);
+    if (!DequantizeRow(t->dtype, t->data, all.data(), t->n_elements)) {
       return Unimplemented("tensor " + name + ": cannot convert " + DTypeName(t->dtype) +
                            " to F32");
     }
+    std::vector<float> host(all.begin() + shard * expected_len,
+                            all.begin() + (shard + 1) * expected_len);
     PC_ASSIGN_OR_RETURN(PoolBuffer buffer, PoolBuffer::Allocate(pool_, host.size() * 4));
     PC_RETURN_IF_ERROR(stream_.CopyH2D(buffer.ptr(), host.data(), host.size() * 4));
     // The host vector dies here: wait for the copy to read it.
@@ -85,9 +119,10 @@ class Uploader {
     return ptr;
   }
 
-  StatusOr<DevPtr> OptionalVector(const std::string& name, int64_t expected_len) {
+  StatusOr<DevPtr> OptionalVector(const std::string& name, int64_t expected_len,
+                                  int32_t shard = 0, int32_t shards = 1) {
     if (file_.FindTensor(name) == nullptr) return DevPtr{0};
-    return Vector(name, expected_len);
+    return Vector(name, expected_len, shard, shards);
   }
 
  private:
@@ -96,13 +131,15 @@ class Uploader {
   const std::shared_ptr<runtime::MemoryPool>& pool_;
   runtime::Stream& stream_;
   ModelWeights& w_;
+  std::vector<std::vector<uint8_t>> staging_;  // gathered shard columns, until LoadWeights ends
 };
 
 }  // namespace
 
 StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     const GgufFile& file, const ModelConfig& c, const std::shared_ptr<runtime::Device>& device,
-    const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream) {
+    const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream,
+    int32_t shard_rank, int32_t shard_size) {
   auto w = std::make_unique<ModelWeights>();
   Uploader up(file, device, pool, stream, *w);
 
@@ -135,18 +172,34 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     auto name = [l](const char* suffix) { return LayerTensorName(l, suffix); };
     PC_ASSIGN_OR_RETURN(L.attn_norm, up.Vector(name("attn_norm.weight"), c.n_embd));
     PC_ASSIGN_OR_RETURN(L.ffn_norm, up.Vector(name("ffn_norm.weight"), c.n_embd));
-    PC_ASSIGN_OR_RETURN(L.wq, up.Matrix(name("attn_q.weight")));
-    PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(name("attn_k.weight")));
-    PC_ASSIGN_OR_RETURN(L.wv, up.Matrix(name("attn_v.weight")));
-    PC_ASSIGN_OR_RETURN(L.wo, up.Matrix(name("attn_output.weight")));
-    PC_ASSIGN_OR_RETURN(L.w_gate, up.Matrix(name("ffn_gate.weight")));
-    PC_ASSIGN_OR_RETURN(L.w_up, up.Matrix(name("ffn_up.weight")));
-    PC_ASSIGN_OR_RETURN(L.w_down, up.Matrix(name("ffn_down.weight")));
+    if (shard_size == 1) {
+      PC_ASSIGN_OR_RETURN(L.wq, up.Matrix(name("attn_q.weight")));
+      PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(name("attn_k.weight")));
+      PC_ASSIGN_OR_RETURN(L.wv, up.Matrix(name("attn_v.weight")));
+      PC_ASSIGN_OR_RETURN(L.wo, up.Matrix(name("attn_output.weight")));
+      PC_ASSIGN_OR_RETURN(L.w_gate, up.Matrix(name("ffn_gate.weight")));
+      PC_ASSIGN_OR_RETURN(L.w_up, up.Matrix(name("ffn_up.weight")));
+      PC_ASSIGN_OR_RETURN(L.w_down, up.Matrix(name("ffn_down.weight")));
+    } else {
+      // Tensor parallel: `c` is this rank's share (see tensor_parallel.h).
+      using Cut = Uploader::Cut;
+      const int64_t r = shard_rank;
+      PC_ASSIGN_OR_RETURN(L.wq, up.Matrix(name("attn_q.weight"), Cut::kRows, r * c.q_dim(), c.q_dim()));
+      PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(name("attn_k.weight"), Cut::kRows, r * c.kv_dim(), c.kv_dim()));
+      PC_ASSIGN_OR_RETURN(L.wv, up.Matrix(name("attn_v.weight"), Cut::kRows, r * c.v_dim(), c.v_dim()));
+      PC_ASSIGN_OR_RETURN(L.wo, up.Matrix(name("attn_output.weight"), Cut::kCols, r * c.q_dim(), c.q_dim()));
+      PC_ASSIGN_OR_RETURN(L.w_gate, up.Matrix(name("ffn_gate.weight"), Cut::kRows, r * c.n_ff, c.n_ff));
+      PC_ASSIGN_OR_RETURN(L.w_up, up.Matrix(name("ffn_up.weight"), Cut::kRows, r * c.n_ff, c.n_ff));
+      PC_ASSIGN_OR_RETURN(L.w_down, up.Matrix(name("ffn_down.weight"), Cut::kCols, r * c.n_ff, c.n_ff));
+    }
     // Biases are optional in both architectures' files (qwen2 has q/k/v biases).
-    PC_ASSIGN_OR_RETURN(L.bq, up.OptionalVector(name("attn_q.bias"), c.q_dim()));
-    PC_ASSIGN_OR_RETURN(L.bk, up.OptionalVector(name("attn_k.bias"), c.kv_dim()));
-    PC_ASSIGN_OR_RETURN(L.bv, up.OptionalVector(name("attn_v.bias"), c.v_dim()));
-    PC_ASSIGN_OR_RETURN(L.bo, up.OptionalVector(name("attn_output.bias"), c.n_embd));
+    PC_ASSIGN_OR_RETURN(L.bq, up.OptionalVector(name("attn_q.bias"), c.q_dim(), shard_rank, shard_size));
+    PC_ASSIGN_OR_RETURN(L.bk, up.OptionalVector(name("attn_k.bias"), c.kv_dim(), shard_rank, shard_size));
+    PC_ASSIGN_OR_RETURN(L.bv, up.OptionalVector(name("attn_v.bias"), c.v_dim(), shard_rank, shard_size));
+    // The output bias is added once, by rank 0: the ranks' partial sums are added up after.
+    if (shard_rank == 0) {
+      PC_ASSIGN_OR_RETURN(L.bo, up.OptionalVector(name("attn_output.bias"), c.n_embd));
+    }
   }
   PC_RETURN_IF_ERROR(stream.Synchronize());
   return w;

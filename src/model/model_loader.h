@@ -80,10 +80,12 @@ struct ModelWeights {
 };
 
 // Uploads every tensor the configuration uses. `stream` carries the copies; the call returns
-// after they completed.
+// after they completed. With shard_size > 1, `config` is one tensor-parallel rank's share
+// (ShardConfig in tensor_parallel.h) and rank shard_rank's slices of the matrices are loaded.
 StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     const GgufFile& file, const ModelConfig& config,
     const std::shared_ptr<runtime::Device>& device,
-    const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream);
+    const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream,
+    int32_t shard_rank = 0, int32_t shard_size = 1);
 
 }  // namespace polychip::model

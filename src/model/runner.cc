@@ -55,13 +55,23 @@ Status TransformerRunner::Init(const GgufFile& file) {
   num_blocks_ = CeilDiv(kv_tokens, o.block_size);
   max_blocks_per_seq_ = CeilDiv(context_length_, o.block_size);
 
+  const TensorParallel& tp = o.tensor_parallel;
+  if (tp.size > 1) {
+    if (!tp.all_reduce || tp.rank < 0 || tp.rank >= tp.size) {
+      return InvalidArgument("tensor parallel: rank " + std::to_string(tp.rank) + " of " +
+                             std::to_string(tp.size) + " without an all-reduce");
+    }
+    PC_ASSIGN_OR_RETURN(config_, ShardConfig(config_, tp.size));
+  }
+
   runtime::MemoryPoolOptions pool_options;
   pool_options.arena_bytes = o.arena_bytes;
   pool_ = std::make_shared<runtime::MemoryPool>(device_, pool_options);
   PC_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
-  PC_ASSIGN_OR_RETURN(weights_, LoadWeights(file, c, device_, pool_, *stream_));
+  PC_ASSIGN_OR_RETURN(weights_, LoadWeights(file, c, device_, pool_, *stream_, tp.rank, tp.size));
   PC_ASSIGN_OR_RETURN(Transformer transformer, Transformer::Create(c, *weights_));
   transformer_ = std::make_unique<Transformer>(std::move(transformer));
+  if (tp.size > 1) transformer_->SetTensorParallel(&options_.tensor_parallel);
 
   // KV cache: per layer, K and V of [n_blocks, block_size, n_head_kv, head_dim].
   const uint64_t kv_layer_bytes = uint64_t(num_blocks_) * o.block_size * c.n_head_kv *

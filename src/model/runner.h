@@ -14,6 +14,7 @@
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #include "runtime/device.h"
 #include "runtime/memory_pool.h"
@@ -29,6 +30,9 @@ struct RunnerOptions {
   int64_t max_tokens_per_step = 512; // activation workspace rows
   int64_t max_logit_rows = 64;       // logits computed per output launch
   uint64_t arena_bytes = 64ull << 20;  // memory pool arena size
+  // Tensor parallel: this runner holds rank `rank` of `size` shards (tensor_parallel.h). The
+  // KV cache and workspace then hold only this rank's heads.
+  TensorParallel tensor_parallel;
 };
 
 class TransformerRunner : public engine::ModelRunner {

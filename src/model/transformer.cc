@@ -142,7 +142,11 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     PC_RETURN_IF_ERROR(Launch(stream, att));
 
     // x += attn Wo^T (+ bo): the residual connection fused into the matmul.
-    PC_RETURN_IF_ERROR(Matmul(stream, b.attn, L.wo, L.bo, b.x, T, true));
+    if (tp_ == nullptr || tp_->size == 1) {
+      PC_RETURN_IF_ERROR(Matmul(stream, b.attn, L.wo, L.bo, b.x, T, true));
+    } else {
+      PC_RETURN_IF_ERROR(ReducedResidual(stream, b.attn, L.wo, L.bo, b.xn, b.x, T));
+    }
 
     // ---- feed-forward ----
     norm.weight = L.ffn_norm;
@@ -155,9 +159,25 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     act.out = b.gate;
     act.n = T * c.n_ff;
     PC_RETURN_IF_ERROR(Launch(stream, act));
-    PC_RETURN_IF_ERROR(Matmul(stream, b.gate, L.w_down, 0, b.x, T, true));
+    if (tp_ == nullptr || tp_->size == 1) {
+      PC_RETURN_IF_ERROR(Matmul(stream, b.gate, L.w_down, 0, b.x, T, true));
+    } else {
+      PC_RETURN_IF_ERROR(ReducedResidual(stream, b.gate, L.w_down, 0, b.xn, b.x, T));
+    }
   }
   return Status::Ok();
+}
+
+Status Transformer::ReducedResidual(const runtime::Stream& stream, DevPtr in, const MatrixRef& w,
+                                    DevPtr bias, DevPtr scratch, DevPtr x, int64_t m) const {
+  PC_RETURN_IF_ERROR(Matmul(stream, in, w, bias, scratch, m, false));  // [m, n_embd] partial
+  PC_RETURN_IF_ERROR(tp_->all_reduce(stream, scratch, m));
+  runtime::AddArgs add;
+  add.a = x;
+  add.b = scratch;
+  add.out = x;
+  add.n = m * c_->n_embd;
+  return Launch(stream, add);
 }
 
 Status Transformer::Logits(const runtime::Stream& stream, DevPtr x, int64_t n_tokens,

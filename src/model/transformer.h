@@ -14,6 +14,7 @@
 
 #include "model/model_config.h"
 #include "model/model_loader.h"
+#include "model/tensor_parallel.h"
 #include "runtime/device.h"
 #include "runtime/ops.h"
 #include "util/status.h"
@@ -80,6 +81,10 @@ class Transformer {
 
   const ArchTraits& traits() const { return traits_; }
 
+  // Tensor parallel (tensor_parallel.h): the weights are this rank's shard, and the partial
+  // results of the two down projections of each layer are all-reduced. `tp` must outlive this.
+  void SetTensorParallel(const TensorParallel* tp) { tp_ = tp; }
+
  private:
   Transformer(const ModelConfig& config, const ModelWeights& weights, ArchTraits traits)
       : c_(&config), w_(&weights), traits_(traits) {}
@@ -87,10 +92,15 @@ class Transformer {
                 runtime::DevPtr bias, runtime::DevPtr out, int64_t m, bool accumulate) const;
   Status Rope(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr positions,
               int64_t n_tokens, int64_t n_heads) const;
+  // x += all_reduce(in W^T + bias) over the tensor-parallel ranks; scratch [m, n_embd].
+  Status ReducedResidual(const runtime::Stream& stream, runtime::DevPtr in, const MatrixRef& w,
+                         runtime::DevPtr bias, runtime::DevPtr scratch, runtime::DevPtr x,
+                         int64_t m) const;
 
   const ModelConfig* c_;
   const ModelWeights* w_;
   ArchTraits traits_;
+  const TensorParallel* tp_ = nullptr;
 };
 
 }  // namespace polychip::model

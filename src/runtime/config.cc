@@ -110,6 +110,7 @@ StatusOr<RuntimeConfig> ParseConfigYaml(const std::string& yaml_text, const std:
     }
     if (const YAML::Node c = root["comm"]) {
       PC_ASSIGN_OR_RETURN(config.comm, ParseSpec(c, origin + ": comm"));
+      config.comm_source = "config " + origin;
     }
     if (const YAML::Node d = root["devices"]) {
       if (d.IsSequence()) {
@@ -146,6 +147,23 @@ StatusOr<RuntimeConfig> ResolveRuntimeConfig(const std::string& config_path,
     if (env != nullptr && *env != '\0') {
       config.backend = PluginSpec{env, "", {}};
       config.backend_source = "env POLYCHIP_DEVICE_BACKEND";
+    }
+  }
+  if (!config.comm) {
+    const char* env = std::getenv("POLYCHIP_COMM_BACKEND");
+    if (env != nullptr && *env != '\0') {
+      config.comm = PluginSpec{env, "", {}};
+      config.comm_source = "env POLYCHIP_COMM_BACKEND";
+      std::string item;
+      std::istringstream in(std::getenv("POLYCHIP_COMM_PARAMS") ? std::getenv("POLYCHIP_COMM_PARAMS")
+                                                               : "");
+      while (std::getline(in, item, ',')) {
+        const size_t eq = item.find('=');
+        if (eq == std::string::npos) {
+          return InvalidArgument("POLYCHIP_COMM_PARAMS: '" + item + "' is not key=value");
+        }
+        config.comm->params.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+      }
     }
   }
   if (!device_flag.empty()) {

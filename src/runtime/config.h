@@ -37,6 +37,7 @@ struct RuntimeConfig {
   std::vector<int32_t> devices;                // physical ids by logical id; empty = all
   uint64_t arena_bytes = 256ull << 20;         // memory pool arena size (config memory.arena_mb)
   std::string backend_source;  // where the backend choice came from: "env", "config FILE", ...
+  std::string comm_source;     // where the comm choice came from (as backend_source)
 };
 
 // Parses the runtime part of a YAML config (other sections are ignored):
@@ -49,7 +50,8 @@ StatusOr<RuntimeConfig> ParseConfigYaml(const std::string& yaml_text, const std:
 StatusOr<RuntimeConfig> LoadConfigFile(const std::string& path);
 
 // The effective configuration: the config file (if config_path is non-empty), then the
-// environment for what the file leaves unset, then --device (if non-empty), which overrides
+// environment for what the file leaves unset (POLYCHIP_DEVICE_BACKEND; POLYCHIP_COMM_BACKEND
+// with POLYCHIP_COMM_PARAMS="key=value,key=value"), then --device (if non-empty), which overrides
 // the backend name and the device list. A --device backend that differs from the config file's
 // drops the file's path and params for that backend.
 StatusOr<RuntimeConfig> ResolveRuntimeConfig(const std::string& config_path,

@@ -1,0 +1,379 @@
+#include "dist/parallel.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm.h"
+#include "runtime/config.h"
+#include "runtime/host_services.h"
+#include "runtime/log.h"
+#include "runtime/plugin_loader.h"
+
+namespace polychip::dist {
+namespace {
+
+using engine::SequenceStep;
+using runtime::Communicator;
+
+constexpr char kRankEnv[] = "POLYCHIP_DIST_RANK";
+constexpr char kSizeEnv[] = "POLYCHIP_DIST_SIZE";
+constexpr char kKvEnv[] = "POLYCHIP_DIST_KV";
+
+struct World {
+  int32_t rank = 0;
+  int32_t size = 1;
+  std::string kv_dir;
+  std::vector<pid_t> children;  // rank 0 only
+};
+
+StatusOr<std::vector<std::string>> OwnCommandLine() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  if (!in) return Unavailable("cannot read /proc/self/cmdline to start the other ranks");
+  std::vector<std::string> args;
+  std::string arg;
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  if (args.empty()) return Unavailable("empty /proc/self/cmdline");
+  return args;
+}
+
+// Rank 0: starts ranks 1..size-1 as copies of this process. A child dies with its parent
+// (PR_SET_PDEATHSIG), so a killed rank 0 never leaves orphans computing.
+StatusOr<World> StartWorld(int32_t size) {
+  World w;
+  w.size = size;
+  char dir[] = "/tmp/polychip-dist-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return Unavailable("cannot create a directory in /tmp");
+  w.kv_dir = dir;
+  PC_ASSIGN_OR_RETURN(std::vector<std::string> args, OwnCommandLine());
+  for (int32_t r = 1; r < size; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) return Unavailable("fork failed starting rank " + std::to_string(r));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      setenv(kRankEnv, std::to_string(r).c_str(), 1);
+      setenv(kSizeEnv, std::to_string(size).c_str(), 1);
+      setenv(kKvEnv, w.kv_dir.c_str(), 1);
+      const int devnull = open("/dev/null", O_WRONLY);
+      if (devnull >= 0) dup2(devnull, STDOUT_FILENO);  // rank 0 alone writes results
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv("/proc/self/exe", argv.data());
+      std::fprintf(stderr, "rank %d: exec failed\n", r);
+      _exit(127);
+    }
+    w.children.push_back(pid);
+  }
+  runtime::Log().info("dist: started {} more rank(s) (pids{}), bootstrap in {}", size - 1,
+                      [&] {
+                        std::string s;
+                        for (pid_t p : w.children) s += " " + std::to_string(p);
+                        return s;
+                      }(),
+                      w.kv_dir);
+  return w;
+}
+
+StatusOr<World> FollowerWorld() {
+  World w;
+  w.rank = std::atoi(std::getenv(kRankEnv));
+  const char* size = std::getenv(kSizeEnv);
+  const char* kv = std::getenv(kKvEnv);
+  if (size == nullptr || kv == nullptr) {
+    return InvalidArgument(std::string(kRankEnv) + " is set but " + kSizeEnv + "/" + kKvEnv +
+                           " are not");
+  }
+  w.size = std::atoi(size);
+  w.kv_dir = kv;
+  return w;
+}
+
+// The comm plugin: the YAML `comm:` section, else POLYCHIP_COMM_BACKEND, else shm.
+StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& config_path,
+                                                         const std::string& device_flag) {
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
+                      runtime::ResolveRuntimeConfig(config_path, device_flag));
+  runtime::PluginSpec spec = config.comm.value_or(runtime::PluginSpec{"shm", "", {}});
+  const std::string source =
+      config.comm ? config.comm_source : std::string("default (no comm configured)");
+  std::shared_ptr<runtime::CommPlugin> comm;
+  if (!spec.path.empty()) {
+    PC_ASSIGN_OR_RETURN(comm, runtime::LoadCommFromPath(spec.path, spec.params));
+  } else {
+    PC_ASSIGN_OR_RETURN(comm, runtime::PluginRegistry::Global().LoadComm(
+                                  spec.name, runtime::PluginSearchPath(config.extra_search_path),
+                                  spec.params));
+  }
+  runtime::Log().info("comm plugin '{}' {} selected by {}", comm->name(), comm->version(), source);
+  return comm;
+}
+
+// "emu:0,1" -> rank r's "emu:<r-th id>". No list: every rank takes its process's default.
+StatusOr<std::string> RankDeviceFlag(const std::string& device_flag, int32_t rank, int32_t size) {
+  if (device_flag.empty()) return std::string();
+  PC_ASSIGN_OR_RETURN(runtime::DeviceSelection sel, runtime::ParseDeviceFlag(device_flag));
+  if (sel.physical.empty()) return sel.backend;
+  if (int32_t(sel.physical.size()) < size) {
+    return InvalidArgument("--device " + device_flag + " lists " +
+                           std::to_string(sel.physical.size()) + " device(s) for " +
+                           std::to_string(size) + " ranks (one device per rank)");
+  }
+  return sel.backend + ":" + std::to_string(sel.physical[rank]);
+}
+
+// ---- the step protocol ----------------------------------------------------------------------
+// Each step: a header {kind, payload int32 count} then the payload, both broadcast from rank 0.
+// payload: n_seqs, then per sequence: seq_id (2 words), start_pos, logits mode, n_tokens,
+// n_blocks, tokens..., blocks...
+enum : int64_t { kStop = 0, kStep = 1 };
+
+std::vector<int32_t> Encode(std::span<const SequenceStep> batch) {
+  std::vector<int32_t> p;
+  p.push_back(int32_t(batch.size()));
+  for (const SequenceStep& s : batch) {
+    p.push_back(int32_t(uint64_t(s.seq_id) & 0xffffffffu));
+    p.push_back(int32_t(uint64_t(s.seq_id) >> 32));
+    p.push_back(s.start_pos);
+    p.push_back(int32_t(s.logits));
+    p.push_back(int32_t(s.tokens.size()));
+    p.push_back(int32_t(s.block_table.size()));
+    p.insert(p.end(), s.tokens.begin(), s.tokens.end());
+    p.insert(p.end(), s.block_table.begin(), s.block_table.end());
+  }
+  return p;
+}
+
+// The steps point into `p`, which must outlive them.
+StatusOr<std::vector<SequenceStep>> Decode(const std::vector<int32_t>& p) {
+  std::vector<SequenceStep> batch;
+  size_t i = 0;
+  auto need = [&](size_t n) { return i + n <= p.size(); };
+  if (!need(1)) return Internal("dist: empty step message");
+  const int32_t n = p[i++];
+  for (int32_t k = 0; k < n; ++k) {
+    if (!need(6)) return Internal("dist: truncated step message");
+    SequenceStep s;
+    s.seq_id = int64_t(uint64_t(uint32_t(p[i])) | (uint64_t(uint32_t(p[i + 1])) << 32));
+    s.start_pos = p[i + 2];
+    s.logits = static_cast<engine::LogitsMode>(p[i + 3]);
+    const size_t n_tok = size_t(p[i + 4]), n_blk = size_t(p[i + 5]);
+    i += 6;
+    if (!need(n_tok + n_blk)) return Internal("dist: truncated step message");
+    s.tokens = {p.data() + i, n_tok};
+    s.block_table = {p.data() + i + n_tok, n_blk};
+    i += n_tok + n_blk;
+    batch.push_back(s);
+  }
+  return batch;
+}
+
+// The all-reduce of the tensor-parallel hooks: the comm plugin reads host memory, so the
+// partial sums go through a host buffer.
+struct HostAllReduce {
+  Communicator* comm;
+  int64_t n_embd;
+  std::vector<float> host;  // [n_rows, n_embd]
+
+  Status operator()(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows) {
+    // The hook receives the runner's stream as const (as every launch does); copies need it
+    // mutable, and the runner owns it, so this is safe.
+    auto& s = const_cast<runtime::Stream&>(stream);
+    const uint64_t count = uint64_t(n_rows) * n_embd;
+    host.resize(count);
+    PC_RETURN_IF_ERROR(s.CopyD2H(host.data(), x, count * 4));
+    PC_RETURN_IF_ERROR(s.Synchronize());
+    PC_RETURN_IF_ERROR(comm->AllReduce(host.data(), host.data(), count, DType::kF32,
+                                       runtime::ReduceOp::kSum));
+    // `host` stays untouched until the next call, which synchronizes the stream first.
+    return s.CopyH2D(x, host.data(), count * 4);
+  }
+};
+
+// Rank 0's runner: broadcasts each step, then runs its own shard.
+class TpRunner : public engine::ModelRunner {
+ public:
+  TpRunner(World world, std::unique_ptr<Communicator> comm, std::unique_ptr<HostAllReduce> reduce,
+           std::unique_ptr<model::TransformerRunner> local)
+      : world_(std::move(world)),
+        comm_(std::move(comm)),
+        reduce_(std::move(reduce)),
+        local_(std::move(local)) {}
+
+  ~TpRunner() override {
+    if (!failed_) {
+      int64_t header[2] = {kStop, 0};
+      Status s = comm_->Broadcast(header, header, 2, DType::kI64, 0);
+      if (!s.ok()) runtime::Log().warn("dist: stopping the other ranks: {}", s.ToString());
+    }
+    local_.reset();
+    // The others exit once they see the stop (or the abort); do not wait for long.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (pid_t pid : world_.children) {
+      int status = 0;
+      while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          kill(pid, SIGKILL);
+          waitpid(pid, &status, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    comm_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(world_.kv_dir, ec);
+    runtime::Log().info("dist: {} collectives, {:.3f} s in collectives", n_ops_, comm_seconds_);
+  }
+
+  int64_t vocab_size() const override { return local_->vocab_size(); }
+  int64_t context_length() const override { return local_->context_length(); }
+  int64_t block_size() const override { return local_->block_size(); }
+  int64_t num_kv_blocks() const override { return local_->num_kv_blocks(); }
+
+  Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) override {
+    if (failed_) return Unavailable("dist: a rank failed earlier; the job cannot continue");
+    std::vector<int32_t> payload = Encode(batch);
+    int64_t header[2] = {kStep, int64_t(payload.size())};
+    Status s = comm_->Broadcast(header, header, 2, DType::kI64, 0);
+    if (s.ok()) s = comm_->Broadcast(payload.data(), payload.data(), payload.size(), DType::kI32, 0);
+    if (s.ok()) s = local_->Forward(batch, logits);
+    n_ops_ = comm_->n_ops();
+    comm_seconds_ = comm_->seconds_in_ops();
+    if (!s.ok()) {
+      failed_ = true;
+      comm_->Abort();  // the other ranks may be waiting in a collective of this step
+    }
+    return s;
+  }
+
+  const model::TransformerRunner& local() const { return *local_; }
+  int32_t size() const { return world_.size; }
+
+ private:
+  World world_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<HostAllReduce> reduce_;
+  std::unique_ptr<model::TransformerRunner> local_;
+  bool failed_ = false;
+  uint64_t n_ops_ = 0;
+  double comm_seconds_ = 0;
+};
+
+// A follower: replays rank 0's steps until told to stop.
+Status FollowSteps(Communicator& comm, model::TransformerRunner& runner) {
+  std::vector<float> logits;
+  for (;;) {
+    int64_t header[2] = {0, 0};
+    PC_RETURN_IF_ERROR(comm.Broadcast(nullptr, header, 2, DType::kI64, 0));
+    if (header[0] == kStop) return Status::Ok();
+    std::vector<int32_t> payload(header[1]);
+    PC_RETURN_IF_ERROR(comm.Broadcast(nullptr, payload.data(), payload.size(), DType::kI32, 0));
+    PC_ASSIGN_OR_RETURN(std::vector<SequenceStep> batch, Decode(payload));
+    Status s = runner.Forward(batch, &logits);
+    if (!s.ok()) {
+      comm.Abort();
+      return s;
+    }
+  }
+}
+
+}  // namespace
+
+bool IsFollowerRank() { return std::getenv(kRankEnv) != nullptr; }
+
+std::string DescribeRunner(const engine::ModelRunner& runner) {
+  char buf[256];
+  if (auto* tp = dynamic_cast<const TpRunner*>(&runner)) {
+    const model::TransformerRunner& r = tp->local();
+    std::snprintf(buf, sizeof(buf), "tensor parallel x%d, rank 0 on %s, %.1f MiB of weights per rank",
+                  tp->size(), r.device().props().name.c_str(), r.weight_bytes() / 1048576.0);
+  } else if (auto* r = dynamic_cast<const model::TransformerRunner*>(&runner)) {
+    std::snprintf(buf, sizeof(buf), "%s, %.1f MiB of weights", r->device().props().name.c_str(),
+                  r->weight_bytes() / 1048576.0);
+  } else {
+    return "model runner";
+  }
+  return buf;
+}
+
+StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
+    const model::ModelFile& file, const std::string& config_path, const std::string& device_flag,
+    int threads, const model::RunnerOptions& options, const ParallelOptions& parallel) {
+  const bool follower = IsFollowerRank();
+  if (parallel.tp_size <= 1 && !follower) {
+    PC_ASSIGN_OR_RETURN(auto device, model::OpenDevice(config_path, device_flag, threads));
+    PC_ASSIGN_OR_RETURN(auto runner,
+                        model::TransformerRunner::Create(*file.file, file.config, device, options));
+    return std::unique_ptr<engine::ModelRunner>(std::move(runner));
+  }
+  // Checks that need no other rank come first: a bad device list or an indivisible model fails
+  // before any process is started.
+  PC_RETURN_IF_ERROR(model::ShardConfig(file.config, parallel.tp_size).status());
+  PC_RETURN_IF_ERROR(RankDeviceFlag(device_flag, 0, parallel.tp_size).status());
+  PC_ASSIGN_OR_RETURN(auto plugin, LoadComm(config_path, device_flag));
+
+  PC_ASSIGN_OR_RETURN(World world, follower ? FollowerWorld() : StartWorld(parallel.tp_size));
+  if (follower && world.size != parallel.tp_size) {
+    return InvalidArgument("rank " + std::to_string(world.rank) + ": started for " +
+                           std::to_string(world.size) + " ranks, --tp-size says " +
+                           std::to_string(parallel.tp_size));
+  }
+  runtime::FileKvStore kv(world.kv_dir);
+  PC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                      Communicator::Create(plugin, kv, "world", world.size, world.rank,
+                                           parallel.timeout_ms));
+
+  // Every rank loads its shard, then all agree that every rank succeeded.
+  auto reduce = std::make_unique<HostAllReduce>(HostAllReduce{comm.get(), file.config.n_embd, {}});
+  model::RunnerOptions ro = options;
+  ro.tensor_parallel.rank = world.rank;
+  ro.tensor_parallel.size = world.size;
+  ro.tensor_parallel.all_reduce = [r = reduce.get()](const runtime::Stream& s, runtime::DevPtr x,
+                                                     int64_t n) { return (*r)(s, x, n); };
+  auto load = [&]() -> StatusOr<std::unique_ptr<model::TransformerRunner>> {
+    PC_ASSIGN_OR_RETURN(std::string flag, RankDeviceFlag(device_flag, world.rank, world.size));
+    PC_ASSIGN_OR_RETURN(auto device, model::OpenDevice(config_path, flag, threads));
+    return model::TransformerRunner::Create(*file.file, file.config, device, ro);
+  };
+  auto local = load();
+  int32_t ok = local.ok() ? 1 : 0, all_ok = 0;
+  PC_RETURN_IF_ERROR(comm->AllReduce(&ok, &all_ok, 1, DType::kI32, runtime::ReduceOp::kMin));
+  if (!local.ok() || !all_ok) {
+    const std::string why = local.ok() ? "another rank failed to load its shard (see its log)"
+                                       : local.status().ToString();
+    if (follower) {
+      std::fprintf(stderr, "rank %d: %s\n", world.rank, why.c_str());
+      std::exit(1);
+    }
+    return local.ok() ? Unavailable(why) : local.status();
+  }
+  runtime::Log().info("dist: rank {} of {} ready ({})", world.rank, world.size,
+                      DescribeRunner(**local));
+
+  if (follower) {
+    Status s = FollowSteps(*comm, **local);
+    if (!s.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", world.rank, s.ToString().c_str());
+      std::exit(1);
+    }
+    local->reset();
+    comm.reset();
+    std::exit(0);
+  }
+  return std::unique_ptr<engine::ModelRunner>(std::make_unique<TpRunner>(
+      std::move(world), std::move(comm), std::move(reduce), std::move(*local)));
+}
+
+}  // namespace polychip::dist

@@ -1,0 +1,24 @@
+#include "model/tensor_parallel.h"
+
+#include <string>
+
+namespace polychip::model {
+
+StatusOr<ModelConfig> ShardConfig(const ModelConfig& full, int32_t size) {
+  if (size < 1) return InvalidArgument("tensor-parallel size must be at least 1");
+  ModelConfig c = full;
+  auto divide = [&](int64_t* v, const char* what) -> Status {
+    if (*v % size != 0) {
+      return InvalidArgument(std::string("tensor-parallel size ") + std::to_string(size) +
+                             " does not divide " + what + " (" + std::to_string(*v) + ")");
+    }
+    *v /= size;
+    return Status::Ok();
+  };
+  PC_RETURN_IF_ERROR(divide(&c.n_head, "the attention head count"));
+  PC_RETURN_IF_ERROR(divide(&c.n_head_kv, "the KV head count"));
+  PC_RETURN_IF_ERROR(divide(&c.n_ff, "the feed-forward size"));
+  return c;
+}
+
+}  // namespace polychip::model
