@@ -21,6 +21,7 @@
 
 #include "cli/command.h"
 #include "engine/sampler.h"
+#include "dist/parallel.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 
@@ -35,6 +36,7 @@ struct PplOptions {
   int64_t chunks = -1;
   int threads = 0;
   std::string kv_type = "f16";
+  int tp_size = 1;
 };
 
 int Fail(const Status& status) {
@@ -52,8 +54,6 @@ int Run(const PplOptions& o) {
   ss << in.rdbuf();
   const std::string text = ss.str();
 
-  auto device = model::OpenDevice(Globals().config_path, Globals().device, o.threads);
-  if (!device.ok()) return Fail(device.status());
   auto mf = model::OpenModelFile(o.model_path);
   if (!mf.ok()) return Fail(mf.status());
   const model::Tokenizer& tok = *mf->tokenizer;
@@ -68,11 +68,14 @@ int Run(const PplOptions& o) {
   auto kv_type = DTypeFromName(o.kv_type);
   if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_type));
   ro.kv_dtype = *kv_type;
-  auto runner = model::TransformerRunner::Create(*mf->file, mf->config, *device, ro);
+  // tp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
+  // never returns.
+  auto runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
+                                   {o.tp_size});
   if (!runner.ok()) return Fail(runner.status());
-  model::TransformerRunner& r = **runner;
+  engine::ModelRunner& r = **runner;
   std::fprintf(stderr, "model: %s on %s, loaded in %.2f s\n", mf->config.Summary().c_str(),
-               r.device().props().name.c_str(),
+               dist::DescribeRunner(r).c_str(),
                std::chrono::duration<double>(Clock::now() - t0).count());
 
   model::EncodeOptions enc;
@@ -149,6 +152,9 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_option("--chunks", o->chunks, "score at most this many chunks (default all)");
   app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
   app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
+  app.add_option("--tp-size", o->tp_size,
+                 "tensor-parallel ranks, one process each (--device emu:0,1: a device per rank)")
+      ->check(CLI::Range(1, 64));
   return [o] { return Run(*o); };
 }
 
