@@ -62,6 +62,8 @@ StatusOr<World> StartWorld(int32_t size) {
     if (pid < 0) return Unavailable("fork failed starting rank " + std::to_string(r));
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // Ctrl-C reaches the whole process group: rank 0 alone decides when the job ends.
+      signal(SIGINT, SIG_IGN);
       setenv(kRankEnv, std::to_string(r).c_str(), 1);
       setenv(kSizeEnv, std::to_string(size).c_str(), 1);
       setenv(kKvEnv, w.kv_dir.c_str(), 1);
