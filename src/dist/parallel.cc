@@ -102,6 +102,24 @@ StatusOr<World> FollowerWorld() {
   return w;
 }
 
+// Waits for the other ranks to exit, at most `patience`; then kills them.
+void ReapChildren(const World& world, std::chrono::seconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (pid_t pid : world.children) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(world.kv_dir, ec);
+}
+
 // The comm plugin: the YAML `comm:` section, else POLYCHIP_COMM_BACKEND, else shm.
 StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& config_path,
                                                          const std::string& device_flag) {
@@ -221,21 +239,8 @@ class TpRunner : public engine::ModelRunner {
     }
     local_.reset();
     // The others exit once they see the stop (or the abort); do not wait for long.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    for (pid_t pid : world_.children) {
-      int status = 0;
-      while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > deadline) {
-          kill(pid, SIGKILL);
-          waitpid(pid, &status, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    }
+    ReapChildren(world_, std::chrono::seconds(10));
     comm_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(world_.kv_dir, ec);
     runtime::Log().info("dist: {} collectives, {:.3f} s in collectives", n_ops_, comm_seconds_);
   }
 
@@ -350,16 +355,23 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     return model::TransformerRunner::Create(*file.file, file.config, device, ro);
   };
   auto local = load();
-  int32_t ok = local.ok() ? 1 : 0, all_ok = 0;
-  PC_RETURN_IF_ERROR(comm->AllReduce(&ok, &all_ok, 1, DType::kI32, runtime::ReduceOp::kMin));
-  if (!local.ok() || !all_ok) {
-    const std::string why = local.ok() ? "another rank failed to load its shard (see its log)"
-                                       : local.status().ToString();
-    if (follower) {
-      std::fprintf(stderr, "rank %d: %s\n", world.rank, why.c_str());
-      std::exit(1);
-    }
-    return local.ok() ? Unavailable(why) : local.status();
+  if (!local.ok() && follower) {
+    std::fprintf(stderr, "rank %d: %s\n", world.rank, local.status().ToString().c_str());
+  }
+  int32_t ok = local.ok() ? 1 : 0;
+  std::vector<int32_t> all_ok(world.size, 0);
+  Status agreed = comm->AllGather(&ok, all_ok.data(), 1, DType::kI32);
+  std::string failed_ranks;
+  for (int32_t r = 0; r < world.size; ++r) {
+    if (!all_ok[r]) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!agreed.ok() || !failed_ranks.empty()) {
+    if (follower) std::exit(1);
+    comm.reset();
+    ReapChildren(world, std::chrono::seconds(5));
+    if (!local.ok()) return local.status();
+    if (!agreed.ok()) return agreed;
+    return Unavailable("rank(s) " + failed_ranks + " failed to load their shard (see above)");
   }
   runtime::Log().info("dist: rank {} of {} ready ({})", world.rank, world.size,
                       DescribeRunner(**local));

@@ -1,0 +1,168 @@
+// Tensor parallelism end to end through the polychip binary on emu devices, with the trained
+// tiny model (models/polychip-tiny.gguf): tp=2 gives tp=1's greedy tokens and perplexity; a
+// bad device list fails before anything starts; a killed rank ends the job within 10 s.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::string kModel = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.gguf";
+const std::string kText = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.heldout.txt";
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+// Runs the binary with `args` (a shell word list), capturing stdout and stderr separately.
+Result Polychip(const std::string& args) {
+  static int n = 0;
+  const std::string err_path =
+      "/tmp/polychip-tp-test-" + std::to_string(getpid()) + "-" + std::to_string(++n) + ".err";
+  const std::string cmd = "timeout 120 " + std::string(POLYCHIP_BINARY) + " " + args + " 2>" +
+                          err_path;
+  Result r;
+  const auto start = Clock::now();
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
+  const int status = pclose(p);
+  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err_path);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  std::remove(err_path.c_str());
+  return r;
+}
+
+std::vector<int> Tokens(const std::string& err) {
+  std::vector<int> ids;
+  std::istringstream in(err);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("token ", 0) == 0) ids.push_back(std::atoi(line.c_str() + 6));
+  }
+  return ids;
+}
+
+double Ppl(const std::string& text) {
+  const size_t at = text.find("PPL = ");
+  return at == std::string::npos ? -1 : std::atof(text.c_str() + at + 6);
+}
+
+TEST(TensorParallel, RunGivesTheSameGreedyTokens) {
+  const std::string args = "run -m " + kModel +
+                           " -p 'And God said, Let there be light' -n 32 --print-tokens "
+                           "--device emu:0,1 --tp-size ";
+  Result one = Polychip(args + "1");
+  Result two = Polychip(args + "2");
+  ASSERT_EQ(one.status, 0) << one.err;
+  ASSERT_EQ(two.status, 0) << two.err;
+  EXPECT_EQ(Tokens(one.err).size(), 32u) << one.err;
+  EXPECT_EQ(Tokens(one.err), Tokens(two.err));
+  EXPECT_EQ(one.out, two.out);
+  EXPECT_NE(two.err.find("tensor parallel x2"), std::string::npos) << two.err;
+  EXPECT_NE(two.err.find("comm plugin 'shm'"), std::string::npos) << two.err;
+}
+
+TEST(TensorParallel, PerplexityWithinATenthOfAPercent) {
+  const std::string args =
+      "perplexity -m " + kModel + " -f " + kText + " -c 128 --chunks 4 --device emu:0,1 --tp-size ";
+  Result one = Polychip(args + "1");
+  Result two = Polychip(args + "2");
+  ASSERT_EQ(one.status, 0) << one.err;
+  ASSERT_EQ(two.status, 0) << two.err;
+  const double p1 = Ppl(one.out + one.err), p2 = Ppl(two.out + two.err);
+  ASSERT_GT(p1, 1.0) << one.out << one.err;
+  EXPECT_NEAR(p2, p1, p1 * 1e-3);
+}
+
+TEST(TensorParallel, ImpossibleDeviceListsFailWithAClearMessage) {
+  // Fewer devices than ranks: refused before any rank starts.
+  Result few = Polychip("run -m " + kModel + " -p hi -n 2 --device emu:0 --tp-size 2");
+  EXPECT_EQ(few.status, 1);
+  EXPECT_NE(few.err.find("lists 1 device(s) for 2 ranks"), std::string::npos) << few.err;
+  EXPECT_LT(few.seconds, 10);
+  // A device that does not exist: rank 1 fails to open it, rank 0 says so.
+  Result missing = Polychip("run -m " + kModel + " -p hi -n 2 --device emu:0,99 --tp-size 2");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("rank(s) 1 failed to load"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("rank 1:"), std::string::npos) << missing.err;
+  EXPECT_LT(missing.seconds, 30);
+}
+
+std::vector<pid_t> Children(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  std::vector<pid_t> kids;
+  pid_t k;
+  while (in >> k) kids.push_back(k);
+  return kids;
+}
+
+TEST(TensorParallel, KilledRankEndsTheJobNamingIt) {
+  const std::string err_path = "/tmp/polychip-tp-kill-" + std::to_string(getpid()) + ".err";
+  const pid_t rank0 = fork();
+  ASSERT_GE(rank0, 0);
+  if (rank0 == 0) {
+    freopen("/dev/null", "w", stdout);
+    freopen(err_path.c_str(), "w", stderr);
+    alarm(60);
+    execl(POLYCHIP_BINARY, POLYCHIP_BINARY, "perplexity", "-m", kModel.c_str(), "-f",
+          kText.c_str(), "-c", "32", "--device", "emu:0,1", "--tp-size", "2", (char*)nullptr);
+    _exit(127);
+  }
+  // Wait until both ranks are computing.
+  auto log = [&] {
+    std::ifstream e(err_path);
+    std::stringstream ss;
+    ss << e.rdbuf();
+    return ss.str();
+  };
+  const auto start = Clock::now();
+  while (log().find("seconds per pass") == std::string::npos &&
+         Clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::vector<pid_t> kids = Children(rank0);
+  ASSERT_EQ(kids.size(), 1u) << log();
+  ASSERT_EQ(kill(kids[0], SIGKILL), 0);
+  const auto killed = Clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(rank0, &status, WNOHANG)) == 0 &&
+         Clock::now() - killed < std::chrono::seconds(15)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (done == 0) {
+    kill(rank0, SIGKILL);
+    waitpid(rank0, &status, 0);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  const std::string err = log();
+  std::remove(err_path.c_str());
+  ASSERT_EQ(done, rank0) << "rank 0 still running 15 s after rank 1 was killed\n" << err;
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_NE(err.find("rank 1 (pid " + std::to_string(kids[0]) + ") died"), std::string::npos)
+      << err;
+}
+
+}  // namespace
