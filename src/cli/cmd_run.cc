@@ -14,6 +14,7 @@
 #include "cli/command.h"
 #include "dist/parallel.h"
 #include "engine/sampler.h"
+#include "model/chat_template.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 
@@ -31,6 +32,7 @@ struct RunOptions {
   float repeat_penalty = 1.f;
   int64_t seed = -1;
   bool chat = false;
+  std::string chat_format;  // empty: from the model's template
   bool special = false;
   bool ignore_eos = false;
   bool print_tokens = false;
@@ -76,8 +78,12 @@ int Run(const RunOptions& o) {
 
   std::string prompt = o.prompt;
   if (o.chat) {
-    // TODO(model): render with model/chat_template.h once it lands.
-    return Fail(Unimplemented("--chat: chat templates are not available yet"));
+    // The family is recognised from the GGUF's Jinja template (ChatML when it has none).
+    auto format = model::SelectChatFormat(o.chat_format, tok.vocab().chat_template);
+    if (!format.ok()) return Fail(format.status());
+    const model::ChatMessage message{"user", o.prompt};
+    prompt = model::ApplyChatTemplate(*format, {&message, 1}, /*add_generation_prompt=*/true);
+    std::fprintf(stderr, "chat format: %s\n", std::string(model::ChatFormatName(*format)).c_str());
   }
   model::EncodeOptions enc;
   enc.add_special = true;
@@ -177,6 +183,8 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_option("--seed", o->seed, "random seed (default: random)");
   app.add_option("--stop", o->stop, "stop string (repeatable)");
   app.add_flag("--chat", o->chat, "wrap the prompt in the model's chat template");
+  app.add_option("--chat-format", o->chat_format,
+                 "override the template family: chatml, llama2, llama3, phi3, gemma, ...");
   app.add_flag("--special", o->special, "print control tokens' text");
   app.add_flag("--ignore-eos", o->ignore_eos, "continue past end-of-generation tokens");
   app.add_flag("--print-tokens", o->print_tokens,
