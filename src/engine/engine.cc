@@ -293,30 +293,54 @@ bool Engine::PlanRunning(std::vector<Planned>* plan, int32_t* budget) {
   return preempted;
 }
 
+bool Engine::WaitsForSharedPrefill(const Sequence& s) const {
+  if (!blocks_.prefix_cache_enabled()) return false;
+  const int32_t bs = blocks_.block_size();
+  const size_t limit = s.tokens.size() - 1;  // the last prompt token is always computed
+  for (const auto& r : running_) {
+    if (r->num_computed >= r->prompt_len) continue;  // not prefilling
+    const size_t n = std::min<size_t>(limit, r->prompt_len);
+    size_t common = 0;
+    while (common < n && s.tokens[common] == r->tokens[common]) ++common;
+    if (static_cast<int64_t>(common) >= s.num_computed + bs) return true;
+  }
+  return false;
+}
+
 void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
   SortWaiting();
   // Keep a block per running sequence for its decode to grow into, so that admitting a prefill
   // does not immediately force a preemption.
   const int32_t reserve = static_cast<int32_t>(running_.size());
   const int64_t bs = blocks_.block_size();
-  while (!waiting_.empty() && *budget > 0 &&
-         static_cast<int32_t>(running_.size()) < options_.max_running_requests) {
-    Sequence* s = waiting_.front().get();
+  for (auto it = waiting_.begin(); it != waiting_.end() && *budget > 0 &&
+                                   static_cast<int32_t>(running_.size()) <
+                                       options_.max_running_requests;) {
+    Sequence* s = it->get();
     if (!s->matched) {
       s->num_computed = blocks_.MatchPrefix(
           s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, &s->blocks);
       s->matched = true;
+    }
+    auto unmatch = [&] {  // give the matched blocks back so they stay evictable
+      blocks_.Release(s->blocks);
+      s->blocks.clear();
+      s->num_computed = 0;
+      s->matched = false;
+    };
+    // Requests that arrive together with a shared system prompt would each compute it; the
+    // later ones wait until the first one's prefill has published those blocks.
+    if (WaitsForSharedPrefill(*s)) {
+      unmatch();
+      ++it;
+      continue;
     }
     const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
     const int32_t n = std::min(remaining, *budget);
     const int64_t missing = (s->num_computed + n + bs - 1) / bs - static_cast<int64_t>(s->blocks.size());
     const int32_t usable = blocks_.NumAvailable() - (running_.empty() ? 0 : reserve);
     if (missing > usable) {
-      // Not now: give the matched blocks back so they stay evictable.
-      blocks_.Release(s->blocks);
-      s->blocks.clear();
-      s->num_computed = 0;
-      s->matched = false;
+      unmatch();
       break;
     }
     PC_CHECK(GrowBlocks(s, n));
@@ -328,8 +352,8 @@ void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
       stats_.prompt_tokens += s->prompt_len;
       queue_time_.Observe(std::chrono::duration<double>(Clock::now() - s->arrive_time).count());
     }
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
     {
       std::lock_guard<std::mutex> lock(mu_);
       --num_queued_;
@@ -437,14 +461,15 @@ bool Engine::Step() {
   int64_t generated = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence* s = plan[i].seq;
+    const bool prefill = s->num_computed < s->prompt_len;
     s->num_computed += plan[i].n_tokens;
-    if (steps[i].logits != LogitsMode::kLast) {
-      // A prefill chunk: publish its full blocks now, so that concurrent requests with the
-      // same prefix (a shared system prompt) reuse them.
+    if (prefill) {
+      // A prefill chunk (the last one too): publish its full blocks now, so that concurrent
+      // requests with the same prefix (a shared system prompt) reuse them.
       blocks_.InsertPrefix(std::span<const int32_t>(s->tokens).first(s->num_computed),
                            &s->blocks);
-      continue;
     }
+    if (steps[i].logits != LogitsMode::kLast) continue;
     std::span<const float> row_logits(logits.data() + row * vocab_size_, vocab_size_);
     ++row;
     SampleResult r = s->sampler->Sample(row_logits);

@@ -115,6 +115,7 @@ class Engine {
   void SortWaiting();
   bool PlanRunning(std::vector<Planned>* plan, int32_t* budget);
   void AdmitWaiting(std::vector<Planned>* plan, int32_t* budget);
+  bool WaitsForSharedPrefill(const Sequence& s) const;
   bool GrowBlocks(Sequence* seq, int32_t n_tokens);
   void Preempt(Sequence* seq);
   Status RunForward(std::span<const SequenceStep> steps, std::vector<float>* logits);

@@ -215,6 +215,45 @@ TEST(Engine, PrefixCacheReusesSharedPrompt) {
   }
 }
 
+// Requests submitted together with a shared system prompt: the later ones wait for the first
+// one's prefill and reuse its blocks instead of computing the prefix again.
+TEST(Engine, SimultaneousSharedPrefixIsComputedOnce) {
+  for (bool enabled : {true, false}) {
+    FakeRunner runner(kVocab, 512, 4, 256);
+    EngineOptions opt;
+    opt.enable_prefix_cache = enabled;
+    opt.chunked_prefill_size = 1024;
+    Engine engine(&runner, opt, Piece, {0});
+    const auto system = Prompt(64, 3);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 4; ++i) {
+      prompts.push_back(system);
+      for (int k = 0; k < 5; ++k) prompts.back().push_back(1 + (i * 5 + k) % (kVocab - 1));
+      auto s = engine.Submit(Input(prompts.back(), 2));
+      ASSERT_TRUE(s.ok());
+      streams.push_back(*s);
+    }
+    engine.RunUntilIdle();
+    int64_t cached = 0;
+    for (int i = 0; i < 4; ++i) {
+      Result r;
+      Drain(*streams[i], &r);
+      ASSERT_TRUE(r.finished);
+      EXPECT_EQ(r.tokens, FakeRunner::Reference(prompts[i], 2, kVocab));
+      cached += r.last.cached_tokens;
+    }
+    // 4 requests of 69 prompt tokens and 2 outputs (1 decode each).
+    if (enabled) {
+      EXPECT_EQ(cached, 3 * 64);
+      EXPECT_EQ(runner.tokens_processed(), 69 + 3 * 5 + 4);
+    } else {
+      EXPECT_EQ(cached, 0);
+      EXPECT_EQ(runner.tokens_processed(), 4 * 69 + 4);
+    }
+  }
+}
+
 TEST(Engine, QueueLimitAndStopTokens) {
   FakeRunner runner(kVocab, 256, 4, 64);
   EngineOptions opt;
