@@ -4,7 +4,9 @@
 // running sequence its next tokens: one for a decode, a chunk of at most
 // --chunked-prefill-size prompt tokens for a prefill, so prefills and decodes share a step,
 // (3) admits waiting requests in policy order (fcfs, lpm = longest cached prefix first,
-// priority) while there are slots, prefill budget and KV blocks, reusing cached prefix blocks,
+// priority) while there are slots, prefill budget and KV blocks, reusing cached prefix blocks
+// (a request whose prompt shares at least a block with a prefill still running waits for it
+// to publish its blocks, so a system prompt sent by many clients at once is computed once),
 // (4) runs the step and samples a token for every sequence that reached the end of its tokens.
 // When a running sequence needs a KV block and none is left, the lowest-ranked running sequence
 // is preempted by recompute: its full blocks go to the prefix cache, the rest are freed, and it
