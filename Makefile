@@ -15,7 +15,9 @@ $(BUILD_DIR)/build.ninja:
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-run: build
+# The demo needs only the binary and the plugins, not the test executables.
+run: $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target polychip plugins
 	scripts/run-demo.sh
 
 test-setup:

@@ -580,6 +580,16 @@ StatusOr<std::shared_ptr<T>> LoadByName(PluginKind kind, const std::string& name
                     (any_file ? "cannot be loaded" : "not found") + "; paths tried:";
   if (search_path.empty()) msg += " none (the search path is empty: set POLYCHIP_PLUGIN_PATH)";
   for (const auto& r : *reports) msg += "\n  " + r.ToString();
+  if (!any_file) {
+    // Say what to do next: which names do exist, and how to add a folder.
+    std::string available;
+    for (const PluginFile& f : DiscoverPlugins(search_path)) {
+      if (f.kind == kind && !f.shadowed) available += (available.empty() ? "" : ", ") + f.name;
+    }
+    msg += "\navailable " + std::string(PluginKindName(kind)) + " plugins: " +
+           (available.empty() ? "none" : available) +
+           "; add a folder with POLYCHIP_PLUGIN_PATH, or run `polychip doctor`";
+  }
   return any_file ? FailedPrecondition(msg) : NotFound(msg);
 }
 
