@@ -133,6 +133,13 @@ int RunDevices(bool as_json) {
                             {"abi", Abi(c->abi_major(), c->abi_minor())},
                             {"memory", c->reads_device_memory() ? "device:" + c->device_plugin()
                                                                 : std::string("host")}});
+    // The configured comm plugin: where the choice came from and its parameters.
+    if (config->comm && (config->comm->name == c->name() || config->comm->path == c->path())) {
+      std::string params;
+      for (const auto& [k, v] : config->comm->params) params += (params.empty() ? "" : ",") + k + "=" + v;
+      out["comms"].back()["selected_by"] = config->comm_source;
+      out["comms"].back()["params"] = params;
+    }
   }
 
   if (as_json) {
@@ -163,6 +170,11 @@ int RunDevices(bool as_json) {
     std::cout << "comm " << c["name"].get<std::string>() << " " << c["version"].get<std::string>()
               << " (ABI " << c["abi"].get<std::string>() << ", memory "
               << c["memory"].get<std::string>() << ")  " << c["path"].get<std::string>() << "\n";
+    if (c.contains("selected_by")) {
+      std::cout << "    selected by " << c["selected_by"].get<std::string>() << ", params: "
+                << (c["params"].get<std::string>().empty() ? "(defaults)" : c["params"].get<std::string>())
+                << "\n";
+    }
   }
   for (const auto& f : out["failed"]) {
     std::cout << "unusable: " << f["path"].get<std::string>() << ": "
