@@ -40,6 +40,7 @@ struct RunOptions {
   std::string kv_type = "f16";
   std::vector<std::string> stop;
   int tp_size = 1;
+  int pp_size = 1;
 };
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -103,10 +104,10 @@ int Run(const RunOptions& o) {
   auto kv_type = DTypeFromName(o.kv_type);
   if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_type));
   ro.kv_dtype = *kv_type;
-  // tp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
+  // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
   // never returns.
   auto runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
-                                   {o.tp_size});
+                                   {o.tp_size, o.pp_size});
   if (!runner.ok()) return Fail(runner.status());
   engine::ModelRunner& r = **runner;
   const auto t_loaded = Clock::now();
@@ -193,6 +194,9 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
   app.add_option("--tp-size", o->tp_size,
                  "tensor-parallel ranks, one process each (--device emu:0,1: a device per rank)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--pp-size", o->pp_size,
+                 "pipeline stages (layers split), one process per rank; ranks = tp x pp")
       ->check(CLI::Range(1, 64));
   return [o] { return Run(*o); };
 }

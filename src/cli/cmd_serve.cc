@@ -43,6 +43,7 @@ struct ServeOptions {
   std::string schedule_policy = "fcfs";
   int threads = 0;
   int tp_size = 1;
+  int pp_size = 1;
   std::string chat_template;
   std::string kv_cache_dtype = "f16";
   int http_threads = 320;
@@ -123,10 +124,10 @@ int Serve(CLI::App& app, ServeOptions& o) {
   }
   if (kv_tokens <= 0) kv_tokens = std::max<int64_t>(65536, ctx);
   ro.kv_tokens = std::max(kv_tokens, ctx);
-  // tp_size > 1: one process per rank (dist/parallel.h); rank 0 serves, and in the other
+  // tp_size x pp_size > 1: one process per rank (dist/parallel.h); rank 0 serves, and in the other
   // ranks this call never returns.
   auto runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
-                                   {o.tp_size});
+                                   {o.tp_size, o.pp_size});
   if (!runner.ok()) return Fail(runner.status());
   auto codec = server::MakeTokenizerCodec(mf->tokenizer.get(), o.chat_template);
   if (!codec.ok()) return Fail(codec.status());
@@ -211,6 +212,9 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--threads", o->threads, "device threads (CPU backend)");
   app.add_option("--tp-size", o->tp_size,
                  "tensor-parallel ranks, one process each (--device emu:0,1: a device per rank)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--pp-size", o->pp_size,
+                 "pipeline stages (layers split), one process per rank; ranks = tp x pp")
       ->check(CLI::Range(1, 64));
   app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
   app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "f16, bf16 or f32");

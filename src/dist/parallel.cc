@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "runtime/comm.h"
@@ -199,36 +200,69 @@ StatusOr<std::vector<SequenceStep>> Decode(const std::vector<int32_t>& p) {
   return batch;
 }
 
-// The all-reduce of the tensor-parallel hooks: the comm plugin reads host memory, so the
-// partial sums go through a host buffer.
-struct HostAllReduce {
-  Communicator* comm;
-  int64_t n_embd;
+// The hooks of the model: the comm plugin reads host memory, so hidden states go through a
+// host buffer (D2H, collective, H2D). One per communicator.
+struct HostStaging {
+  Communicator* comm = nullptr;
+  int64_t n_embd = 0;
   std::vector<float> host;  // [n_rows, n_embd]
 
-  Status operator()(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows) {
-    // The hook receives the runner's stream as const (as every launch does); copies need it
-    // mutable, and the runner owns it, so this is safe.
+  // The hooks receive the runner's stream as const (as every launch does); copies need it
+  // mutable, and the runner owns it, so this is safe. `host` stays untouched until the next
+  // call, which synchronizes the stream before writing it.
+  Status ToHost(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows) {
     auto& s = const_cast<runtime::Stream&>(stream);
-    const uint64_t count = uint64_t(n_rows) * n_embd;
-    host.resize(count);
-    PC_RETURN_IF_ERROR(s.CopyD2H(host.data(), x, count * 4));
-    PC_RETURN_IF_ERROR(s.Synchronize());
-    PC_RETURN_IF_ERROR(comm->AllReduce(host.data(), host.data(), count, DType::kF32,
+    host.resize(uint64_t(n_rows) * n_embd);
+    PC_RETURN_IF_ERROR(s.CopyD2H(host.data(), x, host.size() * 4));
+    return s.Synchronize();
+  }
+  Status ToDevice(const runtime::Stream& stream, runtime::DevPtr x) {
+    return const_cast<runtime::Stream&>(stream).CopyH2D(x, host.data(), host.size() * 4);
+  }
+  Status AllReduce(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows) {
+    PC_RETURN_IF_ERROR(ToHost(stream, x, n_rows));
+    PC_RETURN_IF_ERROR(comm->AllReduce(host.data(), host.data(), host.size(), DType::kF32,
                                        runtime::ReduceOp::kSum));
-    // `host` stays untouched until the next call, which synchronizes the stream first.
-    return s.CopyH2D(x, host.data(), count * 4);
+    return ToDevice(stream, x);
+  }
+  Status Send(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows, int32_t peer) {
+    PC_RETURN_IF_ERROR(ToHost(stream, x, n_rows));
+    return comm->Send(host.data(), host.size(), DType::kF32, peer);
+  }
+  Status Recv(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows, int32_t peer) {
+    PC_RETURN_IF_ERROR(const_cast<runtime::Stream&>(stream).Synchronize());
+    host.resize(uint64_t(n_rows) * n_embd);
+    PC_RETURN_IF_ERROR(comm->Recv(host.data(), host.size(), DType::kF32, peer));
+    return ToDevice(stream, x);
   }
 };
+
+// What a rank holds besides its runner: the communicators (world; the tensor-parallel group of
+// its stage; the pipeline group of its tensor-parallel position) and their staging buffers.
+struct Groups {
+  int32_t tp = 1, pp = 1;
+  std::unique_ptr<Communicator> world, tp_comm, pp_comm;
+  HostStaging tp_stage, pp_stage;
+  int32_t LogitsRank() const { return (pp - 1) * tp; }  // last stage, tensor rank 0
+};
+
+// After a step, the last stage's tensor rank 0 sends the logits to rank 0 (pipeline only).
+Status ShareLogits(Groups& g, std::vector<float>* logits) {
+  const int32_t src = g.LogitsRank();
+  if (g.pp == 1 || src == 0 || logits->empty()) return Status::Ok();
+  if (g.world->rank() == src) return g.world->Send(logits->data(), logits->size(), DType::kF32, 0);
+  if (g.world->rank() == 0) return g.world->Recv(logits->data(), logits->size(), DType::kF32, src);
+  return Status::Ok();
+}
 
 // Rank 0's runner: broadcasts each step, then runs its own shard.
 class TpRunner : public engine::ModelRunner {
  public:
-  TpRunner(World world, std::unique_ptr<Communicator> comm, std::unique_ptr<HostAllReduce> reduce,
+  TpRunner(World world, std::unique_ptr<Groups> groups,
            std::unique_ptr<model::TransformerRunner> local)
       : world_(std::move(world)),
-        comm_(std::move(comm)),
-        reduce_(std::move(reduce)),
+        groups_(std::move(groups)),
+        comm_(groups_->world.get()),
         local_(std::move(local)) {}
 
   ~TpRunner() override {
@@ -240,7 +274,7 @@ class TpRunner : public engine::ModelRunner {
     local_.reset();
     // The others exit once they see the stop (or the abort); do not wait for long.
     ReapChildren(world_, std::chrono::seconds(10));
-    comm_.reset();
+    groups_.reset();
     runtime::Log().info("dist: {} collectives, {:.3f} s in collectives", n_ops_, comm_seconds_);
   }
 
@@ -256,6 +290,7 @@ class TpRunner : public engine::ModelRunner {
     Status s = comm_->Broadcast(header, header, 2, DType::kI64, 0);
     if (s.ok()) s = comm_->Broadcast(payload.data(), payload.data(), payload.size(), DType::kI32, 0);
     if (s.ok()) s = local_->Forward(batch, logits);
+    if (s.ok()) s = ShareLogits(*groups_, logits);
     n_ops_ = comm_->n_ops();
     comm_seconds_ = comm_->seconds_in_ops();
     if (!s.ok()) {
@@ -266,12 +301,13 @@ class TpRunner : public engine::ModelRunner {
   }
 
   const model::TransformerRunner& local() const { return *local_; }
-  int32_t size() const { return world_.size; }
+  int32_t tp() const { return groups_->tp; }
+  int32_t pp() const { return groups_->pp; }
 
  private:
   World world_;
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<HostAllReduce> reduce_;
+  std::unique_ptr<Groups> groups_;
+  Communicator* comm_;  // groups_->world
   std::unique_ptr<model::TransformerRunner> local_;
   bool failed_ = false;
   uint64_t n_ops_ = 0;
@@ -279,7 +315,8 @@ class TpRunner : public engine::ModelRunner {
 };
 
 // A follower: replays rank 0's steps until told to stop.
-Status FollowSteps(Communicator& comm, model::TransformerRunner& runner) {
+Status FollowSteps(Groups& g, model::TransformerRunner& runner) {
+  Communicator& comm = *g.world;
   std::vector<float> logits;
   for (;;) {
     int64_t header[2] = {0, 0};
@@ -289,6 +326,7 @@ Status FollowSteps(Communicator& comm, model::TransformerRunner& runner) {
     PC_RETURN_IF_ERROR(comm.Broadcast(nullptr, payload.data(), payload.size(), DType::kI32, 0));
     PC_ASSIGN_OR_RETURN(std::vector<SequenceStep> batch, Decode(payload));
     Status s = runner.Forward(batch, &logits);
+    if (s.ok()) s = ShareLogits(g, &logits);
     if (!s.ok()) {
       comm.Abort();
       return s;
@@ -304,8 +342,9 @@ std::string DescribeRunner(const engine::ModelRunner& runner) {
   char buf[256];
   if (auto* tp = dynamic_cast<const TpRunner*>(&runner)) {
     const model::TransformerRunner& r = tp->local();
-    std::snprintf(buf, sizeof(buf), "tensor parallel x%d, rank 0 on %s, %.1f MiB of weights per rank",
-                  tp->size(), r.device().props().name.c_str(), r.weight_bytes() / 1048576.0);
+    std::snprintf(buf, sizeof(buf),
+                  "tensor parallel x%d, pipeline x%d, rank 0 on %s, %.1f MiB of weights on rank 0",
+                  tp->tp(), tp->pp(), r.device().props().name.c_str(), r.weight_bytes() / 1048576.0);
   } else if (auto* r = dynamic_cast<const model::TransformerRunner*>(&runner)) {
     std::snprintf(buf, sizeof(buf), "%s, %.1f MiB of weights", r->device().props().name.c_str(),
                   r->weight_bytes() / 1048576.0);
@@ -319,7 +358,9 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     const model::ModelFile& file, const std::string& config_path, const std::string& device_flag,
     int threads, const model::RunnerOptions& options, const ParallelOptions& parallel) {
   const bool follower = IsFollowerRank();
-  if (parallel.tp_size <= 1 && !follower) {
+  const int32_t tp = std::max(1, parallel.tp_size), pp = std::max(1, parallel.pp_size);
+  const int32_t n_ranks = tp * pp;
+  if (n_ranks == 1 && !follower) {
     PC_ASSIGN_OR_RETURN(auto device, model::OpenDevice(config_path, device_flag, threads));
     PC_ASSIGN_OR_RETURN(auto runner,
                         model::TransformerRunner::Create(*file.file, file.config, device, options));
@@ -327,28 +368,59 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
   }
   // Checks that need no other rank come first: a bad device list or an indivisible model fails
   // before any process is started.
-  PC_RETURN_IF_ERROR(model::ShardConfig(file.config, parallel.tp_size).status());
-  PC_RETURN_IF_ERROR(RankDeviceFlag(device_flag, 0, parallel.tp_size).status());
+  PC_RETURN_IF_ERROR(model::ShardConfig(file.config, tp).status());
+  if (pp > file.config.n_layer) {
+    return InvalidArgument("--pp-size " + std::to_string(pp) + " exceeds the model's " +
+                           std::to_string(file.config.n_layer) + " layers");
+  }
+  PC_RETURN_IF_ERROR(RankDeviceFlag(device_flag, 0, n_ranks).status());
   PC_ASSIGN_OR_RETURN(auto plugin, LoadComm(config_path, device_flag));
 
-  PC_ASSIGN_OR_RETURN(World world, follower ? FollowerWorld() : StartWorld(parallel.tp_size));
-  if (follower && world.size != parallel.tp_size) {
+  PC_ASSIGN_OR_RETURN(World world, follower ? FollowerWorld() : StartWorld(n_ranks));
+  if (follower && world.size != n_ranks) {
     return InvalidArgument("rank " + std::to_string(world.rank) + ": started for " +
-                           std::to_string(world.size) + " ranks, --tp-size says " +
-                           std::to_string(parallel.tp_size));
+                           std::to_string(world.size) + " ranks, --tp-size x --pp-size says " +
+                           std::to_string(n_ranks));
   }
   runtime::FileKvStore kv(world.kv_dir);
-  PC_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
-                      Communicator::Create(plugin, kv, "world", world.size, world.rank,
-                                           parallel.timeout_ms));
+  // Rank r is tensor rank r % tp of pipeline stage r / tp.
+  auto g = std::make_unique<Groups>();
+  g->tp = tp;
+  g->pp = pp;
+  PC_ASSIGN_OR_RETURN(g->world, Communicator::Create(plugin, kv, "world", world.size, world.rank,
+                                                     parallel.timeout_ms));
+  const int32_t stage = world.rank / tp, tp_rank = world.rank % tp;
+  if (tp > 1) {
+    PC_ASSIGN_OR_RETURN(g->tp_comm, g->world->Split(stage, tp_rank));
+  }
+  if (pp > 1) {
+    PC_ASSIGN_OR_RETURN(g->pp_comm, g->world->Split(tp_rank, stage));
+  }
+  g->tp_stage = {g->tp_comm.get(), file.config.n_embd, {}};
+  g->pp_stage = {g->pp_comm.get(), file.config.n_embd, {}};
 
   // Every rank loads its shard, then all agree that every rank succeeded.
-  auto reduce = std::make_unique<HostAllReduce>(HostAllReduce{comm.get(), file.config.n_embd, {}});
   model::RunnerOptions ro = options;
-  ro.tensor_parallel.rank = world.rank;
-  ro.tensor_parallel.size = world.size;
-  ro.tensor_parallel.all_reduce = [r = reduce.get()](const runtime::Stream& s, runtime::DevPtr x,
-                                                     int64_t n) { return (*r)(s, x, n); };
+  Groups* gp = g.get();
+  if (tp > 1) {
+    ro.tensor_parallel.rank = tp_rank;
+    ro.tensor_parallel.size = tp;
+    ro.tensor_parallel.all_reduce = [gp](const runtime::Stream& s, runtime::DevPtr x, int64_t n) {
+      return gp->tp_stage.AllReduce(s, x, n);
+    };
+  }
+  if (pp > 1) {
+    ro.pipeline.stage = stage;
+    ro.pipeline.n_stages = pp;
+    std::tie(ro.pipeline.first_layer, ro.pipeline.end_layer) =
+        model::StageLayers(file.config.n_layer, stage, pp);
+    ro.pipeline.send = [gp, stage](const runtime::Stream& s, runtime::DevPtr x, int64_t n) {
+      return gp->pp_stage.Send(s, x, n, stage + 1);
+    };
+    ro.pipeline.recv = [gp, stage](const runtime::Stream& s, runtime::DevPtr x, int64_t n) {
+      return gp->pp_stage.Recv(s, x, n, stage - 1);
+    };
+  }
   auto load = [&]() -> StatusOr<std::unique_ptr<model::TransformerRunner>> {
     PC_ASSIGN_OR_RETURN(std::string flag, RankDeviceFlag(device_flag, world.rank, world.size));
     PC_ASSIGN_OR_RETURN(auto device, model::OpenDevice(config_path, flag, threads));
@@ -360,34 +432,34 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
   }
   int32_t ok = local.ok() ? 1 : 0;
   std::vector<int32_t> all_ok(world.size, 0);
-  Status agreed = comm->AllGather(&ok, all_ok.data(), 1, DType::kI32);
+  Status agreed = g->world->AllGather(&ok, all_ok.data(), 1, DType::kI32);
   std::string failed_ranks;
   for (int32_t r = 0; r < world.size; ++r) {
     if (!all_ok[r]) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!agreed.ok() || !failed_ranks.empty()) {
     if (follower) std::exit(1);
-    comm.reset();
+    g.reset();
     ReapChildren(world, std::chrono::seconds(5));
     if (!local.ok()) return local.status();
     if (!agreed.ok()) return agreed;
     return Unavailable("rank(s) " + failed_ranks + " failed to load their shard (see above)");
   }
-  runtime::Log().info("dist: rank {} of {} ready ({})", world.rank, world.size,
-                      DescribeRunner(**local));
+  runtime::Log().info("dist: rank {} of {} (stage {}, tensor rank {}) ready ({})", world.rank,
+                      world.size, stage, tp_rank, DescribeRunner(**local));
 
   if (follower) {
-    Status s = FollowSteps(*comm, **local);
+    Status s = FollowSteps(*g, **local);
     if (!s.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank, s.ToString().c_str());
       std::exit(1);
     }
     local->reset();
-    comm.reset();
+    g.reset();
     std::exit(0);
   }
-  return std::unique_ptr<engine::ModelRunner>(std::make_unique<TpRunner>(
-      std::move(world), std::move(comm), std::move(reduce), std::move(*local)));
+  return std::unique_ptr<engine::ModelRunner>(
+      std::make_unique<TpRunner>(std::move(world), std::move(g), std::move(*local)));
 }
 
 }  // namespace polychip::dist

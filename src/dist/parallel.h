@@ -1,4 +1,5 @@
-// Multi-process model execution: tensor parallelism over a comm plugin, one process per rank.
+// Multi-process model execution: tensor and pipeline parallelism over a comm plugin, one
+// process per rank.
 //
 // The process the user started is rank 0. It starts ranks 1..n-1 as copies of itself (same
 // command line; POLYCHIP_DIST_RANK / _SIZE / _KV in their environment, stdout discarded), and
@@ -24,13 +25,14 @@ namespace polychip::dist {
 
 struct ParallelOptions {
   int32_t tp_size = 1;
+  int32_t pp_size = 1;  // pipeline stages; ranks = tp_size * pp_size, rank r in stage r / tp_size
   int64_t timeout_ms = 60000;  // communicator creation (all ranks started and attached)
 };
 
 // True in a process started by rank 0 as one of the other ranks.
 bool IsFollowerRank();
 
-// The model runner of this rank for `file`. With tp_size 1 it is a plain TransformerRunner on
+// The model runner of this rank for `file`. With one rank it is a plain TransformerRunner on
 // the device selected by config_path / device_flag. Otherwise, on rank 0: a runner that
 // broadcasts each step to the other ranks (started here) and runs its own shard; on a follower
 // rank this call never returns: it replays rank 0's steps until rank 0 closes, then ends the

@@ -139,7 +139,7 @@ class Uploader {
 StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     const GgufFile& file, const ModelConfig& c, const std::shared_ptr<runtime::Device>& device,
     const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream,
-    int32_t shard_rank, int32_t shard_size) {
+    int32_t shard_rank, int32_t shard_size, int64_t layer_begin, int64_t layer_end) {
   auto w = std::make_unique<ModelWeights>();
   Uploader up(file, device, pool, stream, *w);
 
@@ -167,7 +167,8 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
   }
 
   w->layers.resize(c.n_layer);
-  for (int64_t l = 0; l < c.n_layer; ++l) {
+  if (layer_end < 0) layer_end = c.n_layer;
+  for (int64_t l = layer_begin; l < layer_end; ++l) {
     LayerWeights& L = w->layers[l];
     auto name = [l](const char* suffix) { return LayerTensorName(l, suffix); };
     PC_ASSIGN_OR_RETURN(L.attn_norm, up.Vector(name("attn_norm.weight"), c.n_embd));

@@ -82,10 +82,12 @@ struct ModelWeights {
 // Uploads every tensor the configuration uses. `stream` carries the copies; the call returns
 // after they completed. With shard_size > 1, `config` is one tensor-parallel rank's share
 // (ShardConfig in tensor_parallel.h) and rank shard_rank's slices of the matrices are loaded.
+// Only the layers [layer_begin, layer_end) are loaded (layer_end -1: all), for a pipeline stage.
 StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     const GgufFile& file, const ModelConfig& config,
     const std::shared_ptr<runtime::Device>& device,
     const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream,
-    int32_t shard_rank = 0, int32_t shard_size = 1);
+    int32_t shard_rank = 0, int32_t shard_size = 1, int64_t layer_begin = 0,
+    int64_t layer_end = -1);
 
 }  // namespace polychip::model

@@ -64,14 +64,27 @@ Status TransformerRunner::Init(const GgufFile& file) {
     PC_ASSIGN_OR_RETURN(config_, ShardConfig(config_, tp.size));
   }
 
+  const PipelineStage& pp = o.pipeline;
+  const bool pipeline = pp.n_stages > 1;
+  if (pipeline && (!pp.send || !pp.recv || pp.first_layer < 0 ||
+                   pp.end_layer <= pp.first_layer || pp.end_layer > c.n_layer)) {
+    return InvalidArgument("pipeline stage " + std::to_string(pp.stage) + ": layers [" +
+                           std::to_string(pp.first_layer) + ", " + std::to_string(pp.end_layer) +
+                           ") invalid for " + std::to_string(c.n_layer) + " layers, or no send/recv");
+  }
+  const int64_t layer_begin = pipeline ? pp.first_layer : 0;
+  const int64_t layer_end = pipeline ? pp.end_layer : c.n_layer;
+
   runtime::MemoryPoolOptions pool_options;
   pool_options.arena_bytes = o.arena_bytes;
   pool_ = std::make_shared<runtime::MemoryPool>(device_, pool_options);
   PC_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
-  PC_ASSIGN_OR_RETURN(weights_, LoadWeights(file, c, device_, pool_, *stream_, tp.rank, tp.size));
+  PC_ASSIGN_OR_RETURN(weights_, LoadWeights(file, c, device_, pool_, *stream_, tp.rank, tp.size,
+                                            layer_begin, layer_end));
   PC_ASSIGN_OR_RETURN(Transformer transformer, Transformer::Create(c, *weights_));
   transformer_ = std::make_unique<Transformer>(std::move(transformer));
   if (tp.size > 1) transformer_->SetTensorParallel(&options_.tensor_parallel);
+  if (pipeline) transformer_->SetPipeline(&options_.pipeline);
 
   // KV cache: per layer, K and V of [n_blocks, block_size, n_head_kv, head_dim].
   const uint64_t kv_layer_bytes = uint64_t(num_blocks_) * o.block_size * c.n_head_kv *
@@ -79,6 +92,11 @@ Status TransformerRunner::Init(const GgufFile& file) {
   kv_.dtype = o.kv_dtype;
   kv_.block_size = o.block_size;
   for (int64_t l = 0; l < c.n_layer; ++l) {
+    if (l < layer_begin || l >= layer_end) {  // another pipeline stage's layer
+      kv_.k.push_back(0);
+      kv_.v.push_back(0);
+      continue;
+    }
     for (auto* list : {&kv_.k, &kv_.v}) {
       PC_ASSIGN_OR_RETURN(PoolBuffer b, PoolBuffer::Allocate(pool_, kv_layer_bytes));
       list->push_back(b.ptr());
@@ -238,6 +256,9 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   // Logits, max_logit_rows at a time, copied straight into the caller's vector.
   const size_t out_base = logits->size();
   logits->resize(out_base + size_t(n_rows) * c.n_vocab);
+  if (options_.pipeline.n_stages > 1 && !options_.pipeline.last()) {
+    return stream_->Synchronize();  // only the last stage has the logits (these stay zero)
+  }
   for (int64_t r = 0; r < n_rows; r += options_.max_logit_rows) {
     const int64_t rows = std::min(options_.max_logit_rows, n_rows - r);
     PC_RETURN_IF_ERROR(transformer_->Logits(*stream_, buf_.x, n_tokens,

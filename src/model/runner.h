@@ -33,6 +33,8 @@ struct RunnerOptions {
   // Tensor parallel: this runner holds rank `rank` of `size` shards (tensor_parallel.h). The
   // KV cache and workspace then hold only this rank's heads.
   TensorParallel tensor_parallel;
+  // Pipeline parallel: this runner holds one stage's layers (and their KV cache).
+  PipelineStage pipeline;
 };
 
 class TransformerRunner : public engine::ModelRunner {

@@ -87,9 +87,16 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
   emb.ids = in.tokens;
   emb.n_ids = T;
   emb.out = b.x;
-  PC_RETURN_IF_ERROR(Launch(stream, emb));
+  const bool pipeline = pp_ != nullptr && pp_->n_stages > 1;
+  if (!pipeline || pp_->first()) {
+    PC_RETURN_IF_ERROR(Launch(stream, emb));
+  } else {
+    PC_RETURN_IF_ERROR(pp_->recv(stream, b.x, T));  // the previous stage's hidden states
+  }
 
-  for (int64_t l = 0; l < c.n_layer; ++l) {
+  const int64_t first_layer = pipeline ? pp_->first_layer : 0;
+  const int64_t end_layer = pipeline ? pp_->end_layer : c.n_layer;
+  for (int64_t l = first_layer; l < end_layer; ++l) {
     const LayerWeights& L = w_->layers[l];
 
     // ---- attention ----
@@ -165,6 +172,7 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
       PC_RETURN_IF_ERROR(ReducedResidual(stream, b.gate, L.w_down, 0, b.xn, b.x, T));
     }
   }
+  if (pipeline && !pp_->last()) PC_RETURN_IF_ERROR(pp_->send(stream, b.x, T));
   return Status::Ok();
 }
 

@@ -84,6 +84,8 @@ class Transformer {
   // Tensor parallel (tensor_parallel.h): the weights are this rank's shard, and the partial
   // results of the two down projections of each layer are all-reduced. `tp` must outlive this.
   void SetTensorParallel(const TensorParallel* tp) { tp_ = tp; }
+  // Pipeline parallel: this transformer runs one stage's layers (tensor_parallel.h).
+  void SetPipeline(const PipelineStage* pp) { pp_ = pp; }
 
  private:
   Transformer(const ModelConfig& config, const ModelWeights& weights, ArchTraits traits)
@@ -101,6 +103,7 @@ class Transformer {
   const ModelWeights* w_;
   ArchTraits traits_;
   const TensorParallel* tp_ = nullptr;
+  const PipelineStage* pp_ = nullptr;
 };
 
 }  // namespace polychip::model

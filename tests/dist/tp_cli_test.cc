@@ -1,6 +1,7 @@
-// Tensor parallelism end to end through the polychip binary on emu devices, with the trained
-// tiny model (models/polychip-tiny.gguf): tp=2 gives tp=1's greedy tokens and perplexity; a
-// bad device list fails before anything starts; a killed rank ends the job within 10 s.
+// Tensor and pipeline parallelism end to end through the polychip binary on emu devices, with
+// the trained tiny model (models/polychip-tiny.gguf): tp=2, pp=2 and tp=2 x pp=2 give the
+// single rank's greedy tokens and perplexity; a bad device list fails before anything starts;
+// a killed rank ends the job within 10 s.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -68,32 +69,52 @@ double Ppl(const std::string& text) {
   return at == std::string::npos ? -1 : std::atof(text.c_str() + at + 6);
 }
 
-TEST(TensorParallel, RunGivesTheSameGreedyTokens) {
-  const std::string args = "run -m " + kModel +
-                           " -p 'And God said, Let there be light' -n 32 --print-tokens "
-                           "--device emu:0,1 --tp-size ";
-  Result one = Polychip(args + "1");
-  Result two = Polychip(args + "2");
+// (tp, pp) layouts against the single-rank run: 2 ranks of tensor parallel, 2 pipeline
+// stages, and 2 x 2 (four processes, each on its own emu device).
+class Layouts : public ::testing::TestWithParam<std::pair<int, int>> {
+ protected:
+  static std::string Flags(int tp, int pp) {
+    return " --device emu:0,1,2,3 --tp-size " + std::to_string(tp) + " --pp-size " +
+           std::to_string(pp);
+  }
+};
+
+TEST_P(Layouts, RunGivesTheSameGreedyTokens) {
+  const auto [tp, pp] = GetParam();
+  const std::string args =
+      "run -m " + kModel + " -p 'And God said, Let there be light' -n 32 --print-tokens";
+  Result one = Polychip(args + Flags(1, 1));
+  Result many = Polychip(args + Flags(tp, pp));
   ASSERT_EQ(one.status, 0) << one.err;
-  ASSERT_EQ(two.status, 0) << two.err;
+  ASSERT_EQ(many.status, 0) << many.err;
   EXPECT_EQ(Tokens(one.err).size(), 32u) << one.err;
-  EXPECT_EQ(Tokens(one.err), Tokens(two.err));
-  EXPECT_EQ(one.out, two.out);
-  EXPECT_NE(two.err.find("tensor parallel x2"), std::string::npos) << two.err;
-  EXPECT_NE(two.err.find("comm plugin 'shm'"), std::string::npos) << two.err;
+  EXPECT_EQ(Tokens(one.err), Tokens(many.err));
+  EXPECT_EQ(one.out, many.out);
+  EXPECT_NE(many.err.find("tensor parallel x" + std::to_string(tp) + ", pipeline x" +
+                          std::to_string(pp)),
+            std::string::npos)
+      << many.err;
+  EXPECT_NE(many.err.find("comm plugin 'shm'"), std::string::npos) << many.err;
 }
 
-TEST(TensorParallel, PerplexityWithinATenthOfAPercent) {
-  const std::string args =
-      "perplexity -m " + kModel + " -f " + kText + " -c 128 --chunks 4 --device emu:0,1 --tp-size ";
-  Result one = Polychip(args + "1");
-  Result two = Polychip(args + "2");
+TEST_P(Layouts, PerplexityWithinATenthOfAPercent) {
+  const auto [tp, pp] = GetParam();
+  const std::string args = "perplexity -m " + kModel + " -f " + kText + " -c 128 --chunks 4";
+  Result one = Polychip(args + Flags(1, 1));
+  Result many = Polychip(args + Flags(tp, pp));
   ASSERT_EQ(one.status, 0) << one.err;
-  ASSERT_EQ(two.status, 0) << two.err;
-  const double p1 = Ppl(one.out + one.err), p2 = Ppl(two.out + two.err);
+  ASSERT_EQ(many.status, 0) << many.err;
+  const double p1 = Ppl(one.out + one.err), p2 = Ppl(many.out + many.err);
   ASSERT_GT(p1, 1.0) << one.out << one.err;
   EXPECT_NEAR(p2, p1, p1 * 1e-3);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dist, Layouts,
+                         ::testing::Values(std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}),
+                         [](const auto& info) {
+                           return "tp" + std::to_string(info.param.first) + "_pp" +
+                                  std::to_string(info.param.second);
+                         });
 
 TEST(TensorParallel, ImpossibleDeviceListsFailWithAClearMessage) {
   // Fewer devices than ranks: refused before any rank starts.
