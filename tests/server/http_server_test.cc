@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <regex>
 #include <thread>
 
@@ -320,12 +321,17 @@ TEST(HttpServer, DisconnectMidStreamFreesBlocks) {
 TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {
   // 24 blocks of 4 tokens; each request needs 10 blocks.
   TestServer s(/*num_blocks=*/24, "", /*context=*/96);
+  // Slow steps and a start barrier keep the requests overlapping on a busy machine.
+  s.runner->set_step_delay_us(2000);
   std::vector<std::thread> clients;
   std::vector<json> outputs(8);
   std::vector<int> statuses(8, 0);
+  std::atomic<int> ready{0};
   ByteCodec codec;
   for (int i = 0; i < 8; ++i) {
     clients.emplace_back([&, i] {
+      ++ready;
+      while (ready.load() < 8) std::this_thread::yield();
       httplib::Client c("127.0.0.1", s.http->port());
       c.set_read_timeout(60, 0);
       json body = {{"input_ids", codec.Encode("prompt #" + std::to_string(i), true)},
@@ -346,6 +352,10 @@ TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {
   }
   EXPECT_GT(s.Metric("polychip_num_preemptions_total"), 0);
   EXPECT_EQ(s.Metric("polychip_requests_finished_total"), 8);
+  // The gauges are published at the end of the engine's step, just after the last response.
+  for (int i = 0; i < 250 && s.Metric("polychip_kv_blocks_used") != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   EXPECT_EQ(s.Metric("polychip_kv_blocks_used"), 0);
 }
 
