@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <unordered_set>
+
+#include <unistd.h>
 
 namespace polychip::model {
 namespace {
@@ -47,11 +50,12 @@ void AppendArrayBody(std::string& out, const GgufValue& v) {
   }
 }
 
-// A FILE* that removes its temporary file unless committed.
+// A FILE* that removes its temporary file unless committed. The temporary name is unique per
+// process, so two processes writing the same model at once each rename a complete file.
 class TempFile {
  public:
   explicit TempFile(std::string final_path)
-      : final_(std::move(final_path)), tmp_(final_ + ".tmp") {}
+      : final_(std::move(final_path)), tmp_(final_ + ".tmp." + std::to_string(::getpid())) {}
   ~TempFile() {
     if (f_) std::fclose(f_);
     if (!committed_) std::remove(tmp_.c_str());
