@@ -28,7 +28,8 @@ if [ "$installed" != "$version" ]; then
   log "installing node-llama-cpp@$version into $cache/npm"
   mkdir -p "$cache/npm"
   # --ignore-scripts: we only want the files; its install script would build its own binaries.
-  npm install --no-audit --no-fund --ignore-scripts --prefix "$cache/npm" \
+  # --omit=optional: skip the prebuilt platform binaries (hundreds of MB) we do not run.
+  npm install --no-audit --no-fund --ignore-scripts --omit=optional --prefix "$cache/npm" \
     "node-llama-cpp@$version" >&2
 fi
 
