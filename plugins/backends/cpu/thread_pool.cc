@@ -1,6 +1,8 @@
 #include "thread_pool.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <chrono>
 
@@ -29,66 +31,70 @@ inline void Backoff(int round) {
   }
 }
 
+inline uint64_t Gen(uint64_t job) { return job >> 32; }
+// Task index of a job being set up: nothing can be claimed, and claims of the previous job fail.
+constexpr uint64_t kOpening = 0xFFFFFFFFu;
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    generation_.fetch_add(1, std::memory_order_release);
+    stop_.store(true);
+    job_.fetch_add(uint64_t{1} << 32);  // a new generation wakes everyone
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::Work(int index) {
-  if (thread_fn_ != nullptr) {
-    (*thread_fn_)(index, n_threads_);
-    return;
-  }
+void ThreadPool::Work(uint64_t gen) {
+  uint64_t job = job_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t t = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (t >= n_tasks_) break;
-    (*task_fn_)(t);
+    if (Gen(job) != gen) return;  // the job finished (and maybe another began)
+    if ((job & 0xFFFFFFFFu) == kOpening) {  // Run is still filling in fn_ and n_tasks_
+      Pause();
+      job = job_.load(std::memory_order_acquire);
+      continue;
+    }
+    const int64_t task = static_cast<int64_t>(job & 0xFFFFFFFFu);
+    if (task >= n_tasks_.load(std::memory_order_relaxed)) return;
+    // Success proves the job is still `gen`, hence fn_ and n_tasks_ are its own: a job cannot
+    // finish while one of its tasks is claimed and not done.
+    if (!job_.compare_exchange_weak(job, job + 1, std::memory_order_acq_rel,
+                                    std::memory_order_acquire))
+      continue;
+    (*fn_.load(std::memory_order_relaxed))(task);
+    done_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
-void ThreadPool::WorkerLoop(int index) {
+void ThreadPool::WorkerLoop() {
+  // Generation 0 is the constructor's: reading job_ here instead could miss a job (or the
+  // destructor's wake-up) published before this thread got to run.
   uint64_t seen = 0;
   for (;;) {
-    // Spin, then sleep, until a new generation is published.
     auto start = std::chrono::steady_clock::now();
     int spins = 0;
-    while (generation_.load(std::memory_order_acquire) == seen) {
+    uint64_t gen;
+    while ((gen = Gen(job_.load(std::memory_order_acquire))) == seen) {
       Backoff(spins);
       if (++spins % 1024 == 0 && std::chrono::steady_clock::now() - start > kSpin) {
         std::unique_lock<std::mutex> lock(mu_);
         sleepers_.fetch_add(1);
-        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        wake_.wait(lock, [&] { return Gen(job_.load(std::memory_order_acquire)) != seen; });
         sleepers_.fetch_sub(1);
         start = std::chrono::steady_clock::now();
         spins = 0;
       }
     }
-    seen = generation_.load(std::memory_order_acquire);
-    if (stop_) return;
-    Work(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (stop_.load()) return;
+    seen = gen;
+    Work(gen);
   }
-}
-
-void ThreadPool::Publish() {
-  // Bumping the generation under the lock pairs with a sleeper's predicate check, so a
-  // wake-up is never lost; the notify (a syscall) is skipped while every worker spins.
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
-  }
-  if (sleepers_.load() > 0) wake_.notify_all();
 }
 
 void ThreadPool::Run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
@@ -97,27 +103,22 @@ void ThreadPool::Run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
     for (int64_t t = 0; t < n_tasks; ++t) fn(t);
     return;
   }
-  task_fn_ = &fn;
-  thread_fn_ = nullptr;
-  n_tasks_ = n_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  Publish();
-  Work(0);
-  for (int round = 0; pending_.load(std::memory_order_acquire) != 0; ++round) Backoff(round);
-}
-
-void ThreadPool::RunPerThread(const std::function<void(int, int)>& fn) {
-  if (n_threads_ == 1) {
-    fn(0, 1);
-    return;
+  // First move to the new generation with nothing claimable: a worker still holding the old
+  // job word now fails its claim, so it cannot pair the old word with the new fn_/n_tasks_.
+  const uint64_t gen = Gen(job_.load(std::memory_order_relaxed)) + 1;
+  job_.store((gen << 32) | kOpening, std::memory_order_seq_cst);
+  fn_.store(&fn, std::memory_order_relaxed);
+  n_tasks_.store(n_tasks, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  {
+    // Publishing under the lock pairs with a sleeper's predicate check, so a wake-up is never
+    // lost; the notify (a syscall) is skipped while every worker spins.
+    std::lock_guard<std::mutex> lock(mu_);
+    job_.store(gen << 32, std::memory_order_release);
   }
-  thread_fn_ = &fn;
-  task_fn_ = nullptr;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  Publish();
-  Work(0);
-  for (int round = 0; pending_.load(std::memory_order_acquire) != 0; ++round) Backoff(round);
+  if (sleepers_.load() > 0) wake_.notify_all();
+  Work(gen);
+  for (int round = 0; done_.load(std::memory_order_acquire) != n_tasks; ++round) Backoff(round);
 }
 
 }  // namespace polychip::cpu

@@ -1,7 +1,13 @@
 // A fork-join thread pool for short parallel sections (a decode step launches ~200 ops of a
-// few microseconds each, so the wake-up latency is what matters). Workers spin on a generation
-// counter for a while after each job, then sleep on a condition variable; the calling thread
-// always takes part, so a pool of n threads starts n - 1 workers.
+// few microseconds each, so the wake-up latency is what matters). Workers spin on the job word
+// for a while after each job, then sleep on a condition variable; the calling thread always
+// takes part, so a pool of n threads starts n - 1 workers.
+//
+// A job completes when all its tasks are done, whoever ran them: the caller never waits for a
+// worker that has not woken up yet (on a machine shared with other processes a descheduled
+// worker would otherwise stall every op for a whole time slice). Tasks are claimed with a
+// compare-and-swap on one 64-bit word holding (job generation, next task), so a worker that
+// wakes up late can never claim a task of a job that has already finished.
 #pragma once
 
 #include <atomic>
@@ -23,30 +29,24 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Runs fn(task) for every task in [0, n_tasks), tasks handed out dynamically (so a thread
-  // slowed by another process on its core takes fewer). Returns when all are done. Not
-  // reentrant: one Run at a time (the plugin serialises launches per device).
+  // Runs fn(task) for every task in [0, n_tasks) (n_tasks < 2^32), tasks handed out
+  // dynamically. Returns when all are done. One Run at a time (the plugin serialises launches).
   void Run(int64_t n_tasks, const std::function<void(int64_t task)>& fn);
 
-  // Like Run with one task per thread: fn(thread_index, n_threads).
-  void RunPerThread(const std::function<void(int thread, int n_threads)>& fn);
-
  private:
-  void Publish();
-  void WorkerLoop(int index);
-  void Work(int index);
+  void WorkerLoop();
+  // Claims and runs tasks of job `gen` until none are left or the job is no longer current.
+  void Work(uint64_t gen);
 
   const int n_threads_;
   std::vector<std::thread> workers_;
-  // The current job. Published by bumping generation_ (release), read by workers (acquire).
-  const std::function<void(int64_t)>* task_fn_ = nullptr;
-  const std::function<void(int, int)>* thread_fn_ = nullptr;
-  int64_t n_tasks_ = 0;
-  std::atomic<int64_t> next_task_{0};
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};  // workers that have not finished the current generation
+  // (generation << 32) | next task index. Written by Run (a new job) and by claims.
+  std::atomic<uint64_t> job_{0};
+  std::atomic<int64_t> n_tasks_{0};
+  std::atomic<const std::function<void(int64_t)>*> fn_{nullptr};
+  std::atomic<int64_t> done_{0};  // tasks of the current job finished
   std::atomic<int> sleepers_{0};
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable wake_;
 };
