@@ -102,8 +102,7 @@ void Sampler::ApplyPenalties(std::vector<float>& logits) const {
 // either the draw walks the candidates in id order (the distribution is the same).
 int32_t Sampler::SampleTemperature(std::vector<float>& logits) {
   const float inv_t = 1.f / params_.temperature;
-  float max_l = kNegInf;
-  for (float l : logits) max_l = std::max(max_l, l);
+  const float max_l = MaxValue(logits);
   std::vector<int32_t> idx;
   idx.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
