@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -86,6 +87,21 @@ StatusOr<World> StartWorld(int32_t size) {
                         return s;
                       }(),
                       w.kv_dir);
+  return w;
+}
+
+// Under mpirun (Open MPI's environment) the ranks are mpirun's processes: nothing is started,
+// and the bootstrap directory is named after mpirun's job (ranks on one host; across hosts use
+// a comm plugin whose ids need no exchange, such as mpi, with a shared /tmp or one host).
+std::optional<World> MpirunWorld() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (rank == nullptr || size == nullptr) return std::nullopt;
+  const char* job = std::getenv("OMPI_MCA_ess_base_jobid");
+  World w;
+  w.rank = std::atoi(rank);
+  w.size = std::atoi(size);
+  w.kv_dir = std::string("/tmp/polychip-dist-mpirun-") + (job != nullptr ? job : "0");
   return w;
 }
 
@@ -336,7 +352,11 @@ Status FollowSteps(Groups& g, model::TransformerRunner& runner) {
 
 }  // namespace
 
-bool IsFollowerRank() { return std::getenv(kRankEnv) != nullptr; }
+bool IsFollowerRank() {
+  if (std::getenv(kRankEnv) != nullptr) return true;
+  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  return mpi_rank != nullptr && std::atoi(mpi_rank) != 0;
+}
 
 std::string DescribeRunner(const engine::ModelRunner& runner) {
   char buf[256];
@@ -376,7 +396,12 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
   PC_RETURN_IF_ERROR(RankDeviceFlag(device_flag, 0, n_ranks).status());
   PC_ASSIGN_OR_RETURN(auto plugin, LoadComm(config_path, device_flag));
 
-  PC_ASSIGN_OR_RETURN(World world, follower ? FollowerWorld() : StartWorld(n_ranks));
+  World world;
+  if (auto mpirun = MpirunWorld()) {
+    world = *mpirun;
+  } else {
+    PC_ASSIGN_OR_RETURN(world, follower ? FollowerWorld() : StartWorld(n_ranks));
+  }
   if (follower && world.size != n_ranks) {
     return InvalidArgument("rank " + std::to_string(world.rank) + ": started for " +
                            std::to_string(world.size) + " ranks, --tp-size x --pp-size says " +

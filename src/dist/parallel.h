@@ -8,6 +8,9 @@
 // its shard of the model. Rank 0 runs everything else (scheduler, sampler, server) and
 // broadcasts each step's batch; the other ranks only replay the steps.
 //
+// Under mpirun (`mpirun -np 2 polychip run ... --tp-size 2`), the ranks are mpirun's processes
+// instead, and nothing is started.
+//
 // Failure: a rank that dies makes the others' next collective fail naming it (the comm plugin
 // watches its peers); any step error aborts the communicator, so no rank waits forever.
 #pragma once

@@ -29,13 +29,14 @@ struct Result {
   double seconds = 0;
 };
 
-// Runs the binary with `args` (a shell word list), capturing stdout and stderr separately.
-Result Polychip(const std::string& args) {
+// Runs the binary with `args` (a shell word list), capturing stdout and stderr separately;
+// `launcher` goes before the binary (e.g. mpirun and its flags).
+Result Polychip(const std::string& args, const std::string& launcher = "") {
   static int n = 0;
   const std::string err_path =
       "/tmp/polychip-tp-test-" + std::to_string(getpid()) + "-" + std::to_string(++n) + ".err";
-  const std::string cmd = "timeout 120 " + std::string(POLYCHIP_BINARY) + " " + args + " 2>" +
-                          err_path;
+  const std::string cmd = "timeout 120 " + launcher + " " + std::string(POLYCHIP_BINARY) + " " +
+                          args + " 2>" + err_path;
   Result r;
   const auto start = Clock::now();
   FILE* p = popen(cmd.c_str(), "r");
@@ -115,6 +116,24 @@ INSTANTIATE_TEST_SUITE_P(Dist, Layouts,
                            return "tp" + std::to_string(info.param.first) + "_pp" +
                                   std::to_string(info.param.second);
                          });
+
+// `mpirun -np 2 polychip run --tp-size 2` with the mpi comm plugin (when Open MPI is here).
+TEST(TensorParallel, MpirunWithTheMpiPlugin) {
+  const std::string plugin = std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_mpi.so";
+  if (access(plugin.c_str(), R_OK) != 0) GTEST_SKIP() << "mpi comm plugin not built (no MPI)";
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const std::string args = "run -m " + kModel +
+                           " -p 'And God said, Let there be light' -n 16 --print-tokens "
+                           "--device emu:0,1 --tp-size ";
+  Result one = Polychip(args + "1");
+  Result two = Polychip(args + "2", "env POLYCHIP_COMM_BACKEND=mpi mpirun -np 2 "
+                                    "--allow-run-as-root --oversubscribe -x POLYCHIP_COMM_BACKEND");
+  ASSERT_EQ(one.status, 0) << one.err;
+  ASSERT_EQ(two.status, 0) << two.err;
+  EXPECT_EQ(Tokens(one.err), Tokens(two.err)) << two.err;
+  EXPECT_EQ(one.out, two.out);
+  EXPECT_NE(two.err.find("comm plugin 'mpi'"), std::string::npos) << two.err;
+}
 
 TEST(TensorParallel, ImpossibleDeviceListsFailWithAClearMessage) {
   // Fewer devices than ranks: refused before any rank starts.
