@@ -117,7 +117,7 @@ void RunMatmul(const OpContext& c, const MatmulCase& mc, bool pack, std::vector<
 }
 
 TEST_P(CpuKernels, PackedMatmulMatchesReference) {
-  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
     const bool kquant = t == PC_DTYPE_Q4_K || t == PC_DTYPE_Q6_K;
     for (int64_t m : {1, 3, 17}) {
       for (int64_t n : {1, 17, 40}) {
@@ -136,7 +136,7 @@ TEST_P(CpuKernels, PackedMatmulMatchesReference) {
 
 TEST_P(CpuKernels, PackedVariantAgreesWithScalar) {
   ThreadPool pool(2);
-  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
     std::vector<float> got, scalar, want;
     RunMatmul(Ctx(), {t, 5, 33, 256}, true, &got, &want);
@@ -146,7 +146,7 @@ TEST_P(CpuKernels, PackedVariantAgreesWithScalar) {
 }
 
 TEST_P(CpuKernels, GgufMatmulMatchesReference) {
-  for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16, PC_DTYPE_Q4_K, PC_DTYPE_Q5_0}) {
+  for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16, PC_DTYPE_Q4_K, PC_DTYPE_Q5_1}) {
     for (int64_t m : {1, 3, 17}) {
       SCOPED_TRACE(std::string(sdk::GetDtypeInfo(t)->name) + " m=" + std::to_string(m));
       std::vector<float> got, want;

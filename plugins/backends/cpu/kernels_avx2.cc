@@ -77,11 +77,11 @@ inline __m256i Dot4(__m256i w, __m256i x) {
   }
 }
 
-template <int MT, bool Q4, bool HALF, bool MIN>
+template <int MT, bool Q4, bool HALF, bool MIN, bool S8>
 void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
           int64_t x_stride, float* tile) {
   // 8-bit quants with offset 128 are multiplied as signed bytes: no offset correction.
-  constexpr bool kSigned8 = !Q4 && !HALF;
+  constexpr bool kSigned8 = S8;
   const int32_t offset = kSigned8 ? 0 : f.offset;
   const int64_t stride = f.block_bytes();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -133,18 +133,18 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   }
 }
 
-template <bool Q4, bool HALF, bool MIN>
+template <bool Q4, bool HALF, bool MIN, bool S8 = false>
 void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) Tile<4, Q4, HALF, MIN>(f, group, kb, x + i * x_stride, x_stride,
+  for (; i + 4 <= m; i += 4) Tile<4, Q4, HALF, MIN, S8>(f, group, kb, x + i * x_stride, x_stride,
                                                     tile + i * kPackRows);
   const ActBlock* xr = x + i * x_stride;
   float* tr = tile + i * kPackRows;
   switch (m - i) {
-    case 3: Tile<3, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
-    case 2: Tile<2, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
-    case 1: Tile<1, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    case 3: Tile<3, Q4, HALF, MIN, S8>(f, group, kb, xr, x_stride, tr); break;
+    case 2: Tile<2, Q4, HALF, MIN, S8>(f, group, kb, xr, x_stride, tr); break;
+    case 1: Tile<1, Q4, HALF, MIN, S8>(f, group, kb, xr, x_stride, tr); break;
     default: break;
   }
 }
@@ -156,7 +156,8 @@ void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
     return GemmFormat<true, false, false>(f, group, kb, x, x_stride, m, tile);
   }
   if (f.half_scales) return GemmFormat<false, true, false>(f, group, kb, x, x_stride, m, tile);
-  return GemmFormat<false, false, false>(f, group, kb, x, x_stride, m, tile);
+  if (f.offset == 128) return GemmFormat<false, false, false, true>(f, group, kb, x, x_stride, m, tile);
+  return GemmFormat<false, false, false, false>(f, group, kb, x, x_stride, m, tile);
 }
 
 float DotF16(const float* x, const uint16_t* w, int64_t n) {

@@ -50,6 +50,17 @@ void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
       for (int e = 0; e < 32; ++e) c->u[e] = static_cast<uint8_t>(int8_t(blk[2 + e]) + 128);
       break;
     }
+    case PC_DTYPE_Q5_0: {  // [d:f16][qh:4][qs:16]: bit e of qh is element e's fifth bit
+      const uint8_t* blk = row + b * 22;
+      c->scale[0] = Load16(blk);
+      uint32_t qh;
+      std::memcpy(&qh, blk + 2, 4);
+      for (int e = 0; e < 16; ++e) {
+        c->u[e] = (blk[6 + e] & 0xF) | (((qh >> e) & 1) << 4);
+        c->u[e + 16] = (blk[6 + e] >> 4) | (((qh >> (e + 16)) & 1) << 4);
+      }
+      break;
+    }
     case PC_DTYPE_Q4_K: {  // [d][dmin][scales:12][qs:128]; sub-block j: nibbles of qs[32(j/2)+l]
       const uint8_t* sb = row + (b / 8) * 144;
       const int j = static_cast<int>(b % 8);
@@ -121,6 +132,7 @@ bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f) {
   switch (dtype) {
     case PC_DTYPE_Q4_0: p.q4 = true; p.offset = 8; break;
     case PC_DTYPE_Q8_0: p.offset = 128; break;
+    case PC_DTYPE_Q5_0: p.offset = 16; break;  // 8-bit cells: 22 -> 34 bytes per 32
     case PC_DTYPE_Q4_K: p.q4 = true; p.has_min = true; break;
     case PC_DTYPE_Q6_K: p.offset = 32; p.half_scales = true; break;
     default: return false;
