@@ -32,6 +32,11 @@ struct Options {
   PluginParams params;     // passed to the plugin's initialize()
   uint32_t seed = 1234;    // random inputs are reproducible
   int32_t ranks = 2;       // comm plugins: ranks (threads of this process) in the world
+  // Comm plugins as processes (started by a launcher such as mpirun): this process is rank
+  // process_rank of `ranks`; ids and verdicts are exchanged through files in kv_dir (one host),
+  // and rank 0's report holds every rank's failures. -1: ranks are threads.
+  int32_t process_rank = -1;
+  std::string kv_dir;
 };
 
 struct Report {

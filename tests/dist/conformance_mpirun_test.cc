@@ -1,0 +1,64 @@
+// The conformance kit with ranks as processes: `mpirun -np 2 polychip conformance --plugin
+// libpolychip_comm_<name>.so` checks the mpi plugin (which can start MPI only once per process,
+// so threads cannot be its ranks) and the shm plugin the same way; rank 0 alone prints the table.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <regex>
+#include <string>
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out;
+};
+
+Result Run(const std::string& cmd) {
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
+  const int status = pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+void CheckUnderMpirun(const std::string& name) {
+  const std::string plugin =
+      std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_" + name + ".so";
+  if (access(plugin.c_str(), R_OK) != 0) GTEST_SKIP() << plugin << " not built";
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  // stdout only: the table. Plugin log lines go to stderr.
+  const Result r = Run("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 2 " +
+                       std::string(POLYCHIP_BINARY) + " conformance --plugin " + plugin +
+                       " --ranks 2 2>/dev/null");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // One table (rank 0's), with every rank's collectives run as processes.
+  EXPECT_EQ(Count(r.out, "CHECK "), 1u) << r.out;
+  EXPECT_NE(r.out.find("comm '" + name + "'"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("comm\\.init_rank +PASS .*2 ranks \\(processes\\)")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("collective\\.all_reduce\\.bf16\\.sum +PASS")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("p2p\\.ring +PASS"))) << r.out;
+  EXPECT_EQ(Count(r.out, " FAIL "), 0u) << r.out;
+  EXPECT_NE(r.out.find("0 failed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CONFORMS"), std::string::npos) << r.out;
+}
+
+TEST(ConformanceMpirun, MpiPluginRanksAsProcesses) { CheckUnderMpirun("mpi"); }
+TEST(ConformanceMpirun, ShmPluginRanksAsProcesses) { CheckUnderMpirun("shm"); }
+
+}  // namespace
