@@ -17,6 +17,7 @@
 
 #include "cli/command.h"
 #include "engine/engine.h"
+#include "dist/kv_budget.h"
 #include "dist/parallel.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
@@ -114,13 +115,19 @@ int Serve(CLI::App& app, ServeOptions& o) {
                                            : std::min<int64_t>(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096, 4096);
   int64_t kv_tokens = o.max_total_tokens;
   if (kv_tokens <= 0 && o.mem_fraction_static > 0) {
-    // The KV cache gets the static fraction of free device memory.
+    // The KV cache gets the static fraction of free device memory, less the comm plugin's
+    // buffers where they live in that memory.
     uint64_t free_bytes = 0, total_bytes = 0;
     if (Status s = (*device)->MemoryInfo(&free_bytes, &total_bytes); !s.ok()) return Fail(s);
+    auto comm = dist::RunCommBuffers(Globals().config_path, Globals().device, {o.tp_size, o.pp_size},
+                                     **device);
+    if (!comm.ok()) return Fail(comm.status());
+    const dist::KvBudget budget = dist::ComputeKvBudget(free_bytes, o.mem_fraction_static, *comm);
+    spdlog::info("{}", budget.Describe());
     const int64_t per_token = cfg.n_layer * cfg.n_head_kv *
                               (cfg.head_dim + std::max(cfg.head_dim_v, cfg.head_dim)) *
                               RowBytes(*kv_type, 1);
-    kv_tokens = static_cast<int64_t>(o.mem_fraction_static * free_bytes) / std::max<int64_t>(per_token, 1);
+    kv_tokens = static_cast<int64_t>(budget.kv_bytes) / std::max<int64_t>(per_token, 1);
   }
   if (kv_tokens <= 0) kv_tokens = std::max<int64_t>(65536, ctx);
   ro.kv_tokens = std::max(kv_tokens, ctx);

@@ -137,7 +137,8 @@ void ReapChildren(const World& world, std::chrono::seconds patience) {
   std::filesystem::remove_all(world.kv_dir, ec);
 }
 
-// The comm plugin: the YAML `comm:` section, else POLYCHIP_COMM_BACKEND, else shm.
+}  // namespace
+
 StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& config_path,
                                                          const std::string& device_flag) {
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
@@ -156,6 +157,8 @@ StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& confi
   runtime::Log().info("comm plugin '{}' {} selected by {}", comm->name(), comm->version(), source);
   return comm;
 }
+
+namespace {
 
 // "emu:0,1" -> rank r's "emu:<r-th id>". No list: every rank takes its process's default.
 StatusOr<std::string> RankDeviceFlag(const std::string& device_flag, int32_t rank, int32_t size) {

@@ -22,6 +22,7 @@
 #include "engine/model_runner.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
+#include "runtime/comm.h"
 #include "util/status.h"
 
 namespace polychip::dist {
@@ -43,6 +44,11 @@ bool IsFollowerRank();
 StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     const model::ModelFile& file, const std::string& config_path, const std::string& device_flag,
     int threads, const model::RunnerOptions& options, const ParallelOptions& parallel);
+
+// The comm plugin of a multi-rank run: the YAML `comm:` section, else POLYCHIP_COMM_BACKEND,
+// else shm. Loaded once per process (the plugin registry keeps it).
+StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& config_path,
+                                                         const std::string& device_flag);
 
 // A one-line description of a runner made by CreateRunner (device, weights, ranks), for logs.
 std::string DescribeRunner(const engine::ModelRunner& runner);

@@ -27,6 +27,20 @@ std::string CommPlugin::device_plugin() const {
   return reads_device_memory() && p != nullptr ? p : "";
 }
 
+std::optional<uint64_t> CommPlugin::BufferBytes(int32_t n_ranks) const {
+  const pc_comm_iface_t* t = impl_->table;
+  if (!PC_HAS_MEMBER(t, pc_comm_iface_t, comm_buffer_bytes) || t->comm_buffer_bytes == nullptr) {
+    return std::nullopt;
+  }
+  uint64_t bytes = 0;
+  Status s = TakeCommError(t, t->comm_buffer_bytes(n_ranks, &bytes), "comm_buffer_bytes");
+  if (!s.ok()) {
+    Log().warn("{}", s.ToString());
+    return std::nullopt;
+  }
+  return bytes;
+}
+
 }  // namespace polychip::runtime
 
 // ---- Communicator -------------------------------------------------------------------------

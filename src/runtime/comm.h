@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/config.h"
@@ -32,6 +33,10 @@ class CommPlugin : public std::enable_shared_from_this<CommPlugin> {
   // True if collectives take device addresses of backend `device_plugin()`; else host memory.
   bool reads_device_memory() const;
   std::string device_plugin() const;
+  // The bytes of buffers one communicator of n_ranks takes in this process (in device memory
+  // when reads_device_memory(), else host memory); nullopt when the plugin does not say (an
+  // ABI 1.0 plugin, or one without comm_buffer_bytes).
+  std::optional<uint64_t> BufferBytes(int32_t n_ranks) const;
 
   CommImpl& impl() const { return *impl_; }
   explicit CommPlugin(std::unique_ptr<CommImpl> impl);  // runtime-internal

@@ -108,6 +108,13 @@ typedef struct pc_comm_iface {
    * together (needed to pair sends and receives without deadlock). */
   pc_error_t* (*group_start)(void);
   pc_error_t* (*group_end)(void);
+
+  /* ---- since 1.1 (read with PC_HAS_MEMBER) ------------------------------------------------ */
+  /* [optional][sync] After initialize: the bytes of buffers one communicator of n_ranks takes in
+   * this process, in the memory of memory_kind (host memory, or device_plugin's device), with
+   * the current params; a segment shared by the ranks of a host is counted whole. The framework
+   * leaves this room when it sizes the KV cache from free memory. NULL: unknown (counted 0). */
+  pc_error_t* (*comm_buffer_bytes)(int32_t n_ranks, uint64_t* bytes);
 } pc_comm_iface_t;
 
 typedef void (*pc_comm_probe_fn)(pc_probe_result_t* result);

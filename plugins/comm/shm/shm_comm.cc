@@ -843,6 +843,15 @@ pc_error_t* Recv(pc_comm_t* c, void* buf, uint64_t count, pc_dtype_t dtype, int3
   });
 }
 
+// One communicator is one segment of Layout(n, buffer_bytes), mapped by every rank of the host.
+pc_error_t* BufferBytes(int32_t n_ranks, uint64_t* bytes) {
+  if (n_ranks < 1 || bytes == nullptr) {
+    return MakeError(PC_CODE_INVALID_ARGUMENT, "comm_buffer_bytes: n_ranks < 1 or bytes NULL");
+  }
+  *bytes = Layout(n_ranks, g_settings.buffer_bytes).total;
+  return nullptr;
+}
+
 pc_error_t* Barrier(pc_comm_t* c, void*) {
   return Guard([&]() -> pc_error_t* {
     size_t esz;
@@ -881,6 +890,7 @@ const pc_comm_iface_t kApi = [] {
   t.barrier = Barrier;
   t.group_start = nullptr;  // sends are rendezvous; fusing them is not offered
   t.group_end = nullptr;
+  t.comm_buffer_bytes = BufferBytes;
   return t;
 }();
 
