@@ -453,6 +453,26 @@ Verdict BadArguments(World& w) {
   });
 }
 
+// Optional (ABI 1.1): the buffer bytes a communicator takes grow with its ranks and are refused
+// for n_ranks < 1.
+Verdict BufferBytes(World& w) {
+  if (!PC_HAS_MEMBER(w.api, pc_comm_iface_t, comm_buffer_bytes) ||
+      w.api->comm_buffer_bytes == nullptr) {
+    return Skip("comm_buffer_bytes not provided (optional)");
+  }
+  uint64_t one = 0, n = 0;
+  PCC_COMM(w.api->comm_buffer_bytes(1, &one), "comm_buffer_bytes(1)");
+  PCC_COMM(w.api->comm_buffer_bytes(w.n + 1, &n), "comm_buffer_bytes(n + 1)");
+  if (n < one) {
+    return Fail(std::to_string(w.n + 1) + " ranks report fewer bytes (" + std::to_string(n) +
+                ") than 1 rank (" + std::to_string(one) + ")");
+  }
+  const std::string bad = CheckCommError(w.api, w.api->comm_buffer_bytes(0, &one),
+                                         {PC_CODE_INVALID_ARGUMENT});
+  if (!bad.empty()) return Fail("comm_buffer_bytes(0): " + bad);
+  return Pass(std::to_string(n) + " bytes for " + std::to_string(w.n + 1) + " ranks");
+}
+
 struct CommCheck {
   std::string name;
   std::function<Verdict(World&)> run;
@@ -478,6 +498,7 @@ std::vector<CommCheck> AllCommChecks() {
   checks.push_back({"barrier.repeated", Barriers});
   checks.push_back({"split.overlapping", Split});
   checks.push_back({"errors.invalid_arguments", BadArguments});
+  checks.push_back({"memory.buffer_bytes", BufferBytes});
   checks.push_back({"init.missing_rank_times_out", MissingRank});
   return checks;
 }
