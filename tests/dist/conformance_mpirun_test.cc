@@ -1,6 +1,7 @@
 // The conformance kit with ranks as processes: `mpirun -np 2 polychip conformance --plugin
 // libpolychip_comm_<name>.so` checks the mpi plugin (which can start MPI only once per process,
-// so threads cannot be its ranks) and the shm plugin the same way; rank 0 alone prints the table.
+// so threads cannot be its ranks) and the shm plugin the same way; rank 0 alone prints the table,
+// and it fails a check that failed on any rank.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +18,7 @@ struct Result {
   std::string out;
 };
 
-Result Run(const std::string& cmd) {
+Result Shell(const std::string& cmd) {
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -41,7 +42,7 @@ void CheckUnderMpirun(const std::string& name) {
   if (access(plugin.c_str(), R_OK) != 0) GTEST_SKIP() << plugin << " not built";
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
   // stdout only: the table. Plugin log lines go to stderr.
-  const Result r = Run("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 2 " +
+  const Result r = Shell("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 2 " +
                        std::string(POLYCHIP_BINARY) + " conformance --plugin " + plugin +
                        " --ranks 2 2>/dev/null");
   ASSERT_EQ(r.status, 0) << r.out;
@@ -60,5 +61,23 @@ void CheckUnderMpirun(const std::string& name) {
 
 TEST(ConformanceMpirun, MpiPluginRanksAsProcesses) { CheckUnderMpirun("mpi"); }
 TEST(ConformanceMpirun, ShmPluginRanksAsProcesses) { CheckUnderMpirun("shm"); }
+
+// A check that fails on rank 1 alone fails rank 0's table, naming rank 1. Rank 1 gets another
+// seed, so it expects other data from rank 0 in the ring than rank 0 sends (ranks 0 and 2 agree).
+TEST(ConformanceMpirun, AFailureOnAnotherRankFailsTheTable) {
+  const std::string plugin =
+      std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_shm.so";
+  if (access(plugin.c_str(), R_OK) != 0) GTEST_SKIP() << plugin << " not built";
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const std::string cmd =
+      std::string(POLYCHIP_BINARY) + " conformance --plugin " + plugin + " --filter p2p --seed ";
+  const Result r = Shell("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 1 " + cmd +
+                       "1 : -np 1 " + cmd + "2 : -np 1 " + cmd + "1 2>/dev/null");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_EQ(Count(r.out, "CHECK "), 1u) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("p2p\\.ring +FAIL .*rank 1: data from rank 0")))
+      << r.out;
+  EXPECT_NE(r.out.find("DOES NOT CONFORM"), std::string::npos) << r.out;
+}
 
 }  // namespace

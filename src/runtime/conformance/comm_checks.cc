@@ -530,7 +530,9 @@ void GatherVerdicts(World& w, const Options& options, Report& report) {
       if (a == std::string::npos || b == std::string::npos) continue;
       const std::string name = line.substr(0, a), outcome = line.substr(a + 1, b - a - 1);
       if (outcome != "FAIL") continue;
-      const std::string detail = "rank " + std::to_string(r) + ": " + line.substr(b + 1);
+      const std::string prefix = "rank " + std::to_string(r) + ": ";
+      std::string detail = line.substr(b + 1);
+      if (detail.rfind(prefix, 0) != 0) detail = prefix + detail;  // RunRanks names the rank
       auto it = std::find_if(report.checks.begin(), report.checks.end(),
                              [&](const CheckResult& c) { return c.name == name; });
       if (it == report.checks.end()) {
