@@ -156,6 +156,20 @@ TEST_P(CpuKernels, GgufMatmulMatchesReference) {
   }
 }
 
+// Float weights with many activation rows: on AVX-512 the transposed-activation GEMM, with
+// more than one 32-row column tile, K-blocks with a ragged last one, and partial 8-row and
+// 32-row weight groups.
+TEST_P(CpuKernels, FloatPrefillMatmulMatchesReference) {
+  for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
+    for (int64_t m : {4, 37}) {
+      SCOPED_TRACE(std::string(sdk::GetDtypeInfo(t)->name) + " m=" + std::to_string(m));
+      std::vector<float> got, want;
+      RunMatmul(Ctx(), {t, m, 45, 601}, /*pack=*/false, &got, &want);
+      EXPECT_LT(RelErr(got, want), 1e-5);
+    }
+  }
+}
+
 TEST_P(CpuKernels, AttentionMatchesReference) {
   // Two sequences (a 3-token prefill chunk and a decode token), GQA 4:2, paged blocks of 4
   // slots given out of order.

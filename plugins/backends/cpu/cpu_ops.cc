@@ -88,6 +88,69 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   return nullptr;
 }
 
+// Float weights (F16/BF16/F32) with several activation rows, on ISAs with gemm_t_f32: the
+// activations are transposed once to xt [k, mp] (mp = m rounded up to 32, zero columns), then
+// each task takes super-groups of kSuperRows weight rows and, per K-block, converts that slice
+// to f32 once and runs it against every 32-column tile of xt, so each converted weight feeds
+// m multiply-adds. A K-block of xt (kKBlock x mp floats) stays in L2 for the super-group.
+const char* MatmulFloatT(const OpContext& c, const pc_matmul_args_t& a) {
+  const auto* x = Ptr<const float>(a.x);  // [m, x_stride]
+  const auto* w = Ptr<const uint8_t>(a.w);
+  const auto* bias = Ptr<const float>(a.bias);
+  auto* out = Ptr<float>(a.out);  // [m, out_stride]
+  // Tuned on Zen 5 (48 KiB L1d): 32 rows x 256 of f32 weights and a 256 x 32 tile of xt
+  // together just overfill L1, yet beat smaller blocks by converting longer contiguous runs.
+  constexpr int64_t kSuperRows = 32, kKBlock = 256;
+  const int64_t mp = (a.m + kGemmTCols - 1) / kGemmTCols * kGemmTCols;
+  const int64_t row_bytes = sdk::RowBytes(a.w_dtype, a.k);
+  static std::vector<float> xt_buf;  // launches on one device are serialised by the plugin
+  if (static_cast<int64_t>(xt_buf.size()) < a.k * mp) xt_buf.resize(a.k * mp);
+  float* xt = xt_buf.data();  // [k, mp]
+  ParallelRange(c, a.k, ChunkSize(a.k, c.pool->size(), 16), [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) {
+      float* dst = xt + e * mp;
+      for (int64_t i = 0; i < a.m; ++i) dst[i] = x[i * a.x_stride + e];
+      for (int64_t i = a.m; i < mp; ++i) dst[i] = 0.f;
+    }
+  });
+  const int64_t n_super = (a.n + kSuperRows - 1) / kSuperRows;
+  ParallelRange(c, n_super, ChunkSize(n_super, c.pool->size(), 1, 2),
+                [&](int64_t s0, int64_t s1) {
+    thread_local std::vector<float> wf, acc;
+    wf.resize(kSuperRows * kKBlock);  // [rows, kb] this K-block of the super-group, as f32
+    acc.resize(kSuperRows * mp);      // [rows, mp] running sums, transposed output
+    for (int64_t s = s0; s < s1; ++s) {
+      const int64_t j0 = s * kSuperRows, rows = std::min(kSuperRows, a.n - j0);
+      std::fill(acc.begin(), acc.begin() + rows * mp, 0.f);
+      for (int64_t e0 = 0; e0 < a.k; e0 += kKBlock) {
+        const int64_t kb = std::min(kKBlock, a.k - e0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* src = w + (j0 + r) * row_bytes;
+          float* dst = wf.data() + r * kb;
+          switch (a.w_dtype) {
+            case PC_DTYPE_F16:
+              c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src) + e0, dst, kb);
+              break;
+            case PC_DTYPE_BF16:
+              c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src) + e0, dst, kb);
+              break;
+            default: std::memcpy(dst, reinterpret_cast<const float*>(src) + e0, kb * 4);
+          }
+        }
+        for (int64_t i0 = 0; i0 < mp; i0 += kGemmTCols) {
+          for (int64_t r = 0; r < rows; r += kGemmTRows) {
+            c.k->gemm_t_f32(wf.data() + r * kb, kb, std::min(kGemmTRows, rows - r),
+                            xt + e0 * mp + i0, mp, kb, acc.data() + r * mp + i0, mp);
+          }
+        }
+      }
+      for (int64_t i = 0; i < a.m; ++i)
+        for (int64_t r = 0; r < rows; ++r) Store(a, bias, out, i, j0 + r, acc[r * mp + i]);
+    }
+  });
+  return nullptr;
+}
+
 // GGUF layout: float weights are dotted directly when m == 1; otherwise 4 weight rows at a
 // time are converted (or dequantized) to f32 once and dotted against every activation row.
 const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
@@ -115,6 +178,9 @@ const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
     });
     return nullptr;
   }
+  if (c.k->gemm_t_f32 && a.m >= 4 &&
+      (a.w_dtype == PC_DTYPE_F32 || a.w_dtype == PC_DTYPE_F16 || a.w_dtype == PC_DTYPE_BF16))
+    return MatmulFloatT(c, a);
   const int64_t n4 = (a.n + 3) / 4;
   bool ok = true;
   ParallelRange(c, n4, ChunkSize(n4, c.pool->size(), 1), [&](int64_t q0, int64_t q1) {

@@ -42,7 +42,19 @@ struct KernelTable {
   void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
   // out = x / sqrt(mean(x^2) + eps) * w (w may be null)
   void (*rms_norm)(const float* x, const float* w, float* out, int64_t n, float eps);
+
+  // Float GEMM on transposed activations (prefill with F16/BF16/F32 weights), or nullptr where
+  // the ISA has none (the ops then use dot4x4_f32). For j < nw (1..kGemmTRows), i < 32:
+  //   acc[j * ldc + i] += sum_{e < n} w[j * ldw + e] * xt[e * ldx + i]
+  // Each weight value is broadcast and multiplies 32 activation rows held in two vectors, so
+  // one load feeds two FMAs and the accumulators stay in registers for the whole K-block.
+  void (*gemm_t_f32)(const float* w, int64_t ldw, int64_t nw, const float* xt, int64_t ldx,
+                     int64_t n, float* acc, int64_t ldc) = nullptr;
 };
+
+// Weight rows (and activation columns) of one gemm_t_f32 call.
+constexpr int64_t kGemmTRows = 8;
+constexpr int64_t kGemmTCols = 32;
 
 const KernelTable& ScalarKernels();
 const KernelTable& Avx2Kernels();

@@ -150,6 +150,45 @@ void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
 }
 
+template <int NW>
+void GemmTRows(const float* w, int64_t ldw, const float* xt, int64_t ldx, int64_t n, float* acc,
+               int64_t ldc) {
+  __m512 c0[NW], c1[NW];
+  for (int j = 0; j < NW; ++j) {
+    c0[j] = _mm512_loadu_ps(acc + j * ldc);
+    c1[j] = _mm512_loadu_ps(acc + j * ldc + 16);
+  }
+  for (int64_t e = 0; e < n; ++e) {
+    const __m512 x0 = _mm512_loadu_ps(xt + e * ldx);
+    const __m512 x1 = _mm512_loadu_ps(xt + e * ldx + 16);
+    for (int j = 0; j < NW; ++j) {
+      const __m512 b = _mm512_set1_ps(w[j * ldw + e]);
+      c0[j] = _mm512_fmadd_ps(b, x0, c0[j]);
+      c1[j] = _mm512_fmadd_ps(b, x1, c1[j]);
+    }
+  }
+  for (int j = 0; j < NW; ++j) {
+    _mm512_storeu_ps(acc + j * ldc, c0[j]);
+    _mm512_storeu_ps(acc + j * ldc + 16, c1[j]);
+  }
+}
+
+void GemmTF32(const float* w, int64_t ldw, int64_t nw, const float* xt, int64_t ldx, int64_t n,
+              float* acc, int64_t ldc) {
+  static_assert(kGemmTRows == 8 && kGemmTCols == 32);
+  switch (nw) {
+    case 8: return GemmTRows<8>(w, ldw, xt, ldx, n, acc, ldc);
+    case 7: return GemmTRows<7>(w, ldw, xt, ldx, n, acc, ldc);
+    case 6: return GemmTRows<6>(w, ldw, xt, ldx, n, acc, ldc);
+    case 5: return GemmTRows<5>(w, ldw, xt, ldx, n, acc, ldc);
+    case 4: return GemmTRows<4>(w, ldw, xt, ldx, n, acc, ldc);
+    case 3: return GemmTRows<3>(w, ldw, xt, ldx, n, acc, ldc);
+    case 2: return GemmTRows<2>(w, ldw, xt, ldx, n, acc, ldc);
+    case 1: return GemmTRows<1>(w, ldw, xt, ldx, n, acc, ldc);
+    default: return;
+  }
+}
+
 }  // namespace avx512
 
 const KernelTable& Avx512Kernels() {
@@ -157,7 +196,7 @@ const KernelTable& Avx512Kernels() {
       "avx512",          Isa::kAvx512,       avx512::QuantizeRow, avx512::GemmPacked,
       avx512::DotF32,    avx512::Dot4F32, avx512::Dot4x4F32,    avx512::DotF16,      avx512::DotBf16,
       avx512::F16ToF32Row, avx512::Bf16ToF32Row, avx512::AxpyF32, avx512::ScaleF32,
-      avx512::Swiglu,    avx512::RmsNorm,
+      avx512::Swiglu,    avx512::RmsNorm,     avx512::GemmTF32,
   };
   return t;
 }
