@@ -130,14 +130,16 @@ TEST_F(RunnerTest, SplittingAndBlockPlacementDoNotChangeLogits) {
   ASSERT_TRUE(whole->Forward({&a, 1}, &la).ok());
   ASSERT_TRUE(split->Forward({&b, 1}, &lb).ok());
   ASSERT_EQ(la.size(), prompt.size() * whole->vocab_size());
-  EXPECT_LT(MaxAbsDiff(la, lb), 1e-4f);
+  // Not bit-identical: the plugin may pick another matmul kernel (another summation order) for
+  // 3 rows than for 10. A wrong block table or split would be off by O(1), not by 1e-3.
+  EXPECT_LT(MaxAbsDiff(la, lb), 2e-3f);  // (the same tolerance below)
 
   // kLast gives the last row of kAll; a decode step after the prompt matches a prefill of 11.
   SequenceStep last{1, prompt, 0, blocks_a, LogitsMode::kLast};
   std::vector<float> ll;
   ASSERT_TRUE(whole->Forward({&last, 1}, &ll).ok());
   std::vector<float> tail(la.end() - whole->vocab_size(), la.end());
-  EXPECT_LT(MaxAbsDiff(ll, tail), 1e-4f);
+  EXPECT_LT(MaxAbsDiff(ll, tail), 2e-3f);
 
   const int32_t next = 4242;
   SequenceStep decode{1, {&next, 1}, 10, blocks_a, LogitsMode::kLast};
@@ -148,7 +150,7 @@ TEST_F(RunnerTest, SplittingAndBlockPlacementDoNotChangeLogits) {
   SequenceStep fresh{2, longer, 0, blocks_b, LogitsMode::kLast};
   std::vector<float> lf;
   ASSERT_TRUE(split->Forward({&fresh, 1}, &lf).ok());
-  EXPECT_LT(MaxAbsDiff(ld, lf), 1e-4f);
+  EXPECT_LT(MaxAbsDiff(ld, lf), 2e-3f);
 }
 
 TEST_F(RunnerTest, BatchedSequencesMatchSeparateRuns) {
@@ -165,7 +167,7 @@ TEST_F(RunnerTest, BatchedSequencesMatchSeparateRuns) {
   ASSERT_TRUE(r->Forward(batch, &both).ok());
   std::vector<float> expected = sep1;
   expected.insert(expected.end(), sep2.begin(), sep2.end());
-  EXPECT_LT(MaxAbsDiff(both, expected), 1e-4f);
+  EXPECT_LT(MaxAbsDiff(both, expected), 2e-3f);
 }
 
 TEST_F(RunnerTest, RejectsBadSteps) {
