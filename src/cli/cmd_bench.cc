@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 
@@ -134,8 +135,8 @@ int Run(const BenchOptions& o) {
   const int64_t blocks_per_seq = (ro.context_length + bs - 1) / bs;
   ro.kv_tokens = blocks_per_seq * bs * B;
   ro.max_tokens_per_step = std::max<int64_t>({int64_t(o.n_prompt), int64_t(B), 1});
-  auto kv_type = DTypeFromName(o.kv_type);
-  if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_type));
+  auto kv_type = ParseKvCacheType(o.kv_type);
+  if (!kv_type.ok()) return Fail(kv_type.status());
   ro.kv_dtype = *kv_type;
   auto runner = model::TransformerRunner::Create(*mf->file, mf->config, *device, ro);
   if (!runner.ok()) return Fail(runner.status());

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "engine/sampler.h"
 #include "dist/parallel.h"
 #include "model/runner.h"
@@ -66,8 +67,8 @@ int Run(const PplOptions& o) {
   ro.context_length = o.ctx;
   ro.kv_tokens = o.ctx;
   ro.max_tokens_per_step = std::max<int64_t>(1, std::min(o.batch, o.ctx));
-  auto kv_type = DTypeFromName(o.kv_type);
-  if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_type));
+  auto kv_type = ParseKvCacheType(o.kv_type);
+  if (!kv_type.ok()) return Fail(kv_type.status());
   ro.kv_dtype = *kv_type;
   // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
   // never returns.
@@ -153,12 +154,7 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_option("--chunks", o->chunks, "score at most this many chunks (default all)");
   app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
   app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
-  app.add_option("--tp-size", o->tp_size,
-                 "tensor-parallel ranks, one process each (--device emu:0,1: a device per rank)")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--pp-size", o->pp_size,
-                 "pipeline stages (layers split), one process per rank; ranks = tp x pp")
-      ->check(CLI::Range(1, 64));
+  AddParallelOptions(app, &o->tp_size, &o->pp_size);
   return [o] { return Run(*o); };
 }
 

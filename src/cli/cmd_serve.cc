@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "engine/engine.h"
 #include "dist/kv_budget.h"
 #include "dist/parallel.h"
@@ -107,8 +108,8 @@ int Serve(CLI::App& app, ServeOptions& o) {
   ro.context_length = o.context_length;
   ro.block_size = o.page_size;
   ro.max_tokens_per_step = std::max(o.chunked_prefill_size, 64) + o.max_running_requests;
-  auto kv_type = DTypeFromName(o.kv_cache_dtype);
-  if (!kv_type) return Fail(InvalidArgument("unknown KV cache type " + o.kv_cache_dtype));
+  auto kv_type = ParseKvCacheType(o.kv_cache_dtype);
+  if (!kv_type.ok()) return Fail(kv_type.status());
   ro.kv_dtype = *kv_type;
   const auto& cfg = mf->config;
   const int64_t ctx = o.context_length > 0 ? o.context_length
@@ -217,12 +218,7 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_flag("--disable-radix-cache", o->disable_radix_cache, "no prefix cache");
   app.add_option("--schedule-policy", o->schedule_policy, "fcfs, lpm or priority");
   app.add_option("--threads", o->threads, "device threads (CPU backend)");
-  app.add_option("--tp-size", o->tp_size,
-                 "tensor-parallel ranks, one process each (--device emu:0,1: a device per rank)")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--pp-size", o->pp_size,
-                 "pipeline stages (layers split), one process per rank; ranks = tp x pp")
-      ->check(CLI::Range(1, 64));
+  AddParallelOptions(app, &o->tp_size, &o->pp_size);
   app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
   app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "f16, bf16 or f32");
   app.add_option("--http-threads", o->http_threads, "HTTP worker threads");

@@ -366,49 +366,48 @@ std::string ParamsText(const PluginParams& params) {
   return s;
 }
 
-// initialize(params) of a validated backend table; wraps it into a Backend.
-StatusOr<std::shared_ptr<Backend>> MakeBackend(std::unique_ptr<PluginLibrary> lib,
-                                               const pc_backend_iface_t* table,
-                                               const std::string& path,
-                                               const PluginParams& params, LoadReport* report) {
+Status TakeInitError(const pc_backend_iface_t* t, pc_error_t* e) {
+  return TakeError(t, e, "initialize");
+}
+Status TakeInitError(const pc_comm_iface_t* t, pc_error_t* e) {
+  return TakeCommError(t, e, "initialize");
+}
+
+// initialize(params) of a validated table; wraps it into the C++ object (Backend or CommPlugin)
+// that owns the library and calls shutdown when released.
+template <typename Plugin, typename Impl, typename Table>
+StatusOr<std::shared_ptr<Plugin>> MakePlugin(const char* kind, std::unique_ptr<PluginLibrary> lib,
+                                             const Table* table, const std::string& path,
+                                             const PluginParams& params, LoadReport* report) {
   std::vector<pc_param_t> c_params;
   for (const auto& [k, v] : params) c_params.push_back({k.c_str(), v.c_str()});
-  Status init = TakeError(table, table->initialize(c_params.data(), c_params.size()),
-                          "initialize");
+  Status init = TakeInitError(table, table->initialize(c_params.data(), c_params.size()));
   if (!init.ok()) return Fail(report, "initialize", init.ToString());
-  auto impl = std::make_unique<BackendImpl>();
+  auto impl = std::make_unique<Impl>();
   impl->library = std::move(lib);
   impl->table = table;
   impl->name = table->name;
   impl->path = path;
   impl->version = table->version;
   impl->initialized = true;
-  Log().info("loaded backend '{}' {} (ABI {}) from {}{}", impl->name, impl->version,
-               AbiPair(table->abi_major, table->abi_minor), path,
-               params.empty() ? "" : " with " + ParamsText(params));
-  return std::make_shared<Backend>(std::move(impl));
+  Log().info("loaded {} '{}' {} (ABI {}) from {}{}", kind, impl->name, impl->version,
+             AbiPair(table->abi_major, table->abi_minor), path,
+             params.empty() ? "" : " with " + ParamsText(params));
+  return std::make_shared<Plugin>(std::move(impl));
+}
+
+StatusOr<std::shared_ptr<Backend>> MakeBackend(std::unique_ptr<PluginLibrary> lib,
+                                               const pc_backend_iface_t* table,
+                                               const std::string& path,
+                                               const PluginParams& params, LoadReport* report) {
+  return MakePlugin<Backend, BackendImpl>("backend", std::move(lib), table, path, params, report);
 }
 
 StatusOr<std::shared_ptr<CommPlugin>> MakeComm(std::unique_ptr<PluginLibrary> lib,
                                                const pc_comm_iface_t* table,
                                                const std::string& path,
                                                const PluginParams& params, LoadReport* report) {
-  std::vector<pc_param_t> c_params;
-  for (const auto& [k, v] : params) c_params.push_back({k.c_str(), v.c_str()});
-  Status init = TakeCommError(table, table->initialize(c_params.data(), c_params.size()),
-                              "initialize");
-  if (!init.ok()) return Fail(report, "initialize", init.ToString());
-  auto impl = std::make_unique<CommImpl>();
-  impl->library = std::move(lib);
-  impl->table = table;
-  impl->name = table->name;
-  impl->path = path;
-  impl->version = table->version;
-  impl->initialized = true;
-  Log().info("loaded comm '{}' {} (ABI {}) from {}{}", impl->name, impl->version,
-               AbiPair(table->abi_major, table->abi_minor), path,
-               params.empty() ? "" : " with " + ParamsText(params));
-  return std::make_shared<CommPlugin>(std::move(impl));
+  return MakePlugin<CommPlugin, CommImpl>("comm", std::move(lib), table, path, params, report);
 }
 
 }  // namespace
