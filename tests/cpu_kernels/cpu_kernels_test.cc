@@ -119,7 +119,7 @@ void RunMatmul(const OpContext& c, const MatmulCase& mc, bool pack, std::vector<
 TEST_P(CpuKernels, PackedMatmulMatchesReference) {
   for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
     const bool kquant = t == PC_DTYPE_Q4_K || t == PC_DTYPE_Q6_K;
-    for (int64_t m : {1, 3, 17}) {
+    for (int64_t m : {1, 3, 17, 31}) {  // 31 = tiles of 16, 8, 4 and 3 rows
       for (int64_t n : {1, 17, 40}) {
         const int64_t k = kquant ? 512 : 96;
         SCOPED_TRACE(std::string(sdk::GetDtypeInfo(t)->name) + " m=" + std::to_string(m) +

@@ -42,17 +42,28 @@ inline __m512i Bcast(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// How far ahead (in cells) the first tile of a group prefetches the weights. The hardware
+// prefetcher alone leaves one core at ~5 GB/s on this access pattern (measured on Zen 5:
+// 2-3x slower batched decode); 8-16 cells (2-5 KiB) ahead lets it stream at compute speed.
+constexpr int64_t kPrefetchCells = 12;
+
 // MT activation rows against one group: the group's weight vectors are loaded (and, for 4-bit,
-// unpacked) once per block and reused for every row of the tile.
+// unpacked) once per block and reused for every row of the tile. With MT = 16 a batched decode
+// step of 16 sequences reads each weight byte once, straight from DRAM, with `prefetch` set.
 template <int MT, bool Q4, bool HALF, bool MIN>
 void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
-          int64_t x_stride, float* tile) {
+          int64_t x_stride, float* tile, bool prefetch) {
   const int64_t stride = f.block_bytes();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[MT];
   for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
   const uint8_t* cell = group;
   for (int64_t b = 0; b < kb; ++b, cell += stride) {
+    if (prefetch) {
+      // Past the end of the matrix this is harmless: prefetches do not fault.
+      const char* ahead = reinterpret_cast<const char*>(cell + kPrefetchCells * stride);
+      for (int64_t off = 0; off < stride; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    }
     __m512i w[8];
     if constexpr (Q4) {
       for (int c = 0; c < 4; ++c) {
@@ -101,18 +112,24 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   for (int i = 0; i < MT; ++i) _mm512_storeu_ps(tile + i * kPackRows, acc[i]);
 }
 
+// Tiles of 16 rows, then 8, 4 and the last 1-3; only the first tile prefetches (the group is
+// in L1/L2 for the others).
 template <bool Q4, bool HALF, bool MIN>
 void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) Tile<4, Q4, HALF, MIN>(f, group, kb, x + i * x_stride, x_stride,
-                                                    tile + i * kPackRows);
-  const ActBlock* xr = x + i * x_stride;
-  float* tr = tile + i * kPackRows;
+  auto run = [&]<int MT>() {
+    Tile<MT, Q4, HALF, MIN>(f, group, kb, x + i * x_stride, x_stride, tile + i * kPackRows,
+                            i == 0);
+    i += MT;
+  };
+  while (m - i >= 16) run.template operator()<16>();
+  if (m - i >= 8) run.template operator()<8>();
+  if (m - i >= 4) run.template operator()<4>();
   switch (m - i) {
-    case 3: Tile<3, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
-    case 2: Tile<2, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
-    case 1: Tile<1, Q4, HALF, MIN>(f, group, kb, xr, x_stride, tr); break;
+    case 3: run.template operator()<3>(); break;
+    case 2: run.template operator()<2>(); break;
+    case 1: run.template operator()<1>(); break;
     default: break;
   }
 }
