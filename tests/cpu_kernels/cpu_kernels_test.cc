@@ -200,6 +200,44 @@ TEST_P(CpuKernels, AttentionMatchesReference) {
   }
 }
 
+// Long contexts: several 32-position chunks (the online softmax rescales), GQA 7:1 as in
+// Qwen2.5-0.5B so one task's query vectors span more than one 32-wide column tile, a 19-token
+// prefill chunk (several tasks per sequence) beside single decode tokens, head_dim 64.
+TEST_P(CpuKernels, AttentionLongContextMatchesReference) {
+  const int64_t n_heads = 14, n_kv = 2, hd = 64, bs = 16, max_blocks = 8;
+  const int64_t n_blocks = 3 * max_blocks, n_tokens = 21;
+  for (pc_dtype_t cache : {PC_DTYPE_F32, PC_DTYPE_F16}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(cache)->name);
+    const int64_t esize = cache == PC_DTYPE_F32 ? 4 : 2;
+    const int64_t cache_elems = n_blocks * bs * n_kv * hd;
+    auto kf = Random(cache_elems, 41), vf = Random(cache_elems, 42);
+    for (auto& x : kf) x *= 4.f;  // peaked scores: a late chunk often raises the running max
+    std::vector<uint8_t> kc(cache_elems * esize), vc(cache_elems * esize);
+    pc_convert_args_t cv{sizeof(cv), D(kf.data()), D(kc.data()), PC_DTYPE_F32, cache, cache_elems};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
+    cv.src = D(vf.data());
+    cv.dst = D(vc.data());
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
+    auto q = Random(n_tokens * n_heads * hd, 43);
+    // Sequence 0: 19 new tokens ending at position 99; 1: decode at 127; 2: decode at 0.
+    std::vector<int32_t> qstart = {0, 19, 20, 21}, lens = {100, 128, 1};
+    std::vector<int32_t> tables(3 * max_blocks, -1);
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      tables[b] = static_cast<int32_t>(2 * b + 1);  // out of order, interleaved
+      tables[max_blocks + b] = static_cast<int32_t>(2 * b);
+    }
+    tables[2 * max_blocks] = static_cast<int32_t>(n_blocks - 1);
+    std::vector<float> got(n_tokens * n_heads * hd), want(got.size());
+    pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), D(want.data()),
+                          D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
+                          3, n_heads, n_kv, hd, bs, max_blocks, 128, 1.f / std::sqrt(64.f)};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_ATTENTION, &a, sdk::IdentityMemory()), nullptr);
+    a.out = D(got.data());
+    ASSERT_EQ(Attention(Ctx(), a), nullptr);
+    EXPECT_LT(RelErr(got, want), 1e-5);
+  }
+}
+
 TEST_P(CpuKernels, RopeNormSwigluMatchReference) {
   for (pc_rope_mode_t mode : {PC_ROPE_NORMAL, PC_ROPE_NEOX}) {
     const int64_t T = 9, H = 3, hd = 64;

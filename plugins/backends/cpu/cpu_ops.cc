@@ -223,6 +223,9 @@ const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
 
 int64_t CacheElemBytes(pc_dtype_t t) { return t == PC_DTYPE_F32 ? 4 : 2; }
 
+// Positions per attention step (the width of one gemm_t_f32 column tile).
+constexpr int64_t kAttnChunk = kGemmTCols;
+
 }  // namespace
 
 const char* Matmul(const OpContext& c, const pc_matmul_args_t& a) {
@@ -233,6 +236,58 @@ const char* Matmul(const OpContext& c, const pc_matmul_args_t& a) {
   return MatmulGguf(c, a);
 }
 
+namespace {
+
+// acc[j * ldc + i] += sum_{e < n} w[j * ldw + e] * xt[e * ldx + i] for j < nw, i < cols: the
+// kernel table's gemm_t_f32 for full 32-column tiles (where the ISA has it), plain loops for the
+// rest (ragged head dims, ISAs without it).
+void GemmT(const OpContext& c, const float* w, int64_t ldw, int64_t nw, const float* xt,
+           int64_t ldx, int64_t n, int64_t cols, float* acc, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < nw; j0 += kGemmTRows) {
+    const int64_t rows = std::min(kGemmTRows, nw - j0);
+    for (int64_t i0 = 0; i0 < cols; i0 += kGemmTCols) {
+      const int64_t width = std::min(kGemmTCols, cols - i0);
+      float* a = acc + j0 * ldc + i0;
+      if (c.k->gemm_t_f32 && width == kGemmTCols) {
+        c.k->gemm_t_f32(w + j0 * ldw, ldw, rows, xt + i0, ldx, n, a, ldc);
+        continue;
+      }
+      for (int64_t j = 0; j < rows; ++j)
+        for (int64_t e = 0; e < n; ++e) {
+          const float wv = w[(j0 + j) * ldw + e];
+          const float* x = xt + e * ldx + i0;
+          for (int64_t i = 0; i < width; ++i) a[j * ldc + i] += wv * x[i];
+        }
+    }
+  }
+}
+
+// Cache rows [p0, p0 + n) of one KV head, as f32 rows of hd.
+void GatherCacheRows(const OpContext& c, const pc_attention_args_t& a, const uint8_t* cache,
+                     const int32_t* table, int64_t kvh, int64_t p0, int64_t n, float* dst) {
+  const int64_t hd = a.head_dim, row_elems = a.n_kv_heads * hd;
+  const int64_t esize = CacheElemBytes(a.cache_dtype);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = p0 + j;
+    const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+    const uint8_t* src = cache + (slot * row_elems + kvh * hd) * esize;
+    float* d = dst + j * hd;
+    switch (a.cache_dtype) {
+      case PC_DTYPE_F16: c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), d, hd); break;
+      case PC_DTYPE_BF16: c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), d, hd); break;
+      default: std::memcpy(d, src, hd * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
+// Flash-style paged attention. A task is (sequence, KV head, a few consecutive query tokens):
+// every query head of the GQA group and every token of the task reads the same K/V rows, so
+// those are converted to f32 once per task instead of once per head and token. Positions are
+// taken kAttnChunk at a time: scores = K_chunk x Q^T and out += P x V_chunk are small GEMMs
+// (gemm_t_f32), and an online softmax (running max and sum per query vector) rescales what was
+// accumulated when a later chunk raises the max.
 const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
   const auto* q = Ptr<const float>(a.q);  // [n_tokens, n_heads, head_dim]
   auto* out = Ptr<float>(a.out);          // [n_tokens, n_heads, head_dim]
@@ -244,8 +299,15 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
   if (a.n_tokens == 0) return nullptr;
   if (!q || !out || !qstart || !seq_lens || !tables || !kc || !vc) return "null operand";
   if (a.n_heads % a.n_kv_heads != 0) return "n_heads is not a multiple of n_kv_heads";
-  // Which sequence each query row belongs to; checks the index arrays once.
-  std::vector<int32_t> seq_of(a.n_tokens, -1);
+  const int64_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
+  // Query tokens per task: enough for about one 32-wide column tile of query vectors.
+  const int64_t rows_per_task = std::max<int64_t>(1, kGemmTCols / group);
+  struct Task {
+    int32_t seq, kv_head;
+    int64_t t0, t1;  // query rows
+  };
+  std::vector<Task> tasks;
+  std::vector<uint8_t> owned(a.n_tokens, 0);
   for (int64_t s = 0; s < a.n_seqs; ++s) {
     const int64_t q0 = qstart[s], q1 = qstart[s + 1], len = seq_lens[s];
     if (q0 < 0 || q1 > a.n_tokens || q1 < q0 || q1 - q0 > len) return "bad query_start/seq_lens";
@@ -253,63 +315,67 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
       return "seq_len exceeds the block table";
     for (int64_t b = 0; b < (len + a.block_size - 1) / a.block_size; ++b)
       if (tables[s * a.max_blocks_per_seq + b] < 0) return "negative block index";
-    for (int64_t t = q0; t < q1; ++t) seq_of[t] = static_cast<int32_t>(s);
+    for (int64_t t = q0; t < q1; ++t) owned[t] = 1;
+    for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh)
+      for (int64_t t0 = q0; t0 < q1; t0 += rows_per_task)
+        tasks.push_back({int32_t(s), int32_t(kvh), t0, std::min(q1, t0 + rows_per_task)});
   }
-  const int64_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
-  const int64_t esize = CacheElemBytes(a.cache_dtype);
-  const int64_t row_elems = a.n_kv_heads * hd;  // per slot
-  const int64_t n_tasks = a.n_tokens * a.n_heads;
-  c.pool->Run(n_tasks, [&](int64_t task) {
-    const int64_t t = task / a.n_heads, h = task % a.n_heads;
-    float* o = out + (t * a.n_heads + h) * hd;
-    const int32_t s = seq_of[t];
-    if (s < 0) {  // a row no sequence owns: defined as zeros
-      std::memset(o, 0, hd * sizeof(float));
-      return;
-    }
+  for (int64_t t = 0; t < a.n_tokens; ++t)  // rows no sequence owns: defined as zeros
+    if (!owned[t]) std::memset(out + t * a.n_heads * hd, 0, a.n_heads * hd * sizeof(float));
+
+  c.pool->Run(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
+    const Task& task = tasks[ti];
+    const int64_t s = task.seq, kvh = task.kv_head;
     const int64_t n_q = qstart[s + 1] - qstart[s];
-    const int64_t pos = seq_lens[s] - n_q + (t - qstart[s]);
-    const int64_t kvh = h / group;
-    const float* qh = q + (t * a.n_heads + h) * hd;
-    thread_local std::vector<float> scores, tmp;
-    scores.resize(pos + 1);
-    tmp.resize(hd);
+    const int64_t first_pos = seq_lens[s] - n_q + (task.t0 - qstart[s]);
+    const int64_t rows = task.t1 - task.t0, nv = rows * group;  // query vectors v = r * group + g
+    const int64_t last_pos = first_pos + rows - 1;
+    const int64_t ncols = (nv + kGemmTCols - 1) / kGemmTCols * kGemmTCols;
     const int32_t* table = tables + s * a.max_blocks_per_seq;
-    auto slot_ptr = [&](const uint8_t* cache, int64_t p) {
-      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      return cache + (slot * row_elems + kvh * hd) * esize;
-    };
-    float mx = -INFINITY;
-    for (int64_t p = 0; p <= pos; ++p) {
-      const uint8_t* kr = slot_ptr(kc, p);
-      float d;
-      switch (a.cache_dtype) {
-        case PC_DTYPE_F16: d = c.k->dot_f16(qh, reinterpret_cast<const uint16_t*>(kr), hd); break;
-        case PC_DTYPE_BF16: d = c.k->dot_bf16(qh, reinterpret_cast<const uint16_t*>(kr), hd); break;
-        default: d = c.k->dot_f32(qh, reinterpret_cast<const float*>(kr), hd);
+    thread_local std::vector<float> qt, kf, vf, st, pm, o, mx, sum;
+    qt.assign(hd * ncols, 0.f);  // [hd, ncols] scaled queries, transposed
+    kf.resize(kAttnChunk * hd);  // [chunk, hd]
+    vf.resize(kAttnChunk * hd);
+    st.resize(kAttnChunk * ncols);  // [chunk, ncols] scores, transposed
+    pm.resize(nv * kAttnChunk);     // [nv, chunk] probabilities
+    o.assign(nv * hd, 0.f);
+    mx.assign(nv, -INFINITY);
+    sum.assign(nv, 0.f);
+    for (int64_t v = 0; v < nv; ++v) {
+      const int64_t t = task.t0 + v / group, h = kvh * group + v % group;
+      const float* qv = q + (t * a.n_heads + h) * hd;
+      for (int64_t e = 0; e < hd; ++e) qt[e * ncols + v] = qv[e] * a.scale;
+    }
+    for (int64_t p0 = 0; p0 <= last_pos; p0 += kAttnChunk) {
+      const int64_t pc = std::min(kAttnChunk, last_pos + 1 - p0);
+      GatherCacheRows(c, a, kc, table, kvh, p0, pc, kf.data());
+      std::fill(st.begin(), st.begin() + pc * ncols, 0.f);
+      GemmT(c, kf.data(), hd, pc, qt.data(), ncols, hd, ncols, st.data(), ncols);
+      for (int64_t v = 0; v < nv; ++v) {
+        float* p = pm.data() + v * kAttnChunk;
+        // Causal: query row r sees positions <= first_pos + r.
+        const int64_t valid = std::clamp<int64_t>(first_pos + v / group - p0 + 1, 0, pc);
+        float m = mx[v];
+        for (int64_t j = 0; j < valid; ++j) {
+          p[j] = st[j * ncols + v];
+          m = std::max(m, p[j]);
+        }
+        std::fill(p + valid, p + kAttnChunk, 0.f);
+        if (valid == 0) continue;
+        const float rescale = std::exp(mx[v] - m);  // 0 on the first chunk (mx = -inf)
+        sum[v] = sum[v] * rescale + c.k->exp_sum(p, m, p, valid);
+        if (rescale != 1.f) c.k->scale_f32(rescale, o.data() + v * hd, hd);
+        mx[v] = m;
       }
-      scores[p] = d * a.scale;
-      mx = std::max(mx, scores[p]);
+      GatherCacheRows(c, a, vc, table, kvh, p0, pc, vf.data());
+      GemmT(c, pm.data(), kAttnChunk, nv, vf.data(), hd, pc, hd, o.data(), hd);
     }
-    float sum = 0;
-    for (int64_t p = 0; p <= pos; ++p) {
-      scores[p] = std::exp(scores[p] - mx);
-      sum += scores[p];
+    for (int64_t v = 0; v < nv; ++v) {
+      const int64_t t = task.t0 + v / group, h = kvh * group + v % group;
+      float* dst = out + (t * a.n_heads + h) * hd;
+      const float inv = 1.f / sum[v];
+      for (int64_t e = 0; e < hd; ++e) dst[e] = o[v * hd + e] * inv;
     }
-    std::memset(o, 0, hd * sizeof(float));
-    for (int64_t p = 0; p <= pos; ++p) {
-      const uint8_t* vr = slot_ptr(vc, p);
-      const float* v = reinterpret_cast<const float*>(vr);
-      if (a.cache_dtype == PC_DTYPE_F16) {
-        c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(vr), tmp.data(), hd);
-        v = tmp.data();
-      } else if (a.cache_dtype == PC_DTYPE_BF16) {
-        c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(vr), tmp.data(), hd);
-        v = tmp.data();
-      }
-      c.k->axpy_f32(scores[p], v, o, hd);
-    }
-    c.k->scale_f32(1.f / sum, o, hd);
   });
   return nullptr;
 }

@@ -40,6 +40,8 @@ struct KernelTable {
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x
   void (*scale_f32)(float a, float* y, int64_t n);                 // y *= a
   void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
+  // y[i] = exp(x[i] - shift) for x[i] <= shift (y may alias x); returns the sum of y.
+  float (*exp_sum)(const float* x, float shift, float* y, int64_t n);
   // out = x / sqrt(mean(x^2) + eps) * w (w may be null)
   void (*rms_norm)(const float* x, const float* w, float* out, int64_t n, float eps);
 
