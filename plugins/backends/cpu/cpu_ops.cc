@@ -41,6 +41,23 @@ inline void Store(const pc_matmul_args_t& a, const float* bias, float* out, int6
   y = a.accumulate ? y + v : v;
 }
 
+// y[0..n) = v (+ bias) or, when accumulating, y += v (+ bias): the branches are outside the
+// loops so they vectorize.
+inline void StoreRow(const pc_matmul_args_t& a, const float* bias, const float* v, int64_t n,
+                     float* y) {
+  if (a.accumulate) {
+    if (bias) {
+      for (int64_t r = 0; r < n; ++r) y[r] += v[r] + bias[r];
+    } else {
+      for (int64_t r = 0; r < n; ++r) y[r] += v[r];
+    }
+  } else if (bias) {
+    for (int64_t r = 0; r < n; ++r) y[r] = v[r] + bias[r];
+  } else {
+    std::memcpy(y, v, n * sizeof(float));
+  }
+}
+
 // Activation rows quantized for the packed kernels; grown as needed, reused across launches
 // (launches on one device are serialised by the plugin).
 std::vector<ActBlock>& ActBuffer() {
@@ -78,10 +95,10 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
       const int64_t mb = std::min(kMBlock, a.m - i0);
       for (int64_t g = g0; g < g1; ++g) {
         c.k->gemm_packed(f, w + g * group_bytes, kb, xq + i0 * kb, kb, mb, tile.data());
-        const int64_t rows = std::min<int64_t>(kPackRows, a.n - g * kPackRows);
+        const int64_t j0 = g * kPackRows, rows = std::min<int64_t>(kPackRows, a.n - j0);
         for (int64_t i = 0; i < mb; ++i)
-          for (int64_t r = 0; r < rows; ++r)
-            Store(a, bias, out, i0 + i, g * kPackRows + r, tile[i * kPackRows + r]);
+          StoreRow(a, bias ? bias + j0 : nullptr, tile.data() + i * kPackRows, rows,
+                   out + (i0 + i) * a.out_stride + j0);
       }
     }
   });
@@ -300,8 +317,10 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
   if (!q || !out || !qstart || !seq_lens || !tables || !kc || !vc) return "null operand";
   if (a.n_heads % a.n_kv_heads != 0) return "n_heads is not a multiple of n_kv_heads";
   const int64_t hd = a.head_dim, group = a.n_heads / a.n_kv_heads;
-  // Query tokens per task: enough for about one 32-wide column tile of query vectors.
-  const int64_t rows_per_task = std::max<int64_t>(1, kGemmTCols / group);
+  // Query tokens per task: enough for about one 32-wide column tile of query vectors; four
+  // tiles for long prefill chunks, where every task re-reads the K/V rows before its last token
+  // (still 8+ tasks per KV head).
+  const int64_t base_rows = std::max<int64_t>(1, kGemmTCols / group);
   struct Task {
     int32_t seq, kv_head;
     int64_t t0, t1;  // query rows
@@ -316,6 +335,7 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
     for (int64_t b = 0; b < (len + a.block_size - 1) / a.block_size; ++b)
       if (tables[s * a.max_blocks_per_seq + b] < 0) return "negative block index";
     for (int64_t t = q0; t < q1; ++t) owned[t] = 1;
+    const int64_t rows_per_task = q1 - q0 >= 32 * base_rows ? 4 * base_rows : base_rows;
     for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh)
       for (int64_t t0 = q0; t0 < q1; t0 += rows_per_task)
         tasks.push_back({int32_t(s), int32_t(kvh), t0, std::min(q1, t0 + rows_per_task)});
