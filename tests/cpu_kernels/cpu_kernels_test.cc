@@ -16,6 +16,7 @@
 #include "cpu_ops.h"
 #include "kernels.h"
 #include "packed.h"
+#include "panel.h"
 #include "polychip/sdk/quant.h"
 #include "polychip/sdk/ref_kernels.h"
 #include "thread_pool.h"
@@ -100,7 +101,12 @@ void RunMatmul(const OpContext& c, const MatmulCase& mc, bool pack, std::vector<
   ASSERT_EQ(sdk::RefLaunch(PC_OP_MATMUL, &a, sdk::IdentityMemory()), nullptr);
 
   std::vector<uint8_t> packed;
-  if (pack) {
+  if (pack && PanelDtype(mc.dtype)) {
+    packed.assign(PanelBytes(mc.dtype, mc.n, mc.k), 0xAA);
+    PackPanelsParallel(c, mc.dtype, w.data(), mc.n, mc.k, packed.data());
+    a.w = D(packed.data());
+    a.w_layout = kLayoutPanel;
+  } else if (pack) {
     PackedFormat f;
     ASSERT_TRUE(PackedFormatOf(mc.dtype, &f));
     packed.assign(PackedBytes(f, mc.n, mc.k), 0xAA);
@@ -166,6 +172,33 @@ TEST_P(CpuKernels, FloatPrefillMatmulMatchesReference) {
       std::vector<float> got, want;
       RunMatmul(Ctx(), {t, m, 45, 601}, /*pack=*/false, &got, &want);
       EXPECT_LT(RelErr(got, want), 1e-5);
+    }
+  }
+}
+
+// Float weights in panels (the AVX-512 layout for F16/BF16/F32): decode (m = 1), tiles of 8
+// activation rows with a ragged last one, n not a multiple of 32 (zero padding rows), and K
+// longer than one 256-element K-block with a ragged tail. Panels and back give every row.
+TEST_P(CpuKernels, PanelMatmulMatchesReference) {
+  if (!GetParam()->gemm_panel) GTEST_SKIP() << GetParam()->name << " has no panel kernel";
+  for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
+    for (int64_t m : {1, 2, 8, 21}) {
+      SCOPED_TRACE(std::string(sdk::GetDtypeInfo(t)->name) + " m=" + std::to_string(m));
+      std::vector<float> got, want;
+      RunMatmul(Ctx(), {t, m, 45, 601}, /*pack=*/true, &got, &want);
+      EXPECT_LT(RelErr(got, want), 1e-5);
+    }
+    const int64_t n = 45, k = 37;
+    auto wf = Random(n * k, 51);
+    std::vector<uint8_t> w(n * sdk::RowBytes(t, k)), panels(PanelBytes(t, n, k));
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_TRUE(sdk::QuantizeRow(t, wf.data() + j * k, w.data() + j * sdk::RowBytes(t, k), k));
+    PackPanels(t, w.data(), n, k, 0, (n + kPanelRows - 1) / kPanelRows, panels.data());
+    std::vector<float> row(k), want(k);
+    for (int64_t j = 0; j < n; ++j) {
+      UnpackPanelRow(t, panels.data(), k, j, row.data());
+      ASSERT_TRUE(sdk::DequantizeRow(t, w.data() + j * sdk::RowBytes(t, k), want.data(), k));
+      ASSERT_EQ(row, want) << "row " << j;
     }
   }
 }

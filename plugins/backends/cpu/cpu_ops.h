@@ -24,5 +24,9 @@ const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a);
 // Repacks a GGUF [n, k] matrix of a packable dtype into dst (PackedBytes long), in parallel.
 void PackParallel(const OpContext& c, pc_dtype_t dtype, const void* src, int64_t n, int64_t k,
                   void* dst);
+// Rearranges a GGUF [n, k] float matrix (F16/BF16/F32) into panels (PanelBytes long), in
+// parallel.
+void PackPanelsParallel(const OpContext& c, pc_dtype_t dtype, const void* src, int64_t n,
+                        int64_t k, void* dst);
 
 }  // namespace polychip::cpu

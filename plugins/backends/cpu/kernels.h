@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "packed.h"
+#include "panel.h"
 
 namespace polychip::cpu {
 
@@ -52,7 +53,17 @@ struct KernelTable {
   // one load feeds two FMAs and the accumulators stay in registers for the whole K-block.
   void (*gemm_t_f32)(const float* w, int64_t ldw, int64_t nw, const float* xt, int64_t ldx,
                      int64_t n, float* acc, int64_t ldc) = nullptr;
+
+  // Float weights in panels (panel.h), or nullptr where the ISA has none (float weights then
+  // stay in GGUF layout). One panel's K-block P of `dtype` (F16, BF16 or F32) against m
+  // (1..kPanelTileRows) activation rows: for i < m, r < 32,
+  //   acc[i * 32 + r] += sum_{e < k} x[i * ldx + e] * P[e * 32 + r]
+  void (*gemm_panel)(pc_dtype_t dtype, const void* panel, int64_t k, const float* x,
+                     int64_t ldx, int64_t m, float* acc) = nullptr;
 };
+
+// Activation rows of one gemm_panel call.
+constexpr int64_t kPanelTileRows = 8;
 
 // Weight rows (and activation columns) of one gemm_t_f32 call.
 constexpr int64_t kGemmTRows = 8;

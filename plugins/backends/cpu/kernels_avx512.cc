@@ -206,6 +206,91 @@ void GemmTF32(const float* w, int64_t ldw, int64_t nw, const float* xt, int64_t 
   }
 }
 
+// One column of a panel (32 rows' values of one element index) as two f32 vectors.
+template <pc_dtype_t DT>
+inline void LoadPanelColumn(const uint8_t* p, __m512* w0, __m512* w1) {
+  if constexpr (DT == PC_DTYPE_F16) {
+    *w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    *w1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+  } else if constexpr (DT == PC_DTYPE_BF16) {
+    const __m512i v0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i v1 =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+    *w1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+  } else {
+    *w0 = _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+    *w1 = _mm512_loadu_ps(reinterpret_cast<const float*>(p) + 16);
+  }
+}
+
+// MT activation rows x the panel's 32 rows, 2 * MT accumulators: each column is loaded (and
+// converted) once and feeds 2 * MT FMAs with broadcast activations.
+template <int MT, pc_dtype_t DT>
+void PanelTile(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, float* acc) {
+  constexpr int64_t kColBytes = 32 * (DT == PC_DTYPE_F32 ? 4 : 2);
+  __m512 c0[MT], c1[MT];
+  for (int i = 0; i < MT; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+  int64_t e = 0;
+  if constexpr (MT == 1) {
+    // Decode: a second pair of accumulators so consecutive FMAs do not wait on each other.
+    __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps();
+    for (; e + 2 <= k; e += 2) {
+      __m512 w0, w1, v0, v1;
+      LoadPanelColumn<DT>(panel + e * kColBytes, &w0, &w1);
+      LoadPanelColumn<DT>(panel + (e + 1) * kColBytes, &v0, &v1);
+      const __m512 b = _mm512_set1_ps(x[e]), b1 = _mm512_set1_ps(x[e + 1]);
+      c0[0] = _mm512_fmadd_ps(b, w0, c0[0]);
+      c1[0] = _mm512_fmadd_ps(b, w1, c1[0]);
+      d0 = _mm512_fmadd_ps(b1, v0, d0);
+      d1 = _mm512_fmadd_ps(b1, v1, d1);
+    }
+    c0[0] = _mm512_add_ps(c0[0], d0);
+    c1[0] = _mm512_add_ps(c1[0], d1);
+  }
+  for (; e < k; ++e) {
+    __m512 w0, w1;
+    LoadPanelColumn<DT>(panel + e * kColBytes, &w0, &w1);
+    for (int i = 0; i < MT; ++i) {
+      const __m512 b = _mm512_set1_ps(x[i * ldx + e]);
+      c0[i] = _mm512_fmadd_ps(b, w0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(b, w1, c1[i]);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    _mm512_storeu_ps(acc + i * 32, _mm512_add_ps(c0[i], _mm512_loadu_ps(acc + i * 32)));
+    _mm512_storeu_ps(acc + i * 32 + 16,
+                     _mm512_add_ps(c1[i], _mm512_loadu_ps(acc + i * 32 + 16)));
+  }
+}
+
+template <pc_dtype_t DT>
+void GemmPanelOf(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, int64_t m,
+                 float* acc) {
+  static_assert(kPanelTileRows == 8);
+  switch (m) {
+    case 8: return PanelTile<8, DT>(panel, k, x, ldx, acc);
+    case 7: return PanelTile<7, DT>(panel, k, x, ldx, acc);
+    case 6: return PanelTile<6, DT>(panel, k, x, ldx, acc);
+    case 5: return PanelTile<5, DT>(panel, k, x, ldx, acc);
+    case 4: return PanelTile<4, DT>(panel, k, x, ldx, acc);
+    case 3: return PanelTile<3, DT>(panel, k, x, ldx, acc);
+    case 2: return PanelTile<2, DT>(panel, k, x, ldx, acc);
+    case 1: return PanelTile<1, DT>(panel, k, x, ldx, acc);
+    default: return;
+  }
+}
+
+void GemmPanel(pc_dtype_t dtype, const void* panel, int64_t k, const float* x, int64_t ldx,
+               int64_t m, float* acc) {
+  const auto* p = static_cast<const uint8_t*>(panel);
+  switch (dtype) {
+    case PC_DTYPE_F16: return GemmPanelOf<PC_DTYPE_F16>(p, k, x, ldx, m, acc);
+    case PC_DTYPE_BF16: return GemmPanelOf<PC_DTYPE_BF16>(p, k, x, ldx, m, acc);
+    default: return GemmPanelOf<PC_DTYPE_F32>(p, k, x, ldx, m, acc);
+  }
+}
+
 }  // namespace avx512
 
 const KernelTable& Avx512Kernels() {
@@ -214,6 +299,7 @@ const KernelTable& Avx512Kernels() {
       avx512::DotF32,    avx512::Dot4F32, avx512::Dot4x4F32,    avx512::DotF16,      avx512::DotBf16,
       avx512::F16ToF32Row, avx512::Bf16ToF32Row, avx512::AxpyF32, avx512::ScaleF32,
       avx512::Swiglu,    avx512::ExpSum,    avx512::RmsNorm,     avx512::GemmTF32,
+      avx512::GemmPanel,
   };
   return t;
 }
