@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -306,6 +307,12 @@ size_t OpArgsSize(pc_op_t op) {
   }
 }
 
+size_t OpArgsMinSize(pc_op_t op) {
+  // EMBEDDING's table_layout came in 1.2; every other struct is as it was in 1.0.
+  if (op == PC_OP_EMBEDDING) return offsetof(pc_embedding_args_t, table_layout);
+  return OpArgsSize(op);
+}
+
 namespace {
 
 bool IsFloatType(pc_dtype_t t) { return IsCacheDtype(t); }
@@ -317,15 +324,18 @@ bool Decodable(pc_dtype_t t) {
 }  // namespace
 
 const char* ValidateOpArgs(pc_op_t op, const void* args) {
-  const size_t want = OpArgsSize(op);
+  const size_t want = OpArgsMinSize(op);
   if (want == 0) return "unknown op";
   if (args == nullptr) return "null args";
-  // Every args struct of this ABI minor is complete at its first version: a shorter struct is
-  // a caller bug. A longer one (a newer host) is fine; we read only what we know.
+  // Shorter than the struct's first version: a caller bug. Longer (a newer host) is fine; we
+  // read only what we know, and members appended later are read through PC_HAS_MEMBER.
   if (*static_cast<const size_t*>(args) < want) return "args struct_size too small";
   switch (op) {
     case PC_OP_EMBEDDING: {
-      auto& a = *static_cast<const pc_embedding_args_t*>(args);
+      auto* p = static_cast<const pc_embedding_args_t*>(args);
+      auto& a = *p;
+      if (PC_HAS_MEMBER(p, pc_embedding_args_t, table_layout) && a.table_layout != PC_LAYOUT_GGUF)
+        return "unknown table layout";
       if (!Decodable(a.table_dtype)) return "unsupported table dtype";
       if (a.n_rows < 0 || a.n_ids < 0 || a.row_len <= 0) return "bad shape";
       if (RowBytes(a.table_dtype, a.row_len) < 0) return "row_len not a multiple of the block";
@@ -402,6 +412,9 @@ const char* RefLaunch(pc_op_t op, const void* args, const DeviceMemory& mem) {
 }
 
 bool RefSupports(const pc_op_query_t& q) {
+  // The reference kernels read the GGUF layout only.
+  const bool has_layout = q.struct_size >= offsetof(pc_op_query_t, layout) + sizeof(q.layout);
+  if (has_layout && q.layout != PC_LAYOUT_GGUF) return false;
   switch (q.op) {
     case PC_OP_EMBEDDING:
     case PC_OP_MATMUL: return Decodable(q.dtypes[0]);

@@ -142,9 +142,11 @@ int Run(const BenchOptions& o) {
   if (!runner.ok()) return Fail(runner.status());
   model::TransformerRunner& r = **runner;
   const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::fprintf(stderr, "bench: %s on %s, %.1f MiB of weights, loaded in %.2f s\n",
+  std::fprintf(stderr,
+               "bench: %s on %s, %.1f MiB of weights, %llu bytes of KV cache, loaded in %.2f s\n",
                mf->config.Summary().c_str(), r.device().props().name.c_str(),
-               r.weight_bytes() / 1048576.0, load_s);
+               r.weight_bytes() / 1048576.0, static_cast<unsigned long long>(r.kv_bytes()),
+               load_s);
 
   // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
   std::vector<std::vector<int32_t>> tables(B);

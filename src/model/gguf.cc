@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -249,6 +250,30 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBytes(std::string bytes, std::
 
 GgufFile::~GgufFile() {
   if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+void GgufFile::ReleasePages(const GgufTensor& tensor) const {
+  ReleaseRange(tensor.data, tensor.n_bytes);
+}
+
+void GgufFile::ReleaseDataPages() const {
+  if (data_offset_ < size_) ReleaseRange(base_ + data_offset_, size_ - data_offset_);
+}
+
+void GgufFile::ReleaseMetadataPages() const { ReleaseRange(base_, data_offset_); }
+
+void GgufFile::ReleaseRange(const uint8_t* begin, uint64_t bytes) const {
+  if (map_ == nullptr || bytes == 0) return;
+  // Whole pages, rounded outward: a page shared with a neighbouring tensor or the metadata is
+  // dropped too, which costs at most a refault.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t map_begin = reinterpret_cast<uintptr_t>(map_);
+  const uintptr_t first = std::max(map_begin, reinterpret_cast<uintptr_t>(begin) / page * page);
+  const uintptr_t end = std::min(map_begin + size_, reinterpret_cast<uintptr_t>(begin) + bytes);
+  if (end <= first) return;
+  // The mapping is private and read-only, so its pages were never written: MADV_DONTNEED only
+  // unmaps them, and the file's bytes come back on the next access.
+  (void)::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
 }
 
 Status GgufFile::Parse() {

@@ -127,9 +127,19 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* FindTensor(std::string_view name) const;
 
+  // Drop pages of the mapping from this process's resident memory once what they hold has
+  // been copied: a tensor's data once a device holds its copy, the metadata section once the
+  // configuration and the tokenizer are built. Without this the file would stay resident next
+  // to the copies. Nothing becomes invalid: a later read faults the bytes back in (from the
+  // page cache, else the file). No-ops for an in-memory image.
+  void ReleasePages(const GgufTensor& tensor) const;
+  void ReleaseDataPages() const;  // every tensor's
+  void ReleaseMetadataPages() const;
+
  private:
   GgufFile() = default;
   Status Parse();
+  void ReleaseRange(const uint8_t* begin, uint64_t bytes) const;
 
   std::string path_;
   const uint8_t* base_ = nullptr;

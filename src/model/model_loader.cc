@@ -50,6 +50,7 @@ class Uploader {
     PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
     int64_t rows = t->n_rows(), cols = t->row_len();
     const uint8_t* data = static_cast<const uint8_t*>(t->data);
+    std::vector<uint8_t> staging;
     uint64_t n_bytes = t->n_bytes;
     const int64_t row_bytes = RowBytes(t->dtype, cols);
     if (cut == Cut::kRows) {
@@ -65,18 +66,19 @@ class Uploader {
                                " matrix do not fall on block boundaries; choose another "
                                "tensor-parallel size");
       }
-      // The shard's columns are strided in the file: gather them into a buffer that lives until
-      // the uploads completed.
-      std::vector<uint8_t>& host = staging_.emplace_back(uint64_t(rows) * take);
+      // The shard's columns are strided in the file: gather them (Upload returns once the
+      // device holds its copy, so the buffer may die with this call).
+      staging.resize(uint64_t(rows) * take);
       for (int64_t r = 0; r < rows; ++r) {
-        std::memcpy(host.data() + r * take, data + r * row_bytes + skip, take);
+        std::memcpy(staging.data() + r * take, data + r * row_bytes + skip, take);
       }
-      data = host.data();
+      data = staging.data();
       cols = count;
-      n_bytes = host.size();
+      n_bytes = staging.size();
     }
     PC_ASSIGN_OR_RETURN(auto weight, runtime::DeviceWeight::Upload(device_, t->dtype, rows, cols,
                                                                    data, n_bytes));
+    file_.ReleasePages(*t);
     MatrixRef ref{weight->data(), t->dtype, weight->layout(), rows, cols};
     w_.device_bytes += weight->bytes();
     w_.matrices.push_back(std::move(weight));
@@ -87,6 +89,8 @@ class Uploader {
   StatusOr<DevPtr> Raw(const GgufTensor& t) {
     PC_ASSIGN_OR_RETURN(auto buffer, device_->Allocate(t.n_bytes));
     PC_RETURN_IF_ERROR(stream_.CopyH2D(buffer->ptr(), t.data, t.n_bytes));
+    PC_RETURN_IF_ERROR(stream_.Synchronize());  // the copy has read the pages released next
+    file_.ReleasePages(t);
     const DevPtr ptr = buffer->ptr();
     w_.device_bytes += t.n_bytes;
     w_.buffers.push_back(std::move(buffer));
@@ -113,6 +117,7 @@ class Uploader {
     PC_RETURN_IF_ERROR(stream_.CopyH2D(buffer.ptr(), host.data(), host.size() * 4));
     // The host vector dies here: wait for the copy to read it.
     PC_RETURN_IF_ERROR(stream_.Synchronize());
+    file_.ReleasePages(*t);
     const DevPtr ptr = buffer.ptr();
     w_.device_bytes += buffer.size();
     w_.vectors.push_back(std::move(buffer));
@@ -131,7 +136,6 @@ class Uploader {
   const std::shared_ptr<runtime::MemoryPool>& pool_;
   runtime::Stream& stream_;
   ModelWeights& w_;
-  std::vector<std::vector<uint8_t>> staging_;  // gathered shard columns, until LoadWeights ends
 };
 
 }  // namespace
@@ -146,11 +150,15 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
   PC_ASSIGN_OR_RETURN(const GgufTensor* embd, up.Find("token_embd.weight"));
   w->embd_dtype = embd->dtype;
   if (c.tied_output) {
-    // The output projection is the embedding table. Share one copy unless the plugin
-    // repacked it (EMBEDDING reads GGUF layout only).
+    // The output projection is the embedding table: one copy serves both ops when EMBEDDING
+    // reads the layout the plugin's upload chose (always so for GGUF; for a private layout when
+    // the plugin says so). Otherwise the table is uploaded a second time in GGUF layout.
     PC_ASSIGN_OR_RETURN(w->output, up.Matrix("token_embd.weight"));
-    if (w->output.layout == runtime::kLayoutGguf) {
+    if (w->output.layout == runtime::kLayoutGguf ||
+        runtime::SupportsOp(*device, runtime::Op::kEmbedding, {embd->dtype},
+                            runtime::ShapeClass::kAny, w->output.layout)) {
       w->embd = w->output.data;
+      w->embd_layout = w->output.layout;
     } else {
       PC_ASSIGN_OR_RETURN(w->embd, up.Raw(*embd));
     }
@@ -203,6 +211,9 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     }
   }
   PC_RETURN_IF_ERROR(stream.Synchronize());
+  // Each tensor's pages went after its upload, but reading the next one faults its neighbours
+  // back in (the kernel maps up to 64 KiB around a fault): one last sweep drops those.
+  file.ReleaseDataPages();
   return w;
 }
 

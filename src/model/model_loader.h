@@ -1,7 +1,9 @@
 // Uploads a GGUF model's weights to a device. Matrices go through the runtime's DeviceWeight
 // (the plugin may repack them); 1D tensors (norms, biases, rope_freqs) are converted to F32 on
-// the host and copied into pool memory; the embedding table stays in GGUF layout because the
-// EMBEDDING op reads it row by row.
+// the host and copied into pool memory; the embedding table is uploaded in GGUF layout, except
+// that with tied embeddings the output matrix serves as the table too when EMBEDDING reads its
+// layout. Each tensor's pages of the file mapping are released once the device holds its copy,
+// so the file is not resident a second time.
 //
 // Every transfer goes through the runtime's stream copies: device memory is never touched by
 // the host (it is not host-dereferenceable on a discrete device).
@@ -63,9 +65,11 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  // token_embd in GGUF layout: [n_vocab, n_embd] of embd_dtype.
+  // token_embd: [n_vocab, n_embd] of embd_dtype in layout embd_layout (GGUF, or the output
+  // matrix's when tied and EMBEDDING reads it).
   runtime::DevPtr embd = 0;
   DType embd_dtype = DType::kF32;
+  uint32_t embd_layout = runtime::kLayoutGguf;
   std::vector<LayerWeights> layers;
   runtime::DevPtr output_norm = 0;  // f32 [n_embd]
   MatrixRef output;                 // [n_vocab, n_embd] (token_embd when tied)

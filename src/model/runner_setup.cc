@@ -35,6 +35,8 @@ StatusOr<ModelFile> OpenModelFile(const std::string& path) {
                            " tokens but the model's vocabulary is " +
                            std::to_string(m.config.n_vocab));
   }
+  // The tokenizer copied the vocabulary and merges: their pages need not stay resident.
+  m.file->ReleaseMetadataPages();
   return m;
 }
 

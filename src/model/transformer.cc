@@ -82,6 +82,7 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
   runtime::EmbeddingArgs emb;
   emb.table = w_->embd;
   emb.table_dtype = w_->embd_dtype;
+  emb.table_layout = w_->embd_layout;
   emb.n_rows = c.n_vocab;
   emb.row_len = c.n_embd;
   emb.ids = in.tokens;

@@ -34,7 +34,9 @@ const char* OpName(Op op) {
 }
 
 bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes,
-                ShapeClass shape_class) {
+                ShapeClass shape_class, uint32_t layout) {
+  // The query's layout member came in 1.2: an older plugin would answer for the GGUF layout.
+  if (layout != kLayoutGguf && device.backend()->abi_minor() < 2) return false;
   pc_op_query_t q{};
   q.struct_size = sizeof(q);
   q.op = static_cast<pc_op_t>(op);
@@ -44,6 +46,7 @@ bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes
     if (i < 4) q.dtypes[i++] = D(d);
   }
   q.shape_class = static_cast<pc_shape_class_t>(shape_class);
+  q.layout = layout;
   const pc_backend_iface_t* t = TableOf(*device.backend());
   return t->op_supports(static_cast<pc_device_t*>(device.raw()), &q) != 0;
 }
@@ -52,6 +55,7 @@ Status Launch(const Stream& stream, const EmbeddingArgs& a) {
   pc_embedding_args_t r{};
   r.table = a.table;
   r.table_dtype = D(a.table_dtype);
+  r.table_layout = a.table_layout;
   r.n_rows = a.n_rows;
   r.row_len = a.row_len;
   r.ids = a.ids;

@@ -29,16 +29,19 @@ const char* OpName(Op op);
 
 enum class ShapeClass : int32_t { kAny = 0, kDecode = 1, kPrefill = 2 };
 
-// dtypes as in pc_op_query: EMBEDDING {table}; MATMUL {weight}; KV_STORE/ATTENTION {cache};
-// CONVERT {src, dst}; others {F32}.
-bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes,
-                ShapeClass shape_class = ShapeClass::kAny);
-
 constexpr uint32_t kLayoutGguf = 0;
 
+// dtypes as in pc_op_query: EMBEDDING {table}; MATMUL {weight}; KV_STORE/ATTENTION {cache};
+// CONVERT {src, dst}; others {F32}. `layout`: of the EMBEDDING table or MATMUL weight, a tag
+// from DeviceWeight::layout(); a plugin older than ABI 1.2 cannot be asked about one other than
+// kLayoutGguf, and the answer then is false.
+bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes,
+                ShapeClass shape_class = ShapeClass::kAny, uint32_t layout = kLayoutGguf);
+
 struct EmbeddingArgs {
-  DevPtr table = 0;  // [n_rows, row_len] of table_dtype
+  DevPtr table = 0;  // [n_rows, row_len] of table_dtype, in layout table_layout
   DType table_dtype = DType::kF32;
+  uint32_t table_layout = kLayoutGguf;  // another only where SupportsOp said so
   int64_t n_rows = 0, row_len = 0;
   DevPtr ids = 0;  // int32 [n_ids]
   int64_t n_ids = 0;

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <random>
 #include <vector>
 
@@ -219,6 +221,18 @@ TEST(RefKernels, SwigluAddEmbeddingConvert) {
   DequantizeRow(PC_DTYPE_Q8_0, &q8[3 * 34], row3, 32);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(emb[i], row3[i]);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(emb[64 + i], row3[i]);
+  // A 1.0/1.1 host's struct ends before table_layout: still valid, read as the GGUF layout.
+  pc_embedding_args_t old = e;
+  old.table_layout = 0x1234;  // beyond the old struct_size: must be ignored
+  old.struct_size = offsetof(pc_embedding_args_t, table_layout);
+  std::fill(emb.begin(), emb.end(), 0.f);
+  ASSERT_EQ(RefLaunch(PC_OP_EMBEDDING, &old, IdentityMemory()), nullptr);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(emb[i], row3[i]);
+  old.struct_size = offsetof(pc_embedding_args_t, out);
+  EXPECT_NE(RefLaunch(PC_OP_EMBEDDING, &old, IdentityMemory()), nullptr);  // truncated struct
+  e.table_layout = 0x1234;  // a plugin's private layout: not the reference's to read
+  EXPECT_NE(RefLaunch(PC_OP_EMBEDDING, &e, IdentityMemory()), nullptr);
+  e.table_layout = PC_LAYOUT_GGUF;
   ids[1] = 4;
   EXPECT_NE(RefLaunch(PC_OP_EMBEDDING, &e, IdentityMemory()), nullptr);  // id out of range
 
@@ -243,6 +257,12 @@ TEST(RefKernels, BadAddressIsAnErrorNotACrash) {
 TEST(RefKernels, Supports) {
   pc_op_query_t q{sizeof(q), PC_OP_MATMUL, {PC_DTYPE_Q5_K, PC_DTYPE_INVALID, PC_DTYPE_INVALID, PC_DTYPE_INVALID}, PC_SHAPE_ANY};
   EXPECT_TRUE(RefSupports(q));
+  q.layout = 0x1234;  // a plugin's private layout
+  EXPECT_FALSE(RefSupports(q));
+  q.struct_size = offsetof(pc_op_query_t, layout);  // a 1.1 host: no layout member, GGUF
+  EXPECT_TRUE(RefSupports(q));
+  q.struct_size = sizeof(q);
+  q.layout = PC_LAYOUT_GGUF;
   q.dtypes[0] = PC_DTYPE_I32;
   EXPECT_FALSE(RefSupports(q));
   q.op = PC_OP_ATTENTION;

@@ -52,6 +52,10 @@ typedef enum pc_shape_class {
   PC_SHAPE_PREFILL = 2, /* many rows */
 } pc_shape_class_t;
 
+/* Weight layouts. 0 is the GGUF layout every plugin understands; a plugin that repacks weights
+ * at upload (pc_backend_iface.weight_upload) returns its own non-zero tag and recognises it. */
+#define PC_LAYOUT_GGUF 0u
+
 typedef struct pc_op_query {
   size_t struct_size;
   pc_op_t op;
@@ -59,18 +63,28 @@ typedef struct pc_op_query {
    * CONVERT {src, dst}; others {F32}. Unused entries are PC_DTYPE_INVALID. */
   pc_dtype_t dtypes[4];
   pc_shape_class_t shape_class;
+  /* (1.2) Layout of the EMBEDDING table or the MATMUL weight: PC_LAYOUT_GGUF, or a tag this
+   * plugin's weight_upload returned. A plugin answers 1 for a non-GGUF tag only if the op reads
+   * that layout. Plugins older than 1.2 do not read this member, so the host asks them about
+   * PC_LAYOUT_GGUF only. */
+  uint32_t layout;
 } pc_op_query_t;
 
 /* PC_OP_EMBEDDING. out[i, :] = dequantize(table[ids[i], :]). Also used to gather F32 rows. */
 typedef struct pc_embedding_args {
   size_t struct_size;
-  pc_devptr_t table;      /* [n_rows, row_len] of table_dtype */
+  pc_devptr_t table;      /* [n_rows, row_len] of table_dtype, in layout table_layout */
   pc_dtype_t table_dtype;
   int64_t n_rows;
   int64_t row_len;
   pc_devptr_t ids;        /* int32 [n_ids], each in [0, n_rows) */
   int64_t n_ids;
   pc_devptr_t out;        /* f32 [n_ids, row_len] */
+  /* (1.2) PC_LAYOUT_GGUF, or a tag from this plugin's weight_upload (the table then is a
+   * weight uploaded as [n_rows, row_len]): lets a repacked output matrix of a model with tied
+   * embeddings serve as its embedding table too, instead of a second copy. Absent (a 1.0/1.1
+   * host's shorter struct): PC_LAYOUT_GGUF. Only used when op_supports said yes for it. */
+  uint32_t table_layout;
 } pc_embedding_args_t;
 
 /* PC_OP_RMS_NORM. out may equal x (in place). */
@@ -83,10 +97,6 @@ typedef struct pc_rms_norm_args {
   int64_t dim;
   float eps;
 } pc_rms_norm_args_t;
-
-/* Weight layouts. 0 is the GGUF layout every plugin understands; a plugin that repacks weights
- * at upload (pc_backend_iface.weight_upload) returns its own non-zero tag and recognises it. */
-#define PC_LAYOUT_GGUF 0u
 
 /* PC_OP_MATMUL. out[i, j] = sum_k x[i, k] * W[j, k] + bias[j] (+ out[i, j] if accumulate). */
 typedef struct pc_matmul_args {

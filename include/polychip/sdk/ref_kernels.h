@@ -40,11 +40,16 @@ const char* RefConvert(const pc_convert_args_t& a, const DeviceMemory& mem);
 
 // Byte size of an op's args struct as this SDK was compiled, 0 for an unknown op.
 size_t OpArgsSize(pc_op_t op);
-// Checks struct_size and the shape/dtype members (not the addresses). nullptr when valid.
+// The smallest struct_size a host of this ABI major may pass: the struct's first version
+// (members appended since are absent from it). 0 for an unknown op.
+size_t OpArgsMinSize(pc_op_t op);
+// Checks struct_size and the shape/dtype/layout members (not the addresses). nullptr when
+// valid. Only the GGUF layout is valid here: a plugin that reads its own layouts checks those.
 const char* ValidateOpArgs(pc_op_t op, const void* args);
 // ValidateOpArgs, then the matching Ref* kernel.
 const char* RefLaunch(pc_op_t op, const void* args, const DeviceMemory& mem);
-// True when the reference kernels implement the query (every op, every dtype they decode).
+// True when the reference kernels implement the query (every op, every dtype they decode, the
+// GGUF layout only).
 bool RefSupports(const pc_op_query_t& query);
 
 // The rotation angle of pair i at position p as pc_rope_args documents it (YaRN included),

@@ -205,7 +205,10 @@ pc_error_t* EventSynchronize(pc_event_t* e) { return e ? nullptr : BadArg("event
 // ---- compute domain ---------------------------------------------------------------------
 
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* q) {
-  if (!device || !q || q->struct_size < sizeof(pc_op_query_t)) return 0;
+  // A 1.0/1.1 host's query ends at shape_class. VENDOR: a layout other than PC_LAYOUT_GGUF
+  // (q->layout, when PC_HAS_MEMBER) names one of your weight_upload layouts: claim only the ops
+  // that read it.
+  if (!device || !PC_HAS_MEMBER(q, pc_op_query_t, shape_class)) return 0;
   switch (q->op) {
     case PC_OP_ADD:
     case PC_OP_SWIGLU:

@@ -2,12 +2,14 @@
 // aligned), every operation runs synchronously on the calling thread (helped by the plugin's
 // thread pool), and the flags say so. Kernels: SIMD variants chosen from CPUID (kernels.h)
 // for matmul, attention, rope, rms_norm and swiglu; the SDK reference kernels for the rest.
-// Quantized weights are repacked at weight_upload into the layout of packed.h.
+// Quantized weights are repacked at weight_upload into the layout of packed.h, which MATMUL
+// and EMBEDDING both read (a tied embedding table is held once). One counter: allocated_bytes.
 //
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
 // environment variable POLYCHIP_CPU_ISA), devices (default 1).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -349,27 +351,65 @@ pc_error_t* EventElapsedMs(pc_event_t* start, pc_event_t* end, float* ms) {
 }
 
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
-  if (!device || !query || query->struct_size < sizeof(pc_op_query_t)) return 0;
+  // A 1.0/1.1 host's query ends at shape_class (and means the GGUF layout).
+  if (!device || !PC_HAS_MEMBER(query, pc_op_query_t, shape_class)) return 0;
+  if (PC_HAS_MEMBER(query, pc_op_query_t, layout) &&
+      query->layout == polychip::cpu::kLayoutPacked) {
+    // MATMUL and EMBEDDING read packed weights of every dtype that has a packed form.
+    return (query->op == PC_OP_MATMUL || query->op == PC_OP_EMBEDDING) &&
+           polychip::cpu::PackedFormatOf(query->dtypes[0], nullptr);
+  }
   return polychip::sdk::RefSupports(*query) ? 1 : 0;
+}
+
+// The layout of the operand that may be packed: MATMUL's weight, EMBEDDING's table (1.2: absent
+// from an older host's shorter struct).
+uint32_t OperandLayout(pc_op_t op, const void* args) {
+  if (op == PC_OP_MATMUL) {
+    auto* a = static_cast<const pc_matmul_args_t*>(args);
+    return PC_HAS_MEMBER(a, pc_matmul_args_t, w_layout) ? a->w_layout : PC_LAYOUT_GGUF;
+  }
+  if (op == PC_OP_EMBEDDING) {
+    auto* a = static_cast<const pc_embedding_args_t*>(args);
+    return PC_HAS_MEMBER(a, pc_embedding_args_t, table_layout) ? a->table_layout
+                                                                : PC_LAYOUT_GGUF;
+  }
+  return PC_LAYOUT_GGUF;
+}
+
+// A copy of a packed op's args that says PC_LAYOUT_GGUF, for the SDK's validation (which knows
+// the GGUF layout only; the shape rules are the same).
+template <typename Args>
+Args AsGguf(const void* args, uint32_t Args::*layout) {
+  Args a{};
+  std::memcpy(&a, args, std::min(sizeof(a), *static_cast<const size_t*>(args)));
+  a.struct_size = sizeof(a);
+  a.*layout = PC_LAYOUT_GGUF;
+  return a;
 }
 
 pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
   return Guard([&]() -> pc_error_t* {
     if (!stream) return BadArg("stream is null");
-    // The SDK validates GGUF layouts only: check a packed matmul as if it were one.
-    pc_matmul_args_t packed_as_gguf;
-    const bool packed = op == PC_OP_MATMUL && args &&
-                        static_cast<const pc_matmul_args_t*>(args)->struct_size >=
-                            sizeof(pc_matmul_args_t) &&
-                        static_cast<const pc_matmul_args_t*>(args)->w_layout ==
-                            polychip::cpu::kLayoutPacked;
-    if (packed) {
-      packed_as_gguf = *static_cast<const pc_matmul_args_t*>(args);
-      packed_as_gguf.w_layout = PC_LAYOUT_GGUF;
-      if (!polychip::cpu::PackedFormatOf(packed_as_gguf.w_dtype, nullptr))
-        return BadArg("packed layout with a dtype that is never packed");
+    const bool packed = args && polychip::sdk::OpArgsMinSize(op) > 0 &&
+                        *static_cast<const size_t*>(args) >= polychip::sdk::OpArgsMinSize(op) &&
+                        OperandLayout(op, args) == polychip::cpu::kLayoutPacked;
+    pc_matmul_args_t matmul_gguf;
+    pc_embedding_args_t embedding_gguf;
+    const void* to_validate = args;
+    if (packed && op == PC_OP_MATMUL) {
+      matmul_gguf = AsGguf(args, &pc_matmul_args_t::w_layout);
+      to_validate = &matmul_gguf;
+    } else if (packed) {
+      embedding_gguf = AsGguf(args, &pc_embedding_args_t::table_layout);
+      to_validate = &embedding_gguf;
     }
-    if (const char* why = polychip::sdk::ValidateOpArgs(op, packed ? &packed_as_gguf : args)) {
+    if (packed && !polychip::cpu::PackedFormatOf(op == PC_OP_MATMUL ? matmul_gguf.w_dtype
+                                                                      : embedding_gguf.table_dtype,
+                                                  nullptr)) {
+      return BadArg("packed layout with a dtype that is never packed");
+    }
+    if (const char* why = polychip::sdk::ValidateOpArgs(op, to_validate)) {
       return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
                                                   : PC_CODE_UNIMPLEMENTED,
                        why);
@@ -378,6 +418,10 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
     std::lock_guard<std::mutex> launch(G().launch_mu);
     const polychip::cpu::OpContext c = Ctx();
     switch (op) {
+      case PC_OP_EMBEDDING:
+        why = packed ? polychip::cpu::EmbeddingPacked(embedding_gguf)
+                     : polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
+        break;
       case PC_OP_MATMUL: why = Matmul(c, *static_cast<const pc_matmul_args_t*>(args)); break;
       case PC_OP_ATTENTION:
         why = Attention(c, *static_cast<const pc_attention_args_t*>(args));
@@ -389,6 +433,18 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
     }
     return why ? MakeError(PC_CODE_INVALID_ARGUMENT, why) : nullptr;
   });
+}
+
+// One counter: the bytes the device holds (mem_alloc and weight_upload, rounded to the
+// alignment), so that what the weights really take can be checked from outside.
+int32_t CounterCount(pc_device_t* device) { return device ? 1 : 0; }
+pc_error_t* CounterGet(pc_device_t* device, int32_t i, const char** name, double* value) {
+  if (!device || !name || !value) return BadArg("null argument");
+  if (i != 0) return BadArg("no such counter");
+  std::lock_guard<std::mutex> lock(device->mu);
+  *name = "allocated_bytes";
+  *value = static_cast<double>(device->allocated);
+  return nullptr;
 }
 
 const pc_backend_iface_t kIface = [] {
@@ -430,6 +486,8 @@ const pc_backend_iface_t kIface = [] {
   t.event_elapsed_ms = EventElapsedMs;
   t.op_supports = OpSupports;
   t.op_launch = OpLaunch;
+  t.counter_count = CounterCount;
+  t.counter_get = CounterGet;
   return t;
 }();
 

@@ -1,7 +1,8 @@
 // The cpu plugin's fast ops: matmul (packed quantized weights, float weights, any GGUF type),
-// paged attention, rope, rms_norm and swiglu, parallel on the plugin's thread pool through
-// the selected kernel table. Other ops use the SDK reference kernels. Arguments are validated
-// by the caller; each function returns nullptr on success or a static message.
+// paged attention, rope, rms_norm and swiglu, parallel on the plugin's thread pool through the
+// selected kernel table, and embedding from packed tables. Other ops use the SDK reference
+// kernels. Arguments are validated by the caller; each function returns nullptr on success or
+// a static message.
 #pragma once
 
 #include "kernels.h"
@@ -20,6 +21,8 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a);
 const char* Rope(const OpContext& c, const pc_rope_args_t& a);
 const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a);
 const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a);
+// EMBEDDING whose table is in the packed layout (embedding.cc); GGUF tables use the SDK's.
+const char* EmbeddingPacked(const pc_embedding_args_t& a);
 
 // Repacks a GGUF [n, k] matrix of a packable dtype into dst (PackedBytes long), in parallel.
 void PackParallel(const OpContext& c, pc_dtype_t dtype, const void* src, int64_t n, int64_t k,

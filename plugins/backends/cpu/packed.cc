@@ -183,4 +183,28 @@ void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int6
   }
 }
 
+void UnpackRow(pc_dtype_t dtype, const uint8_t* packed, int64_t k, int64_t row, float* out) {
+  PackedFormat f;
+  if (!PackedFormatOf(dtype, &f)) return;
+  const int64_t kb = k / kBlock;
+  const int r = static_cast<int>(row % kPackRows);  // the row's lane in its group
+  const uint8_t* cell = packed + row / kPackRows * kb * f.block_bytes();
+  for (int64_t b = 0; b < kb; ++b, cell += f.block_bytes(), out += kBlock) {
+    const uint8_t* scales = cell + f.quant_bytes();
+    const float s0 = sdk::Fp16ToFp32(Load16(scales + 2 * r));
+    const float s1 = f.half_scales ? sdk::Fp16ToFp32(Load16(scales + 2 * (kPackRows + r))) : s0;
+    const float min = f.has_min ? sdk::Fp16ToFp32(Load16(scales + f.scale_bytes() + 2 * r)) : 0;
+    for (int e = 0; e < kBlock; ++e) {
+      int u;
+      if (f.q4) {
+        const uint8_t byte = cell[64 * ((e % 16) / 4) + 4 * r + e % 4];
+        u = e < 16 ? byte & 0xF : byte >> 4;
+      } else {
+        u = cell[64 * (e / 4) + 4 * r + e % 4];
+      }
+      out[e] = (e < 16 ? s0 : s1) * static_cast<float>(u - f.offset) - min;
+    }
+  }
+}
+
 }  // namespace polychip::cpu

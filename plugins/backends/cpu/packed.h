@@ -57,5 +57,9 @@ int64_t PackedBytes(const PackedFormat& f, int64_t n, int64_t k);
 // buffer). Groups are independent, so callers may split the range across threads.
 void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int64_t g0,
                 int64_t g1, uint8_t* dst);
+// Dequantizes row `row` of a packed [n, k] matrix of `dtype` into out[k]: the inverse of
+// PackGroups, for EMBEDDING from a packed table. Q4_0, Q8_0 and Q5_0 give exactly the GGUF
+// reference's values; Q4_K and Q6_K carry the f16 rounding of their folded scales (as MATMUL).
+void UnpackRow(pc_dtype_t dtype, const uint8_t* packed, int64_t k, int64_t row, float* out);
 
 }  // namespace polychip::cpu

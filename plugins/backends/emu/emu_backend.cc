@@ -11,6 +11,7 @@
 //   - Results are computed by the SDK reference kernels through address translation.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -573,7 +574,8 @@ pc_error_t* EventElapsedMs(pc_event_t* start, pc_event_t* end, float* ms) {
 }
 
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
-  if (!device || !query || query->struct_size < sizeof(pc_op_query_t)) return 0;
+  // A 1.0/1.1 host's query ends at shape_class (its layout is GGUF).
+  if (!device || !PC_HAS_MEMBER(query, pc_op_query_t, shape_class)) return 0;
   return polychip::sdk::RefSupports(*query) ? 1 : 0;
 }
 
@@ -600,10 +602,12 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
                     ")");
     }
     mem.validate_only = false;
-    // The args are read during this call only: keep a copy for the worker.
-    std::vector<uint8_t> copy(polychip::sdk::OpArgsSize(op));
-    std::memcpy(copy.data(), args, copy.size());
-    reinterpret_cast<size_t*>(copy.data())[0] = copy.size();
+    // The args are read during this call only: keep a copy for the worker. An older host's
+    // struct may be shorter than ours: its missing tail members stay zero (absent).
+    std::vector<uint8_t> copy(polychip::sdk::OpArgsSize(op), 0);
+    const size_t n = std::min(copy.size(), *static_cast<const size_t*>(args));
+    std::memcpy(copy.data(), args, n);
+    reinterpret_cast<size_t*>(copy.data())[0] = n;
     stream->Enqueue({[op, mem, copy = std::move(copy)]() {
       return polychip::sdk::RefLaunch(op, copy.data(), mem);
     }});

@@ -110,6 +110,41 @@ Verdict Embedding(Harness& h, pc_dtype_t dtype) {
   return CompareOutputs(out, ref::Embedding(table.values, row_len, ids), 1e-6);
 }
 
+// EMBEDDING from a table that went through weight_upload, in the layout the plugin chose (ABI
+// 1.2): how a model with tied embeddings holds its table once. Skipped when the upload kept the
+// GGUF layout (op.embedding.<dtype> covers that) or op_supports does not claim the layout. A
+// plugin may fold a K-quant's sub-block scales into f16 (as for MATMUL): hence 4e-3.
+Verdict EmbeddingUploaded(Harness& h, pc_dtype_t dtype) {
+  if (!PCC_HAS(h.api, weight_upload)) return Skip("no weight_upload (optional)");
+  if (!h.Supports(PC_OP_MATMUL, {dtype})) return Skip("matmul weights of this dtype not claimed");
+  const int64_t n_rows = 37, row_len = 512, n_ids = 19;
+  PCC_ENCODE(Encoded table, Encode(dtype, h.RandomFloats(n_rows * row_len), n_rows, row_len));
+  pc_weight_t uploaded{};
+  uploaded.struct_size = sizeof(uploaded);
+  PCC_TRY(h.Take(h.api->weight_upload(h.device, dtype, n_rows, row_len, table.bytes.data(),
+                                      table.bytes.size(), &uploaded),
+                 "weight_upload"));
+  struct Free {  // the weight goes back on every path out
+    Harness& h;
+    pc_weight_t& w;
+    ~Free() { (void)h.Take(h.api->weight_free(h.device, &w), "weight_free"); }
+  } free_weight{h, uploaded};
+  if (uploaded.layout == PC_LAYOUT_GGUF) return Skip("weight_upload kept the GGUF layout");
+  if (!h.Supports(PC_OP_EMBEDDING, {dtype}, PC_SHAPE_ANY, uploaded.layout)) return NotClaimed();
+  std::vector<int32_t> ids(n_ids);
+  for (auto& id : ids) id = static_cast<int32_t>(h.rng() % n_rows);
+  ids[0] = 0, ids[1] = n_rows - 1, ids[2] = ids[3];
+  PCC_ASSIGN(pc_devptr_t d_ids, h.UploadVec(ids));
+  PCC_ASSIGN(pc_devptr_t d_out, h.Alloc(n_ids * row_len * sizeof(float)));
+  pc_embedding_args_t a{};
+  a.struct_size = sizeof(a);
+  a.table = uploaded.data, a.table_dtype = dtype, a.table_layout = uploaded.layout;
+  a.n_rows = n_rows, a.row_len = row_len, a.ids = d_ids, a.n_ids = n_ids, a.out = d_out;
+  PCC_TRY(h.Launch(PC_OP_EMBEDDING, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n_ids * row_len));
+  return CompareOutputs(out, ref::Embedding(table.values, row_len, ids), 4e-3);
+}
+
 // ---- RMS_NORM ---------------------------------------------------------------------------------
 Verdict RmsNorm(Harness& h, bool with_weight, bool in_place) {
   if (!h.Supports(PC_OP_RMS_NORM, {PC_DTYPE_F32})) return NotClaimed();
@@ -452,6 +487,10 @@ void AddOpChecks(std::vector<Check>& checks) {
   };
   for (pc_dtype_t d : kWeightDtypes)
     add("op.embedding." + Lower(d), [d](Harness& h) { return Embedding(h, d); });
+  for (pc_dtype_t d : kWeightDtypes) {
+    add("op.embedding." + Lower(d) + ".uploaded",
+        [d](Harness& h) { return EmbeddingUploaded(h, d); });
+  }
   add("op.rms_norm.weighted", [](Harness& h) { return RmsNorm(h, true, false); });
   add("op.rms_norm.in_place_unweighted", [](Harness& h) { return RmsNorm(h, false, true); });
   for (pc_dtype_t d : kWeightDtypes) {

@@ -88,7 +88,8 @@ Status Harness::Launch(pc_op_t op, const void* args) const {
 }
 
 bool Harness::Supports(pc_op_t op, std::initializer_list<pc_dtype_t> dtypes,
-                       pc_shape_class_t shape) const {
+                       pc_shape_class_t shape, uint32_t layout) const {
+  if (layout != PC_LAYOUT_GGUF && api->abi_minor < 2) return false;  // it would not read it
   pc_op_query_t q{};
   q.struct_size = sizeof(q);
   q.op = op;
@@ -96,6 +97,7 @@ bool Harness::Supports(pc_op_t op, std::initializer_list<pc_dtype_t> dtypes,
   size_t i = 0;
   for (pc_dtype_t d : dtypes) q.dtypes[i++] = d;
   q.shape_class = shape;
+  q.layout = layout;
   return api->op_supports(device, &q) != 0;
 }
 

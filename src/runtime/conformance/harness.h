@@ -78,8 +78,10 @@ class Harness {
   }
   // op_launch then stream_synchronize on the default stream.
   Status Launch(pc_op_t op, const void* args) const;
+  // `layout` (ABI 1.2) is asked only of a plugin of 1.2 or later; older ones answer 0 for any
+  // other than PC_LAYOUT_GGUF.
   bool Supports(pc_op_t op, std::initializer_list<pc_dtype_t> dtypes,
-                pc_shape_class_t shape = PC_SHAPE_ANY) const;
+                pc_shape_class_t shape = PC_SHAPE_ANY, uint32_t layout = PC_LAYOUT_GGUF) const;
 
   std::vector<float> RandomFloats(size_t n, float lo = -1.0f, float hi = 1.0f);
   std::vector<uint8_t> RandomBytes(size_t n);

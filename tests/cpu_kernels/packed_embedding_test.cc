@@ -1,0 +1,76 @@
+// EMBEDDING from the cpu plugin's packed layout (a tied model's output matrix serving as its
+// embedding table) against the SDK reference on the GGUF bytes: rows in a partial last group
+// of 16, repeated ids, both ends of the table. Q4_0, Q8_0 and Q5_0 unpack to exactly the
+// reference's values; Q4_K and Q6_K within the f16 rounding of their folded scales.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "packed.h"
+#include "polychip/sdk/quant.h"
+#include "polychip/sdk/ref_kernels.h"
+
+namespace polychip::cpu {
+namespace {
+
+pc_devptr_t D(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+TEST(PackedEmbedding, MatchesReferenceOnGgufTable) {
+  const int64_t n = 37;  // two full groups of 16 and a partial one
+  const std::vector<int32_t> ids = {0, 36, 17, 5, 17, 32, 15, 16, 35};
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
+    const bool kquant = t == PC_DTYPE_Q4_K || t == PC_DTYPE_Q6_K;
+    const int64_t k = kquant ? 512 : 96;
+    SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> row(k);
+    const int64_t rb = sdk::RowBytes(t, k);
+    std::vector<uint8_t> gguf(n * rb);
+    for (int64_t r = 0; r < n; ++r) {
+      for (float& x : row) x = u(rng);
+      ASSERT_TRUE(sdk::QuantizeRow(t, row.data(), gguf.data() + r * rb, k));
+    }
+    PackedFormat f;
+    ASSERT_TRUE(PackedFormatOf(t, &f));
+    std::vector<uint8_t> packed(PackedBytes(f, n, k), 0xAA);
+    PackGroups(t, gguf.data(), n, k, 0, (n + kPackRows - 1) / kPackRows, packed.data());
+
+    const int64_t m = static_cast<int64_t>(ids.size());
+    std::vector<float> want(m * k), got(m * k, NAN);
+    pc_embedding_args_t a{};
+    a.struct_size = sizeof(a);
+    a.table = D(gguf.data()), a.table_dtype = t, a.n_rows = n, a.row_len = k;
+    a.ids = D(ids.data()), a.n_ids = m, a.out = D(want.data());
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_EMBEDDING, &a, sdk::IdentityMemory()), nullptr);
+    a.table = D(packed.data()), a.out = D(got.data());
+    ASSERT_EQ(EmbeddingPacked(a), nullptr);
+
+    for (int64_t i = 0; i < m * k; i += 32) {
+      float block_max = 0;
+      for (int e = 0; e < 32; ++e) block_max = std::max(block_max, std::fabs(want[i + e]));
+      for (int e = 0; e < 32; ++e) {
+        if (kquant) {
+          // f16 scale and min: each off by at most 2^-11 of a term no larger than ~2x the block
+          // maximum. A wrong lane or block would be off by about the block maximum.
+          ASSERT_NEAR(got[i + e], want[i + e], 4e-3 * block_max + 1e-7) << "element " << i + e;
+        } else {
+          ASSERT_EQ(got[i + e], want[i + e]) << "element " << i + e;
+        }
+      }
+    }
+
+    const int32_t bad = static_cast<int32_t>(n);
+    a.ids = D(&bad), a.n_ids = 1;
+    EXPECT_NE(EmbeddingPacked(a), nullptr);  // id out of range
+  }
+}
+
+}  // namespace
+}  // namespace polychip::cpu
