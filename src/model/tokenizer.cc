@@ -173,6 +173,9 @@ Status Tokenizer::Init() {
                           : m.substr(0, space) + '\0' + m.substr(space + 1);
     merge_ranks_.emplace(std::move(key), static_cast<int>(i));  // the first rank wins
   }
+  // The ranks hold the merges now: keeping the list too would cost ~5 MB for a 150k vocabulary.
+  v.merges.clear();
+  v.merges.shrink_to_fit();
 
   // End-of-turn tokens are recognised by their text when the file does not name them; they
   // must be control tokens whatever the file says, or they would be printed and split.

@@ -46,7 +46,8 @@ struct Vocab {
   std::vector<std::string> tokens;
   std::vector<float> scores;       // empty, or one per token (SPM merge priority)
   std::vector<TokenType> types;    // empty (all normal), or one per token
-  std::vector<std::string> merges; // BPE merges "left right", rank = index
+  std::vector<std::string> merges; // BPE merges "left right", rank = index (emptied in a
+                                   // built Tokenizer's vocab(): it keeps them as ranks)
 
   // Special token ids (kNoToken = absent). When a loader leaves them at kNoToken the tokenizer
   // applies llama.cpp's per-model defaults.
