@@ -13,6 +13,7 @@
 
 #include "cpu_ops.h"
 #include "packed.h"
+#include "panel.h"
 #include "polychip/sdk/quant.h"
 #include "polychip/sdk/ref_kernels.h"
 
@@ -50,7 +51,7 @@ TEST(PackedEmbedding, MatchesReferenceOnGgufTable) {
     a.ids = D(ids.data()), a.n_ids = m, a.out = D(want.data());
     ASSERT_EQ(sdk::RefLaunch(PC_OP_EMBEDDING, &a, sdk::IdentityMemory()), nullptr);
     a.table = D(packed.data()), a.out = D(got.data());
-    ASSERT_EQ(EmbeddingPacked(a), nullptr);
+    ASSERT_EQ(EmbeddingPacked(a, kLayoutPacked), nullptr);
 
     for (int64_t i = 0; i < m * k; i += 32) {
       float block_max = 0;
@@ -68,7 +69,38 @@ TEST(PackedEmbedding, MatchesReferenceOnGgufTable) {
 
     const int32_t bad = static_cast<int32_t>(n);
     a.ids = D(&bad), a.n_ids = 1;
-    EXPECT_NE(EmbeddingPacked(a), nullptr);  // id out of range
+    EXPECT_NE(EmbeddingPacked(a, kLayoutPacked), nullptr);  // id out of range
+  }
+}
+
+// Float tables in panels (the AVX-512 layout of F16/BF16/F32 matrices): exactly the reference's
+// values, rows from a partial last panel of 32 included.
+TEST(PackedEmbedding, PanelTableMatchesReference) {
+  const int64_t n = 70, k = 40;
+  const std::vector<int32_t> ids = {0, 69, 31, 32, 64, 5, 31};
+  for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> row(k);
+    const int64_t rb = sdk::RowBytes(t, k);
+    std::vector<uint8_t> gguf(n * rb);
+    for (int64_t r = 0; r < n; ++r) {
+      for (float& x : row) x = u(rng);
+      ASSERT_TRUE(sdk::QuantizeRow(t, row.data(), gguf.data() + r * rb, k));
+    }
+    std::vector<uint8_t> panels(PanelBytes(t, n, k), 0xAA);
+    PackPanels(t, gguf.data(), n, k, 0, (n + kPanelRows - 1) / kPanelRows, panels.data());
+    const int64_t m = static_cast<int64_t>(ids.size());
+    std::vector<float> want(m * k), got(m * k, NAN);
+    pc_embedding_args_t a{};
+    a.struct_size = sizeof(a);
+    a.table = D(gguf.data()), a.table_dtype = t, a.n_rows = n, a.row_len = k;
+    a.ids = D(ids.data()), a.n_ids = m, a.out = D(want.data());
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_EMBEDDING, &a, sdk::IdentityMemory()), nullptr);
+    a.table = D(panels.data()), a.out = D(got.data());
+    ASSERT_EQ(EmbeddingPacked(a, kLayoutPanel), nullptr);
+    EXPECT_EQ(got, want);
   }
 }
 

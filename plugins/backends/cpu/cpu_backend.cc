@@ -26,6 +26,7 @@
 #include "cpu_ops.h"
 #include "kernels.h"
 #include "packed.h"
+#include "panel.h"
 #include "thread_pool.h"
 #include "polychip/plugin/pc_backend.h"
 #include "polychip/sdk/plugin_util.h"
@@ -260,18 +261,29 @@ pc_error_t* WeightUpload(pc_device_t* device, pc_dtype_t dtype, int64_t rows, in
       return BadArg("weight shape does not match its byte size");
     polychip::cpu::PackedFormat f;
     const bool pack = polychip::cpu::PackedFormatOf(dtype, &f) && rows > 0;
-    const uint64_t bytes = pack ? polychip::cpu::PackedBytes(f, rows, cols) : host_bytes;
+    // Float matrices go into panels where the kernel table has a panel GEMM (AVX-512).
+    const bool panels =
+        !pack && polychip::cpu::PanelDtype(dtype) && Ctx().k->gemm_panel != nullptr && rows > 0;
+    const uint64_t bytes = pack     ? polychip::cpu::PackedBytes(f, rows, cols)
+                           : panels ? polychip::cpu::PanelBytes(dtype, rows, cols)
+                                    : host_bytes;
     pc_devptr_t dst = 0;
     if (pc_error_t* e = MemAlloc(device, bytes, &dst)) return e;
-    if (pack) {
+    void* dst_host = reinterpret_cast<void*>(static_cast<uintptr_t>(dst));
+    if (pack || panels) {
       std::lock_guard<std::mutex> launch(G().launch_mu);
-      polychip::cpu::PackParallel(Ctx(), dtype, host_data, rows, cols,
-                                  reinterpret_cast<void*>(static_cast<uintptr_t>(dst)));
+      if (pack) {
+        polychip::cpu::PackParallel(Ctx(), dtype, host_data, rows, cols, dst_host);
+      } else {
+        polychip::cpu::PackPanelsParallel(Ctx(), dtype, host_data, rows, cols, dst_host);
+      }
     } else if (host_bytes) {
-      std::memcpy(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), host_data, host_bytes);
+      std::memcpy(dst_host, host_data, host_bytes);
     }
     out->data = dst;
-    out->layout = pack ? polychip::cpu::kLayoutPacked : PC_LAYOUT_GGUF;
+    out->layout = pack     ? polychip::cpu::kLayoutPacked
+                  : panels ? polychip::cpu::kLayoutPanel
+                           : PC_LAYOUT_GGUF;
     out->bytes = bytes;
     return nullptr;
   });
@@ -350,14 +362,22 @@ pc_error_t* EventElapsedMs(pc_event_t* start, pc_event_t* end, float* ms) {
   return nullptr;
 }
 
+// Whether weight_upload can return `layout` for `dtype` (so an op may name the two together).
+bool LayoutHolds(uint32_t layout, pc_dtype_t dtype) {
+  if (layout == polychip::cpu::kLayoutPacked) return polychip::cpu::PackedFormatOf(dtype, nullptr);
+  if (layout == polychip::cpu::kLayoutPanel)
+    return polychip::cpu::PanelDtype(dtype) && Ctx().k->gemm_panel != nullptr;
+  return false;
+}
+
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
   // A 1.0/1.1 host's query ends at shape_class (and means the GGUF layout).
   if (!device || !PC_HAS_MEMBER(query, pc_op_query_t, shape_class)) return 0;
-  if (PC_HAS_MEMBER(query, pc_op_query_t, layout) &&
-      query->layout == polychip::cpu::kLayoutPacked) {
-    // MATMUL and EMBEDDING read packed weights of every dtype that has a packed form.
+  if (PC_HAS_MEMBER(query, pc_op_query_t, layout) && query->layout != PC_LAYOUT_GGUF) {
+    // MATMUL and EMBEDDING read the weights weight_upload laid out: packed quantized types,
+    // float panels.
     return (query->op == PC_OP_MATMUL || query->op == PC_OP_EMBEDDING) &&
-           polychip::cpu::PackedFormatOf(query->dtypes[0], nullptr);
+           LayoutHolds(query->layout, query->dtypes[0]);
   }
   return polychip::sdk::RefSupports(*query) ? 1 : 0;
 }
@@ -391,9 +411,13 @@ Args AsGguf(const void* args, uint32_t Args::*layout) {
 pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
   return Guard([&]() -> pc_error_t* {
     if (!stream) return BadArg("stream is null");
-    const bool packed = args && polychip::sdk::OpArgsMinSize(op) > 0 &&
-                        *static_cast<const size_t*>(args) >= polychip::sdk::OpArgsMinSize(op) &&
-                        OperandLayout(op, args) == polychip::cpu::kLayoutPacked;
+    // "packed": the weight operand is in one of this plugin's layouts (packed or panels).
+    const uint32_t layout = args && polychip::sdk::OpArgsMinSize(op) > 0 &&
+                                    *static_cast<const size_t*>(args) >=
+                                        polychip::sdk::OpArgsMinSize(op)
+                                ? OperandLayout(op, args)
+                                : PC_LAYOUT_GGUF;
+    const bool packed = layout != PC_LAYOUT_GGUF;
     pc_matmul_args_t matmul_gguf;
     pc_embedding_args_t embedding_gguf;
     const void* to_validate = args;
@@ -404,10 +428,9 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
       embedding_gguf = AsGguf(args, &pc_embedding_args_t::table_layout);
       to_validate = &embedding_gguf;
     }
-    if (packed && !polychip::cpu::PackedFormatOf(op == PC_OP_MATMUL ? matmul_gguf.w_dtype
-                                                                      : embedding_gguf.table_dtype,
-                                                  nullptr)) {
-      return BadArg("packed layout with a dtype that is never packed");
+    if (packed && !LayoutHolds(layout, op == PC_OP_MATMUL ? matmul_gguf.w_dtype
+                                                           : embedding_gguf.table_dtype)) {
+      return BadArg("unknown weight layout, or one this dtype is never stored in");
     }
     if (const char* why = polychip::sdk::ValidateOpArgs(op, to_validate)) {
       return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
@@ -419,7 +442,7 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
     const polychip::cpu::OpContext c = Ctx();
     switch (op) {
       case PC_OP_EMBEDDING:
-        why = packed ? polychip::cpu::EmbeddingPacked(embedding_gguf)
+        why = packed ? polychip::cpu::EmbeddingPacked(embedding_gguf, layout)
                      : polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
         break;
       case PC_OP_MATMUL: why = Matmul(c, *static_cast<const pc_matmul_args_t*>(args)); break;

@@ -21,8 +21,9 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a);
 const char* Rope(const OpContext& c, const pc_rope_args_t& a);
 const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a);
 const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a);
-// EMBEDDING whose table is in the packed layout (embedding.cc); GGUF tables use the SDK's.
-const char* EmbeddingPacked(const pc_embedding_args_t& a);
+// EMBEDDING whose table is in one of the plugin's layouts (kLayoutPacked or kLayoutPanel;
+// a.table_layout is ignored), embedding.cc; GGUF tables use the SDK's.
+const char* EmbeddingPacked(const pc_embedding_args_t& a, uint32_t layout);
 
 // Repacks a GGUF [n, k] matrix of a packable dtype into dst (PackedBytes long), in parallel.
 void PackParallel(const OpContext& c, pc_dtype_t dtype, const void* src, int64_t n, int64_t k,
