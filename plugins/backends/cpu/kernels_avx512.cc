@@ -230,7 +230,10 @@ template <int MT, pc_dtype_t DT>
 void PanelTile(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, float* acc) {
   constexpr int64_t kColBytes = 32 * (DT == PC_DTYPE_F32 ? 4 : 2);
   __m512 c0[MT], c1[MT];
-  for (int i = 0; i < MT; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+  for (int i = 0; i < MT; ++i) {
+    c0[i] = _mm512_loadu_ps(acc + i * 32);
+    c1[i] = _mm512_loadu_ps(acc + i * 32 + 16);
+  }
   int64_t e = 0;
   if constexpr (MT == 1) {
     // Decode: a second pair of accumulators so consecutive FMAs do not wait on each other.
@@ -258,9 +261,8 @@ void PanelTile(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, flo
     }
   }
   for (int i = 0; i < MT; ++i) {
-    _mm512_storeu_ps(acc + i * 32, _mm512_add_ps(c0[i], _mm512_loadu_ps(acc + i * 32)));
-    _mm512_storeu_ps(acc + i * 32 + 16,
-                     _mm512_add_ps(c1[i], _mm512_loadu_ps(acc + i * 32 + 16)));
+    _mm512_storeu_ps(acc + i * 32, c0[i]);
+    _mm512_storeu_ps(acc + i * 32 + 16, c1[i]);
   }
 }
 
