@@ -435,8 +435,16 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
     }
     for (int64_t p0 = 0; p0 <= last_pos; p0 += kAttnChunk) {
       const int64_t pc = std::min(kAttnChunk, last_pos + 1 - p0);
-      PrefetchCacheRows(a, kc, table, kvh, p0, pc);
-      PrefetchCacheRows(a, vc, table, kvh, p0, pc);  // arrives while the scores are computed
+      if (p0 == 0) {
+        PrefetchCacheRows(a, kc, table, kvh, p0, pc);
+        PrefetchCacheRows(a, vc, table, kvh, p0, pc);
+      }
+      // The next chunk's rows arrive while this one is computed.
+      const int64_t next_pc = std::min(kAttnChunk, last_pos + 1 - (p0 + kAttnChunk));
+      if (next_pc > 0) {
+        PrefetchCacheRows(a, kc, table, kvh, p0 + kAttnChunk, next_pc);
+        PrefetchCacheRows(a, vc, table, kvh, p0 + kAttnChunk, next_pc);
+      }
       GatherCacheRows(c, a, kc, table, kvh, p0, pc, kf.data());
       std::fill(st.begin(), st.begin() + pc * ncols, 0.f);
       GemmT(c, kf.data(), hd, pc, qt.data(), ncols, hd, ncols, st.data(), ncols);
