@@ -5,7 +5,7 @@
 #   bench/compare-serving.sh [BUILD_DIR]   env: THREADS=2 PROMPTS=64 CONC=16 IN=128 OUT=128
 # Then, unless PREFIX=0: polychip alone with a shared PREFIX-token system prompt (default 512)
 # before IN own tokens, with and without --disable-radix-cache (TTFT is what the cache buys).
-#   env: PREFIX=512 PREFIX_PROMPTS=32 PREFIX_OUT=16 SKIP_MAIN=1 (prefix comparison only)
+#   env: PREFIX=512 PREFIX_PROMPTS=64 PREFIX_OUT=128 SKIP_MAIN=1 (prefix comparison only)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
@@ -14,7 +14,7 @@ LLAMA=${LLAMA_SERVER:-/root/.cache/polychip/llama.cpp/build/bin/llama-server}
 VOCAB=/root/.cache/polychip/llama.cpp/models/ggml-vocab-qwen2.gguf
 MODEL=${MODEL:-$HOME/.cache/polychip/models/qwen2.5-0.5b-q4_0.gguf}
 THREADS=${THREADS:-2}; PROMPTS=${PROMPTS:-64}; CONC=${CONC:-16}; IN=${IN:-128}; OUT=${OUT:-128}
-PREFIX=${PREFIX:-512}; PREFIX_PROMPTS=${PREFIX_PROMPTS:-32}; PREFIX_OUT=${PREFIX_OUT:-16}
+PREFIX=${PREFIX:-512}; PREFIX_PROMPTS=${PREFIX_PROMPTS:-64}; PREFIX_OUT=${PREFIX_OUT:-128}
 SKIP_MAIN=${SKIP_MAIN:-0}
 CTX=$((IN + OUT + 64))          # per-sequence context, the same for both servers
 PC_PORT=${PC_PORT:-30731}; LL_PORT=${LL_PORT:-30732}
@@ -62,12 +62,17 @@ python3 - "$OUTDIR/polychip.json" "$OUTDIR/llama.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 rows = ["completed", "failed", "request_throughput", "output_token_throughput",
-        "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms",
-        "p50_e2e_ms", "p99_e2e_ms"]
+        "streamed_token_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms",
+        "p50_itl_ms", "p99_itl_ms", "p50_e2e_ms", "p99_e2e_ms"]
 print(f"{'metric':28} {'polychip':>12} {'llama-server':>14}")
 for r in rows:
     f = lambda d: (f"{d[r]:.2f}" if isinstance(d.get(r), float) else str(d.get(r, '-')))
     print(f"{r:28} {f(a):>12} {f(b):>14}")
+# output_token_throughput counts completed requests (as sglang.bench_serving does);
+# streamed_token_throughput also counts what failed streams delivered before failing.
+for r in ["output_token_throughput", "streamed_token_throughput"]:
+    if a.get(r) and b.get(r):
+        print(f"{r + ' ratio':28} {a[r] / b[r]:>12.2f}x")
 PY
 fi
 

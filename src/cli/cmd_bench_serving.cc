@@ -94,7 +94,11 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
   cli.set_connection_timeout(30, 0);
   json body;
   std::string path;
-  if (o.backend == "sglang") {
+  if (o.backend == "llamacpp") {  // llama-server's native endpoint
+    path = "/completion";
+    body = {{"prompt", prompt}, {"n_predict", o.random_output_len}, {"temperature", 0},
+            {"ignore_eos", true}, {"stream", true}};
+  } else if (o.backend == "sglang") {
     path = "/generate";
     body = {{"text", prompt}, {"stream", true},
             {"sampling_params", {{"max_new_tokens", o.random_output_len}, {"temperature", 0},
@@ -134,7 +138,13 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
         continue;
       }
       std::string text;
-      if (o.backend == "sglang") {
+      if (o.backend == "llamacpp") {
+        text = j.value("content", "");
+        if (j.value("stop", false)) {
+          usage_tokens = j.value("tokens_predicted", usage_tokens);
+          r.prompt_tokens = j.value("tokens_evaluated", r.prompt_tokens);
+        }
+      } else if (o.backend == "sglang") {
         const std::string full = j.value("text", "");
         text = full.size() > prev_len ? full.substr(prev_len) : "";
         prev_len = full.size();
@@ -172,10 +182,12 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
   }
   if (res.status != 200) {
     r.error = fmt::format("HTTP {}: {}", res.status, res.body.substr(0, 200));
+    r.output_tokens = chunks_with_text;
     return r;
   }
   r.output_tokens = usage_tokens >= 0 ? usage_tokens : chunks_with_text;
   r.ok = r.error.empty() && !first;
+  if (!r.ok) r.output_tokens = chunks_with_text;  // what a failed stream delivered before failing
   if (first && r.error.empty()) r.error = "no tokens received";
   return r;
 }
@@ -189,8 +201,8 @@ int Bench(const BenchOptions& o) {
   }
   const std::string host = m[1];
   const int port = m[2].matched ? std::stoi(m[2]) : 80;
-  if (o.backend != "openai" && o.backend != "sglang") {
-    std::fprintf(stderr, "error: --backend must be openai or sglang\n");
+  if (o.backend != "openai" && o.backend != "sglang" && o.backend != "llamacpp") {
+    std::fprintf(stderr, "error: --backend must be openai, sglang or llamacpp\n");
     return 2;
   }
   // Prompts: a shared prefix (a system prompt) then random words.
@@ -229,9 +241,13 @@ int Bench(const BenchOptions& o) {
   const double duration = std::chrono::duration<double>(Clock::now() - t0).count();
 
   std::vector<double> ttft, tpot, itl, e2e;
-  int64_t completed = 0, in_tokens = 0, out_tokens = 0;
+  // out_tokens counts completed requests only (as sglang.bench_serving does); streamed_tokens
+  // adds what failed streams delivered before their error, so a server that fails requests
+  // late is not credited with the time it saved.
+  int64_t completed = 0, in_tokens = 0, out_tokens = 0, streamed_tokens = 0;
   std::vector<std::string> errors;
   for (const auto& r : results) {
+    streamed_tokens += r.output_tokens;
     if (!r.ok) {
       if (errors.size() < 5) errors.push_back(r.error);
       continue;
@@ -253,7 +269,9 @@ int Bench(const BenchOptions& o) {
               {"total_input_tokens", in_tokens}, {"total_output_tokens", out_tokens},
               {"request_throughput", completed / duration},
               {"input_token_throughput", in_tokens / duration},
-              {"output_token_throughput", out_tokens / duration}};
+              {"output_token_throughput", out_tokens / duration},
+              {"total_streamed_tokens", streamed_tokens},
+              {"streamed_token_throughput", streamed_tokens / duration}};
   auto stats = [&](const char* name, const std::vector<double>& v) {
     out[std::string("mean_") + name + "_ms"] = Mean(v);
     for (int p : {50, 90, 99}) out[fmt::format("p{}_{}_ms", p, name)] = Percentile(v, p);
@@ -274,6 +292,9 @@ int Bench(const BenchOptions& o) {
   std::printf("%-36s %.2f\n", "Request throughput (req/s):", completed / duration);
   std::printf("%-36s %.2f\n", "Input token throughput (tok/s):", in_tokens / duration);
   std::printf("%-36s %.2f\n", "Output token throughput (tok/s):", out_tokens / duration);
+  if (streamed_tokens != out_tokens) {
+    std::printf("%-36s %.2f\n", "Streamed incl. failed (tok/s):", streamed_tokens / duration);
+  }
   for (const char* name : {"ttft", "tpot", "itl", "e2e"}) {
     std::printf("%-10s mean %9.2f  p50 %9.2f  p90 %9.2f  p99 %9.2f (ms)\n", name,
                 out[std::string("mean_") + name + "_ms"].get<double>(),
@@ -296,7 +317,7 @@ int Bench(const BenchOptions& o) {
 std::function<int()> SetupBenchServing(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   app.add_option("--base-url", o->base_url, "server, http://HOST:PORT");
-  app.add_option("--backend", o->backend, "openai (/v1/completions) or sglang (/generate)");
+  app.add_option("--backend", o->backend, "openai (/v1/completions), sglang (/generate) or llamacpp (llama-server's /completion)");
   app.add_option("--model", o->model, "model name sent with OpenAI requests");
   app.add_option("--num-prompts", o->num_prompts, "requests to send");
   app.add_option("--max-concurrency", o->max_concurrency, "requests in flight at most (0: all)");

@@ -257,6 +257,41 @@ TEST(ServeBinary, ManyConcurrentStreamingClientsAllComplete) {
   std::printf("256 streaming clients served in %.1f s\n", seconds);
 }
 
+// `polychip bench-serving` against the real server, with the openai (/v1/completions) and sglang
+// (/generate) backends: every request completes with exactly the requested output tokens, the
+// JSON report adds up, and a bad backend name is refused.
+TEST(ServeBinary, BenchServingDrivesTheServerWithBothApis) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--context-length", "256"});
+  ASSERT_TRUE(s.ok());
+  for (const char* backend : {"openai", "sglang"}) {
+    SCOPED_TRACE(backend);
+    const fs::path out = fs::temp_directory_path() /
+                         ("polychip-bench-serving-" + std::to_string(getpid()) + ".json");
+    const std::string cmd = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
+                            std::to_string(s.port()) + " --backend " + backend +
+                            " --num-prompts 6 --max-concurrency 3 --random-input-len 16"
+                            " --random-output-len 5 --seed 3 --output-json " + out.string() +
+                            " > /dev/null";
+    ASSERT_EQ(RunCommand(cmd), 0) << cmd;
+    std::ifstream in(out);
+    const json r = json::parse(in, nullptr, false);
+    fs::remove(out);
+    ASSERT_FALSE(r.is_discarded());
+    EXPECT_EQ(r["completed"], 6);
+    EXPECT_EQ(r["failed"], 0);
+    EXPECT_EQ(r["total_output_tokens"], 6 * 5);
+    EXPECT_EQ(r["total_streamed_tokens"], 6 * 5);
+    EXPECT_GT(r["total_input_tokens"].get<int>(), 6 * 8);  // about 16 words each
+    EXPECT_GT(r["output_token_throughput"].get<double>(), 0);
+    EXPECT_GT(r["p50_ttft_ms"].get<double>(), 0);
+    EXPECT_LE(r["p50_ttft_ms"].get<double>(), r["p50_e2e_ms"].get<double>());
+  }
+  const std::string bad = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
+                          std::to_string(s.port()) + " --backend nosuch > /dev/null 2>&1";
+  EXPECT_NE(RunCommand(bad), 0);
+}
+
 TEST(ServeBinary, SigtermWithAStreamInFlightExitsZero) {
   PC_REQUIRE_SERVE_DEPS(model);
   ServeProcess s(model, {"--context-length", "2048"});
