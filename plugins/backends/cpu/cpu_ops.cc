@@ -54,8 +54,10 @@ inline void StoreRow(const pc_matmul_args_t& a, const float* bias, const float* 
     }
   } else if (bias) {
     for (int64_t r = 0; r < n; ++r) y[r] = v[r] + bias[r];
+  } else if (n == kPackRows) {  // the usual case: a constant size is inlined, not a libc call
+    std::memcpy(y, v, kPackRows * sizeof(float));
   } else {
-    std::memcpy(y, v, n * sizeof(float));
+    for (int64_t r = 0; r < n; ++r) y[r] = v[r];
   }
 }
 
