@@ -437,7 +437,7 @@ bool Engine::Step() {
                     : LogitsMode::kNone;
     steps.push_back(st);
   }
-  std::vector<float> logits;
+  std::vector<float>& logits = step_logits_;
   Status status = RunForward(steps, &logits);
   size_t n_rows = 0;
   for (const auto& st : steps) n_rows += st.logits == LogitsMode::kLast ? 1 : 0;
