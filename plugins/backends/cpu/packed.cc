@@ -2,6 +2,10 @@
 
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "polychip/sdk/quant.h"
 
 namespace polychip::cpu {
@@ -103,6 +107,40 @@ void PackGroupsQx0(bool q4, const uint8_t* src, int64_t n, int64_t kb, int64_t r
   const int chunks = q4 ? 4 : 8;
   for (int64_t g = g0; g < g1; ++g) {
     uint8_t* cell = dst + g * kb * f.block_bytes();
+#if defined(__SSE2__)
+    if ((g + 1) * kPackRows <= n) {
+      // A full group: the cell's quants are the 16 rows x `chunks` dwords of the block,
+      // transposed (chunk c = dword c of every row); done 4 rows x 4 dwords at a time, which
+      // is what loading a Q8_0 model mostly costs.
+      const __m128i flip = _mm_set1_epi8(q4 ? 0 : static_cast<char>(0x80));
+      for (int64_t b = 0; b < kb; ++b, cell += f.block_bytes()) {
+        uint16_t* scales = reinterpret_cast<uint16_t*>(cell + f.quant_bytes());
+        for (int r0 = 0; r0 < kPackRows; r0 += 4) {
+          const uint8_t* blk[4];
+          for (int i = 0; i < 4; ++i) {
+            blk[i] = src + (g * kPackRows + r0 + i) * row_bytes + b * src_block;
+            scales[r0 + i] = Load16(blk[i]);
+          }
+          for (int c0 = 0; c0 < chunks; c0 += 4) {
+            __m128i v[4];
+            for (int i = 0; i < 4; ++i) {
+              v[i] = _mm_xor_si128(
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[i] + 2 + 4 * c0)), flip);
+            }
+            // 4x4 dword transpose: t[j] = dword j of rows r0..r0+3.
+            const __m128i a = _mm_unpacklo_epi32(v[0], v[1]), bb = _mm_unpackhi_epi32(v[0], v[1]);
+            const __m128i cc = _mm_unpacklo_epi32(v[2], v[3]), d = _mm_unpackhi_epi32(v[2], v[3]);
+            const __m128i t[4] = {_mm_unpacklo_epi64(a, cc), _mm_unpackhi_epi64(a, cc),
+                                  _mm_unpacklo_epi64(bb, d), _mm_unpackhi_epi64(bb, d)};
+            for (int j = 0; j < 4; ++j) {
+              _mm_storeu_si128(reinterpret_cast<__m128i*>(cell + 64 * (c0 + j) + 4 * r0), t[j]);
+            }
+          }
+        }
+      }
+      continue;
+    }
+#endif
     for (int64_t b = 0; b < kb; ++b, cell += f.block_bytes()) {
       uint16_t* scales = reinterpret_cast<uint16_t*>(cell + f.quant_bytes());
       for (int r = 0; r < kPackRows; ++r) {
