@@ -5,7 +5,7 @@
 #   bench/compare-serving.sh [BUILD_DIR]   env: THREADS=2 PROMPTS=64 CONC=16 IN=128 OUT=128
 # Then, unless PREFIX=0: polychip alone with a shared PREFIX-token system prompt (default 512)
 # before IN own tokens, with and without --disable-radix-cache (TTFT is what the cache buys).
-#   env: PREFIX=512 PREFIX_PROMPTS=64 PREFIX_OUT=128 SKIP_MAIN=1 (prefix comparison only)
+#   env: PREFIX=512 PREFIX_PROMPTS=64 PREFIX_OUT=128 PREFIX_RATE=1 SKIP_MAIN=1 (prefix only)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
@@ -15,6 +15,7 @@ VOCAB=/root/.cache/polychip/llama.cpp/models/ggml-vocab-qwen2.gguf
 MODEL=${MODEL:-$HOME/.cache/polychip/models/qwen2.5-0.5b-q4_0.gguf}
 THREADS=${THREADS:-2}; PROMPTS=${PROMPTS:-64}; CONC=${CONC:-16}; IN=${IN:-128}; OUT=${OUT:-128}
 PREFIX=${PREFIX:-512}; PREFIX_PROMPTS=${PREFIX_PROMPTS:-64}; PREFIX_OUT=${PREFIX_OUT:-128}
+PREFIX_RATE=${PREFIX_RATE:-1}  # requests/s (Poisson arrivals, a rate both modes sustain), or inf: all at once
 SKIP_MAIN=${SKIP_MAIN:-0}
 CTX=$((IN + OUT + 64))          # per-sequence context, the same for both servers
 PC_PORT=${PC_PORT:-30731}; LL_PORT=${LL_PORT:-30732}
@@ -89,12 +90,12 @@ if [ "$PREFIX" -gt 0 ]; then
     "$PC" bench-serving --base-url "http://127.0.0.1:$PC_PORT" --backend openai \
       --num-prompts "$PREFIX_PROMPTS" --max-concurrency "$CONC" \
       --random-input-len $((PREFIX + IN)) --shared-prefix-len "$PREFIX" \
-      --random-output-len "$PREFIX_OUT" --seed 2 \
+      --random-output-len "$PREFIX_OUT" --seed 2 --request-rate "$PREFIX_RATE" \
       --output-json "$OUTDIR/prefix-$mode.json" >/dev/null || true
     kill "$pid"; wait "$pid" 2>/dev/null || true
   done
   echo
-  echo "shared ${PREFIX}-token prefix + ${IN} own tokens, ${PREFIX_PROMPTS} prompts, concurrency $CONC"
+  echo "shared ${PREFIX}-token prefix + ${IN} own tokens, ${PREFIX_OUT} out, ${PREFIX_PROMPTS} prompts, concurrency $CONC, request rate $PREFIX_RATE/s"
   python3 - "$OUTDIR/prefix-cache.json" "$OUTDIR/prefix-nocache.json" <<'PY'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
