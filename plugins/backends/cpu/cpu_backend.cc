@@ -2,8 +2,9 @@
 // aligned), every operation runs synchronously on the calling thread (helped by the plugin's
 // thread pool), and the flags say so. Kernels: SIMD variants chosen from CPUID (kernels.h)
 // for matmul, attention, rope, rms_norm and swiglu; the SDK reference kernels for the rest.
-// Quantized weights are repacked at weight_upload into the layout of packed.h, which MATMUL
-// and EMBEDDING both read (a tied embedding table is held once). One counter: allocated_bytes.
+// At weight_upload, quantized weights are repacked into the layout of packed.h and, on AVX-512,
+// float weights into the panels of panel.h; MATMUL and EMBEDDING both read those layouts (a tied
+// embedding table is held once). One counter: allocated_bytes.
 //
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
 // environment variable POLYCHIP_CPU_ISA), devices (default 1).
