@@ -351,19 +351,22 @@ void PrefetchCacheRows(const pc_attention_args_t& a, const uint8_t* cache, const
   }
 }
 
-// Cache rows [p0, p0 + n) of one KV head, as f32 rows of hd.
+// Cache rows [p0, p0 + n) of one KV head, as f32 rows of hd (n <= kAttnChunk). Row addresses
+// advance slot by slot within a page, so there is no division per row.
 void GatherCacheRows(const OpContext& c, const pc_attention_args_t& a, const uint8_t* cache,
                      const int32_t* table, int64_t kvh, int64_t p0, int64_t n, float* dst) {
-  const int64_t hd = a.head_dim;
+  const int64_t row_bytes = a.head_dim * CacheElemBytes(a.cache_dtype);
+  const int64_t slot_bytes = a.n_kv_heads * row_bytes;
+  const uint8_t* rows[kAttnChunk];
+  int64_t page = p0 / a.block_size, in_page = p0 % a.block_size;
   for (int64_t j = 0; j < n; ++j) {
-    const uint8_t* src = CacheRow(a, cache, table, kvh, p0 + j);
-    float* d = dst + j * hd;
-    switch (a.cache_dtype) {
-      case PC_DTYPE_F16: c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), d, hd); break;
-      case PC_DTYPE_BF16: c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), d, hd); break;
-      default: std::memcpy(d, src, hd * sizeof(float));
+    rows[j] = cache + (int64_t(table[page]) * a.block_size + in_page) * slot_bytes + kvh * row_bytes;
+    if (++in_page == a.block_size) {
+      in_page = 0;
+      ++page;
     }
   }
+  c.k->cache_rows_to_f32(a.cache_dtype, rows, n, a.head_dim, dst);
 }
 
 }  // namespace
