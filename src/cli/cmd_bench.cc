@@ -289,7 +289,7 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_option("--batch", o->batch, "sequences decoding together (default 1)");
   app.add_option("-o,--output", o->output, "md (default) or json")
       ->check(CLI::IsMember({"md", "json"}));
-  app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
+  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type: f16 (default), f32, bf16");
   app.add_flag("--membw", o->membw, "measure the host's read bandwidth instead");
   app.add_option("--membw-mib", o->membw_mib, "buffer size for --membw (default 1024)");
   return [o] { return Run(*o); };

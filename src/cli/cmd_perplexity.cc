@@ -153,7 +153,7 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_option("-b,--batch", o->batch, "tokens per forward step (default 512)");
   app.add_option("--chunks", o->chunks, "score at most this many chunks (default all)");
   app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
-  app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
+  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type: f16 (default), f32, bf16");
   AddParallelOptions(app, &o->tp_size, &o->pp_size);
   return [o] { return Run(*o); };
 }

@@ -192,7 +192,7 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_flag("--print-tokens", o->print_tokens,
                "print each generated token's id, logit margin and bytes on stderr");
   app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
-  app.add_option("--kv-type", o->kv_type, "KV cache type: f16 (default), f32, bf16");
+  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type: f16 (default), f32, bf16");
   AddParallelOptions(app, &o->tp_size, &o->pp_size);
   return [o] { return Run(*o); };
 }

@@ -220,7 +220,7 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--threads", o->threads, "device threads (CPU backend)");
   AddParallelOptions(app, &o->tp_size, &o->pp_size);
   app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
-  app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "f16, bf16 or f32");
+  app.add_option("--kv-cache-dtype,--kv-type", o->kv_cache_dtype, "f16, bf16 or f32");
   app.add_option("--http-threads", o->http_threads, "HTTP worker threads");
   return [&app, o] { return Serve(app, *o); };
 }
