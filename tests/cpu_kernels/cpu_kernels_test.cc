@@ -203,6 +203,25 @@ TEST_P(CpuKernels, PanelMatmulMatchesReference) {
   }
 }
 
+// f32 values stored as a KV cache of `dtype` (F32, F16 or BF16), by the reference CONVERT.
+std::vector<uint8_t> AsCache(const std::vector<float>& values, pc_dtype_t dtype) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  std::vector<uint8_t> cache(n * (dtype == PC_DTYPE_F32 ? 4 : 2));
+  pc_convert_args_t cv{sizeof(cv), D(values.data()), D(cache.data()), PC_DTYPE_F32, dtype, n};
+  EXPECT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
+  return cache;
+}
+
+// Runs `a` (whose out is ignored) through the reference and through the cpu kernel.
+void ExpectAttentionMatchesReference(const OpContext& c, pc_attention_args_t a, int64_t out_size) {
+  std::vector<float> got(out_size), want(out_size);
+  a.out = D(want.data());
+  ASSERT_EQ(sdk::RefLaunch(PC_OP_ATTENTION, &a, sdk::IdentityMemory()), nullptr);
+  a.out = D(got.data());
+  ASSERT_EQ(Attention(c, a), nullptr);
+  EXPECT_LT(RelErr(got, want), 1e-5);
+}
+
 TEST_P(CpuKernels, AttentionMatchesReference) {
   // Two sequences (a 3-token prefill chunk and a decode token), GQA 4:2, paged blocks of 4
   // slots given out of order.
@@ -210,26 +229,16 @@ TEST_P(CpuKernels, AttentionMatchesReference) {
   const int64_t n_tokens = 4;
   for (pc_dtype_t cache : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(cache)->name);
-    const int64_t esize = cache == PC_DTYPE_F32 ? 4 : 2;
     const int64_t cache_elems = n_blocks * bs * n_kv * hd;
-    auto kf = Random(cache_elems, 21), vf = Random(cache_elems, 22);
-    std::vector<uint8_t> kc(cache_elems * esize), vc(cache_elems * esize);
-    pc_convert_args_t cv{sizeof(cv), D(kf.data()), D(kc.data()), PC_DTYPE_F32, cache, cache_elems};
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
-    cv.src = D(vf.data());
-    cv.dst = D(vc.data());
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
+    const auto kc = AsCache(Random(cache_elems, 21), cache);
+    const auto vc = AsCache(Random(cache_elems, 22), cache);
     auto q = Random(n_tokens * n_heads * hd, 23);
     std::vector<int32_t> qstart = {0, 3, 4}, lens = {7, 13};
     std::vector<int32_t> tables = {5, 1, -1, -1, 2, 7, 0, 3};
-    std::vector<float> got(n_tokens * n_heads * hd), want(got.size());
-    pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), D(want.data()),
+    pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), 0,
                           D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
                           2, n_heads, n_kv, hd, bs, max_blocks, 13, 1.f / std::sqrt(40.f)};
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_ATTENTION, &a, sdk::IdentityMemory()), nullptr);
-    a.out = D(got.data());
-    ASSERT_EQ(Attention(Ctx(), a), nullptr);
-    EXPECT_LT(RelErr(got, want), 1e-5);
+    ExpectAttentionMatchesReference(Ctx(), a, n_tokens * n_heads * hd);
   }
 }
 
@@ -241,16 +250,10 @@ TEST_P(CpuKernels, AttentionLongContextMatchesReference) {
   const int64_t n_blocks = 3 * max_blocks, n_tokens = 21;
   for (pc_dtype_t cache : {PC_DTYPE_F32, PC_DTYPE_F16}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(cache)->name);
-    const int64_t esize = cache == PC_DTYPE_F32 ? 4 : 2;
     const int64_t cache_elems = n_blocks * bs * n_kv * hd;
-    auto kf = Random(cache_elems, 41), vf = Random(cache_elems, 42);
+    auto kf = Random(cache_elems, 41);
     for (auto& x : kf) x *= 4.f;  // peaked scores: a late chunk often raises the running max
-    std::vector<uint8_t> kc(cache_elems * esize), vc(cache_elems * esize);
-    pc_convert_args_t cv{sizeof(cv), D(kf.data()), D(kc.data()), PC_DTYPE_F32, cache, cache_elems};
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
-    cv.src = D(vf.data());
-    cv.dst = D(vc.data());
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_CONVERT, &cv, sdk::IdentityMemory()), nullptr);
+    const auto kc = AsCache(kf, cache), vc = AsCache(Random(cache_elems, 42), cache);
     auto q = Random(n_tokens * n_heads * hd, 43);
     // Sequence 0: 19 new tokens ending at position 99; 1: decode at 127; 2: decode at 0.
     std::vector<int32_t> qstart = {0, 19, 20, 21}, lens = {100, 128, 1};
@@ -260,14 +263,10 @@ TEST_P(CpuKernels, AttentionLongContextMatchesReference) {
       tables[max_blocks + b] = static_cast<int32_t>(2 * b);
     }
     tables[2 * max_blocks] = static_cast<int32_t>(n_blocks - 1);
-    std::vector<float> got(n_tokens * n_heads * hd), want(got.size());
-    pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), D(want.data()),
+    pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), 0,
                           D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
                           3, n_heads, n_kv, hd, bs, max_blocks, 128, 1.f / std::sqrt(64.f)};
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_ATTENTION, &a, sdk::IdentityMemory()), nullptr);
-    a.out = D(got.data());
-    ASSERT_EQ(Attention(Ctx(), a), nullptr);
-    EXPECT_LT(RelErr(got, want), 1e-5);
+    ExpectAttentionMatchesReference(Ctx(), a, n_tokens * n_heads * hd);
   }
 }
 

@@ -22,6 +22,38 @@ namespace {
 
 pc_devptr_t D(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// A GGUF table of n random rows of k elements of dtype t.
+std::vector<uint8_t> RandomGgufTable(pc_dtype_t t, int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> row(k);
+  const int64_t rb = sdk::RowBytes(t, k);
+  std::vector<uint8_t> gguf(n * rb);
+  for (int64_t r = 0; r < n; ++r) {
+    for (float& x : row) x = u(rng);
+    EXPECT_TRUE(sdk::QuantizeRow(t, row.data(), gguf.data() + r * rb, k));
+  }
+  return gguf;
+}
+
+// EMBEDDING of `ids` by the reference on the GGUF table (*want) and by the cpu plugin on the
+// same table in `layout` (*got).
+void RunEmbedding(pc_dtype_t t, int64_t n, int64_t k, const std::vector<uint8_t>& gguf,
+                  const std::vector<uint8_t>& laid_out, uint32_t layout,
+                  const std::vector<int32_t>& ids, std::vector<float>* want,
+                  std::vector<float>* got) {
+  const int64_t m = static_cast<int64_t>(ids.size());
+  *want = std::vector<float>(m * k);
+  *got = std::vector<float>(m * k, NAN);
+  pc_embedding_args_t a{};
+  a.struct_size = sizeof(a);
+  a.table = D(gguf.data()), a.table_dtype = t, a.n_rows = n, a.row_len = k;
+  a.ids = D(ids.data()), a.n_ids = m, a.out = D(want->data());
+  ASSERT_EQ(sdk::RefLaunch(PC_OP_EMBEDDING, &a, sdk::IdentityMemory()), nullptr);
+  a.table = D(laid_out.data()), a.out = D(got->data());
+  ASSERT_EQ(EmbeddingPacked(a, layout), nullptr);
+}
+
 TEST(PackedEmbedding, MatchesReferenceOnGgufTable) {
   const int64_t n = 37;  // two full groups of 16 and a partial one
   const std::vector<int32_t> ids = {0, 36, 17, 5, 17, 32, 15, 16, 35};
@@ -29,29 +61,14 @@ TEST(PackedEmbedding, MatchesReferenceOnGgufTable) {
     const bool kquant = t == PC_DTYPE_Q4_K || t == PC_DTYPE_Q6_K;
     const int64_t k = kquant ? 512 : 96;
     SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> u(-1, 1);
-    std::vector<float> row(k);
-    const int64_t rb = sdk::RowBytes(t, k);
-    std::vector<uint8_t> gguf(n * rb);
-    for (int64_t r = 0; r < n; ++r) {
-      for (float& x : row) x = u(rng);
-      ASSERT_TRUE(sdk::QuantizeRow(t, row.data(), gguf.data() + r * rb, k));
-    }
+    const std::vector<uint8_t> gguf = RandomGgufTable(t, n, k, 7);
     PackedFormat f;
     ASSERT_TRUE(PackedFormatOf(t, &f));
     std::vector<uint8_t> packed(PackedBytes(f, n, k), 0xAA);
     PackGroups(t, gguf.data(), n, k, 0, (n + kPackRows - 1) / kPackRows, packed.data());
-
     const int64_t m = static_cast<int64_t>(ids.size());
-    std::vector<float> want(m * k), got(m * k, NAN);
-    pc_embedding_args_t a{};
-    a.struct_size = sizeof(a);
-    a.table = D(gguf.data()), a.table_dtype = t, a.n_rows = n, a.row_len = k;
-    a.ids = D(ids.data()), a.n_ids = m, a.out = D(want.data());
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_EMBEDDING, &a, sdk::IdentityMemory()), nullptr);
-    a.table = D(packed.data()), a.out = D(got.data());
-    ASSERT_EQ(EmbeddingPacked(a, kLayoutPacked), nullptr);
+    std::vector<float> want, got;
+    RunEmbedding(t, n, k, gguf, packed, kLayoutPacked, ids, &want, &got);
 
     for (int64_t i = 0; i < m * k; i += 32) {
       float block_max = 0;
@@ -68,7 +85,10 @@ TEST(PackedEmbedding, MatchesReferenceOnGgufTable) {
     }
 
     const int32_t bad = static_cast<int32_t>(n);
-    a.ids = D(&bad), a.n_ids = 1;
+    pc_embedding_args_t a{};
+    a.struct_size = sizeof(a);
+    a.table = D(packed.data()), a.table_dtype = t, a.n_rows = n, a.row_len = k;
+    a.ids = D(&bad), a.n_ids = 1, a.out = D(got.data());
     EXPECT_NE(EmbeddingPacked(a, kLayoutPacked), nullptr);  // id out of range
   }
 }
@@ -80,26 +100,11 @@ TEST(PackedEmbedding, PanelTableMatchesReference) {
   const std::vector<int32_t> ids = {0, 69, 31, 32, 64, 5, 31};
   for (pc_dtype_t t : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
-    std::mt19937 rng(9);
-    std::uniform_real_distribution<float> u(-1, 1);
-    std::vector<float> row(k);
-    const int64_t rb = sdk::RowBytes(t, k);
-    std::vector<uint8_t> gguf(n * rb);
-    for (int64_t r = 0; r < n; ++r) {
-      for (float& x : row) x = u(rng);
-      ASSERT_TRUE(sdk::QuantizeRow(t, row.data(), gguf.data() + r * rb, k));
-    }
+    const std::vector<uint8_t> gguf = RandomGgufTable(t, n, k, 9);
     std::vector<uint8_t> panels(PanelBytes(t, n, k), 0xAA);
     PackPanels(t, gguf.data(), n, k, 0, (n + kPanelRows - 1) / kPanelRows, panels.data());
-    const int64_t m = static_cast<int64_t>(ids.size());
-    std::vector<float> want(m * k), got(m * k, NAN);
-    pc_embedding_args_t a{};
-    a.struct_size = sizeof(a);
-    a.table = D(gguf.data()), a.table_dtype = t, a.n_rows = n, a.row_len = k;
-    a.ids = D(ids.data()), a.n_ids = m, a.out = D(want.data());
-    ASSERT_EQ(sdk::RefLaunch(PC_OP_EMBEDDING, &a, sdk::IdentityMemory()), nullptr);
-    a.table = D(panels.data()), a.out = D(got.data());
-    ASSERT_EQ(EmbeddingPacked(a, kLayoutPanel), nullptr);
+    std::vector<float> want, got;
+    RunEmbedding(t, n, k, gguf, panels, kLayoutPanel, ids, &want, &got);
     EXPECT_EQ(got, want);
   }
 }
