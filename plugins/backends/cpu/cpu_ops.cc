@@ -109,8 +109,8 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
 }
 
 // Float weights in panels (panel.h). Tasks take runs of panels; per panel, K-blocks of
-// about kPanelKBlock elements (up to 32 KiB of F16) stay in L1 while every tile of 8 activation rows runs
-// over them; decode (m <= 8) takes the whole row length at once.
+// about kPanelKBlock elements (up to 32 KiB of F16) stay in L1 while every tile of 8
+// activation rows runs over them; decode (m <= 8) takes the whole row length at once.
 const char* MatmulPanel(const OpContext& c, const pc_matmul_args_t& a) {
   if (!c.k->gemm_panel || !PanelDtype(a.w_dtype)) return "panel layout for this dtype/ISA";
   const auto* x = Ptr<const float>(a.x);  // [m, x_stride]
