@@ -176,7 +176,7 @@ TEST_P(CpuKernels, FloatPrefillMatmulMatchesReference) {
   }
 }
 
-// Float weights in panels (the AVX-512 layout for F16/BF16/F32): decode (m = 1), tiles of 8
+// Float weights in panels (the AVX-512 and AVX2 layout for F16/BF16/F32): decode (m = 1), tiles of 8
 // activation rows with a ragged last one, n not a multiple of 32 (zero padding rows), and K
 // longer than one 256-element K-block with a ragged tail. Panels and back give every row.
 TEST_P(CpuKernels, PanelMatmulMatchesReference) {

@@ -93,7 +93,7 @@ TEST(PackedEmbedding, MatchesReferenceOnGgufTable) {
   }
 }
 
-// Float tables in panels (the AVX-512 layout of F16/BF16/F32 matrices): exactly the reference's
+// Float tables in panels (the AVX-512 and AVX2 layout of F16/BF16/F32 matrices): exactly the reference's
 // values, rows from a partial last panel of 32 included.
 TEST(PackedEmbedding, PanelTableMatchesReference) {
   const int64_t n = 70, k = 40;

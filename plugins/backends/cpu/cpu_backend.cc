@@ -2,8 +2,8 @@
 // aligned), every operation runs synchronously on the calling thread (helped by the plugin's
 // thread pool), and the flags say so. Kernels: SIMD variants chosen from CPUID (kernels.h)
 // for matmul, attention, rope, rms_norm and swiglu; the SDK reference kernels for the rest.
-// At weight_upload, quantized weights are repacked into the layout of packed.h and, on AVX-512,
-// float weights into the panels of panel.h; MATMUL and EMBEDDING both read those layouts (a tied
+// At weight_upload, quantized weights are repacked into the layout of packed.h and, on AVX-512
+// and AVX2, float weights into the panels of panel.h; MATMUL and EMBEDDING both read those layouts (a tied
 // embedding table is held once). One counter: allocated_bytes.
 //
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
@@ -262,7 +262,7 @@ pc_error_t* WeightUpload(pc_device_t* device, pc_dtype_t dtype, int64_t rows, in
       return BadArg("weight shape does not match its byte size");
     polychip::cpu::PackedFormat f;
     const bool pack = polychip::cpu::PackedFormatOf(dtype, &f) && rows > 0;
-    // Float matrices go into panels where the kernel table has a panel GEMM (AVX-512).
+    // Float matrices go into panels where the kernel table has a panel GEMM (AVX-512, AVX2).
     const bool panels =
         !pack && polychip::cpu::PanelDtype(dtype) && Ctx().k->gemm_panel != nullptr && rows > 0;
     const uint64_t bytes = pack     ? polychip::cpu::PackedBytes(f, rows, cols)

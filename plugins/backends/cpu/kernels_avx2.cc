@@ -181,6 +181,60 @@ void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
 }
 
+// One column of a panel (32 rows' values of one element index) as four f32 vectors.
+template <pc_dtype_t DT>
+inline void LoadPanelColumn(const uint8_t* p, __m256* w) {
+  for (int q = 0; q < 4; ++q) {
+    if constexpr (DT == PC_DTYPE_F16) {
+      w[q] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * q)));
+    } else if constexpr (DT == PC_DTYPE_BF16) {
+      const __m256i v =
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * q)));
+      w[q] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    } else {
+      w[q] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * q);
+    }
+  }
+}
+
+// MT (1 or 2) activation rows x the panel's 32 rows: 4 * MT accumulators, 4 column vectors
+// and a broadcast fit the 16 ymm registers.
+template <int MT, pc_dtype_t DT>
+void PanelTile(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, float* acc) {
+  constexpr int64_t kColBytes = 32 * (DT == PC_DTYPE_F32 ? 4 : 2);
+  __m256 c[MT][4];
+  for (int i = 0; i < MT; ++i)
+    for (int q = 0; q < 4; ++q) c[i][q] = _mm256_loadu_ps(acc + i * 32 + 8 * q);
+  for (int64_t e = 0; e < k; ++e) {
+    __m256 w[4];
+    LoadPanelColumn<DT>(panel + e * kColBytes, w);
+    for (int i = 0; i < MT; ++i) {
+      const __m256 b = _mm256_broadcast_ss(x + i * ldx + e);
+      for (int q = 0; q < 4; ++q) c[i][q] = _mm256_fmadd_ps(b, w[q], c[i][q]);
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(acc + i * 32 + 8 * q, c[i][q]);
+}
+
+template <pc_dtype_t DT>
+void GemmPanelOf(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, int64_t m,
+                 float* acc) {
+  int64_t i = 0;
+  for (; i + 2 <= m; i += 2) PanelTile<2, DT>(panel, k, x + i * ldx, ldx, acc + i * 32);
+  if (i < m) PanelTile<1, DT>(panel, k, x + i * ldx, ldx, acc + i * 32);
+}
+
+void GemmPanel(pc_dtype_t dtype, const void* panel, int64_t k, const float* x, int64_t ldx,
+               int64_t m, float* acc) {
+  const auto* p = static_cast<const uint8_t*>(panel);
+  switch (dtype) {
+    case PC_DTYPE_F16: return GemmPanelOf<PC_DTYPE_F16>(p, k, x, ldx, m, acc);
+    case PC_DTYPE_BF16: return GemmPanelOf<PC_DTYPE_BF16>(p, k, x, ldx, m, acc);
+    default: return GemmPanelOf<PC_DTYPE_F32>(p, k, x, ldx, m, acc);
+  }
+}
+
 }  // namespace avx2
 
 const KernelTable& Avx2Kernels() {
@@ -189,6 +243,7 @@ const KernelTable& Avx2Kernels() {
       avx2::DotF32,    avx2::Dot4F32, avx2::Dot4x4F32,    avx2::DotF16,      avx2::DotBf16,
       avx2::F16ToF32Row, avx2::Bf16ToF32Row, avx2::AxpyF32, avx2::ScaleF32,
       avx2::Swiglu,    avx2::CacheRowsToF32, avx2::ExpSum,    avx2::RmsNorm,
+      /*gemm_t_f32=*/nullptr, avx2::GemmPanel,
   };
   return t;
 }
