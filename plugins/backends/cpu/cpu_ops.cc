@@ -120,7 +120,7 @@ const char* MatmulPanel(const OpContext& c, const pc_matmul_args_t& a) {
   constexpr int64_t kPanelKBlock = 512;
   const int64_t es = PanelElemBytes(a.w_dtype), panel_bytes = kPanelRows * a.k * es;
   // Equal K-blocks of at most kPanelKBlock (no short ragged last block).
-  const int64_t n_kblocks = (a.k + kPanelKBlock - 1) / kPanelKBlock;
+  const int64_t n_kblocks = std::max<int64_t>(1, (a.k + kPanelKBlock - 1) / kPanelKBlock);
   const int64_t kblock = a.m <= kPanelTileRows ? a.k : (a.k + n_kblocks - 1) / n_kblocks;
   const int64_t n_panels = (a.n + kPanelRows - 1) / kPanelRows;
   ParallelRange(c, n_panels, ChunkSize(n_panels, c.pool->size(), 1), [&](int64_t p0, int64_t p1) {
