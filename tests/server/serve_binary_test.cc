@@ -292,6 +292,57 @@ TEST(ServeBinary, BenchServingDrivesTheServerWithBothApis) {
   EXPECT_NE(RunCommand(bad), 0);
 }
 
+// `bench-serving --backend llamacpp` against a stand-in for llama-server's native /completion
+// stream (no llama-server is built for the tests): every third request fails mid-stream the way
+// llama-server does on broken UTF-8. Completed requests count their `tokens_predicted`; a failed
+// one is counted as failed and only its delivered tokens go into the streamed total.
+TEST(ServeBinary, BenchServingLlamaCppBackendCountsFailedStreamsApart) {
+  if (!fs::exists(PolychipBinary())) GTEST_SKIP() << "polychip binary not built";
+  httplib::Server fake;
+  std::atomic<int> served{0};
+  fake.Post("/completion", [&](const httplib::Request& req, httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    const bool fail = served.fetch_add(1) % 3 == 2;
+    const int n = body.is_discarded() ? 0 : body.value("n_predict", 0);
+    std::string sse;
+    for (int i = 0; i < n; ++i) {
+      if (fail && i == 2) {
+        sse += "data: " + json{{"error", {{"code", 500}, {"message", "bad format"}}}}.dump() + "\n\n";
+        break;
+      }
+      sse += "data: " + json{{"content", "w"}, {"stop", false}}.dump() + "\n\n";
+    }
+    if (!fail) {
+      sse += "data: " + json{{"content", ""}, {"stop", true}, {"tokens_predicted", n},
+                             {"tokens_evaluated", 10}}.dump() + "\n\n";
+    }
+    res.set_content(sse, "text/event-stream");
+  });
+  const int port = fake.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread server([&] { fake.listen_after_bind(); });
+  const fs::path out = fs::temp_directory_path() /
+                       ("polychip-bench-llamacpp-" + std::to_string(getpid()) + ".json");
+  const std::string cmd = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
+                          std::to_string(port) + " --backend llamacpp --num-prompts 6"
+                          " --max-concurrency 1 --random-input-len 8 --random-output-len 5"
+                          " --output-json " + out.string() + " > /dev/null";
+  const int rc = RunCommand(cmd);
+  fake.stop();
+  server.join();
+  EXPECT_EQ(rc, 1) << cmd;  // bench-serving exits 1 when any request failed
+  std::ifstream in(out);
+  const json r = json::parse(in, nullptr, false);
+  fs::remove(out);
+  ASSERT_FALSE(r.is_discarded());
+  EXPECT_EQ(r["completed"], 4);
+  EXPECT_EQ(r["failed"], 2);
+  EXPECT_EQ(r["total_output_tokens"], 4 * 5);
+  EXPECT_EQ(r["total_input_tokens"], 4 * 10);
+  EXPECT_EQ(r["total_streamed_tokens"], 4 * 5 + 2 * 2);
+  EXPECT_LT(r["output_token_throughput"].get<double>(), r["streamed_token_throughput"].get<double>());
+}
+
 TEST(ServeBinary, SigtermWithAStreamInFlightExitsZero) {
   PC_REQUIRE_SERVE_DEPS(model);
   ServeProcess s(model, {"--context-length", "2048"});
