@@ -180,14 +180,14 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
     r.error = "transport error " + httplib::to_string(err);
     return r;
   }
+  // What arrived; a failed stream keeps this count, a completed one takes the server's usage.
+  r.output_tokens = chunks_with_text;
   if (res.status != 200) {
     r.error = fmt::format("HTTP {}: {}", res.status, res.body.substr(0, 200));
-    r.output_tokens = chunks_with_text;
     return r;
   }
-  r.output_tokens = usage_tokens >= 0 ? usage_tokens : chunks_with_text;
   r.ok = r.error.empty() && !first;
-  if (!r.ok) r.output_tokens = chunks_with_text;  // what a failed stream delivered before failing
+  if (r.ok && usage_tokens >= 0) r.output_tokens = usage_tokens;
   if (first && r.error.empty()) r.error = "no tokens received";
   return r;
 }

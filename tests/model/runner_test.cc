@@ -11,6 +11,7 @@
 
 #include "model/synth.h"
 #include "runtime/plugin_loader.h"
+#include "test_models.h"
 
 namespace polychip::model {
 namespace {
@@ -19,20 +20,10 @@ namespace fs = std::filesystem;
 using engine::LogitsMode;
 using engine::SequenceStep;
 
-std::string VocabPath() {
-  const char* d = std::getenv("POLYCHIP_LLAMA_CPP_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string dir = d && *d ? d : std::string(home ? home : "") + "/.cache/polychip/llama.cpp";
-  return dir + "/models/ggml-vocab-qwen2.gguf";
-}
-
 // A tiny qwen2 model (biases, NeoX rope, GQA), synthesized once.
 const std::string& ModelPath() {
   static const std::string path = [] {
-    const std::string out = std::string(POLYCHIP_BUILD_DIR) + "/test-models/runner_qwen2_f16.gguf";
-    fs::create_directories(fs::path(out).parent_path());
     SynthOptions o;
-    o.vocab_path = VocabPath();
     o.config = *ShapePreset("tiny");
     o.config.arch = Arch::kQwen2;
     o.config.has_qkv_bias = true;
@@ -41,45 +32,17 @@ const std::string& ModelPath() {
     o.type = DType::kF16;
     o.weight_std = 0.15f;
     o.seed = 3;
-    o.progress = false;
-    const Status s = SynthesizeModel(o, out);
-    return s.ok() ? out : std::string("error: " + s.ToString());
+    return testing::SynthesizeTestModel("runner_qwen2_f16", o);
   }();
   return path;
 }
 
-std::shared_ptr<runtime::Device> OpenDev(const std::string& backend) {
-  auto b = runtime::LoadBackendFromPath(std::string(POLYCHIP_BUILD_DIR) +
-                                        "/lib/polychip/libpolychip_backend_" + backend + ".so");
-  if (!b.ok()) {
-    ADD_FAILURE() << b.status().ToString();
-    return nullptr;
-  }
-  auto d = (*b)->OpenDevice(0);
-  if (!d.ok()) {
-    ADD_FAILURE() << d.status().ToString();
-    return nullptr;
-  }
-  return *d;
-}
-
-class RunnerTest : public ::testing::Test {
+class RunnerTest : public testing::ModelFileTest<::testing::Test> {
  protected:
-  void SetUp() override {
-    if (!fs::exists(VocabPath())) {
-      GTEST_FAIL() << VocabPath() << " missing: run tests/setup/fetch-llama-cpp.sh";
-    }
-    ASSERT_EQ(ModelPath().rfind("error", 0), std::string::npos) << ModelPath();
-    auto f = GgufFile::Open(ModelPath());
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    file_ = std::move(*f);
-    auto c = ModelConfig::FromGguf(*file_);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    config_ = *c;
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(OpenModel(ModelPath())); }
 
   std::unique_ptr<TransformerRunner> Make(const std::string& backend, RunnerOptions o = {}) {
-    auto dev = OpenDev(backend);
+    auto dev = testing::OpenTestDevice(backend);
     if (!dev) return nullptr;
     o.context_length = 64;
     o.kv_tokens = 256;
@@ -94,9 +57,6 @@ class RunnerTest : public ::testing::Test {
     for (int i = 0; i < n; ++i) t.push_back((i * 7919 + salt * 104729 + 11) % 150000);
     return t;
   }
-
-  std::unique_ptr<GgufFile> file_;
-  ModelConfig config_;
 };
 
 float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -16,34 +16,20 @@
 #include "runtime/memory_pool.h"
 #include "runtime/ops.h"
 #include "runtime/plugin_loader.h"
+#include "test_models.h"
 
 namespace polychip::model {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string VocabPath() {
-  const char* d = std::getenv("POLYCHIP_LLAMA_CPP_DIR");
-  const char* home = std::getenv("HOME");
-  const std::string dir =
-      d && *d ? d : std::string(home ? home : "") + "/.cache/polychip/llama.cpp";
-  return dir + "/models/ggml-vocab-qwen2.gguf";
-}
-
 // The "tiny" shape with tied embeddings, in Q4_0 (a packed type of the cpu plugin).
 const std::string& ModelPath() {
   static const std::string path = [] {
-    const std::string out = std::string(POLYCHIP_BUILD_DIR) + "/test-models/tied_q4_0.gguf";
-    fs::create_directories(fs::path(out).parent_path());
     SynthOptions o;
-    o.vocab_path = VocabPath();
     o.config = *ShapePreset("tiny");
     o.config.tied_output = true;
     o.type = DType::kQ4_0;
     o.seed = 5;
-    o.progress = false;
-    const Status s = SynthesizeModel(o, out);
-    return s.ok() ? out : std::string("error: " + s.ToString());
+    return testing::SynthesizeTestModel("tied_q4_0", o);
   }();
   return path;
 }
@@ -55,31 +41,16 @@ double AllocatedBytes(const runtime::Device& device) {
   return -1;
 }
 
-class TiedWeightsTest : public ::testing::TestWithParam<std::string> {
+class TiedWeightsTest
+    : public testing::ModelFileTest<::testing::TestWithParam<std::string>> {
  protected:
   void SetUp() override {
-    if (!fs::exists(VocabPath())) {
-      GTEST_FAIL() << VocabPath() << " missing: run tests/setup/fetch-llama-cpp.sh";
-    }
-    ASSERT_EQ(ModelPath().rfind("error", 0), std::string::npos) << ModelPath();
-    auto f = GgufFile::Open(ModelPath());
-    ASSERT_TRUE(f.ok()) << f.status().ToString();
-    file_ = std::move(*f);
-    auto c = ModelConfig::FromGguf(*file_);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    config_ = *c;
+    ASSERT_NO_FATAL_FAILURE(OpenModel(ModelPath()));
     ASSERT_TRUE(config_.tied_output);
-    auto b = runtime::LoadBackendFromPath(std::string(POLYCHIP_BUILD_DIR) +
-                                          "/lib/polychip/libpolychip_backend_" + GetParam() +
-                                          ".so");
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
-    auto d = (*b)->OpenDevice(0);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
-    device_ = *d;
+    device_ = testing::OpenTestDevice(GetParam());
+    ASSERT_NE(device_, nullptr);
   }
 
-  std::unique_ptr<GgufFile> file_;
-  ModelConfig config_;
   std::shared_ptr<runtime::Device> device_;
 };
 

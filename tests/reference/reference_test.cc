@@ -143,6 +143,22 @@ double ParseLastChunkPpl(const std::string& text) {
   return value;
 }
 
+// llama-perplexity on `model` and `text` with `args` (context, batch, threads), parsed; NaN (with
+// its output in *ref) when no estimate could be read. llama.cpp logs from a background thread
+// and now and then exits before its last line is written: it runs again when the final
+// estimate is missing, and its last chunk's running estimate stands in if it never appears.
+double LlamaCppPerplexity(const std::string& model, const std::string& text,
+                          const std::string& args, CommandResult* ref) {
+  double ppl = std::nan("");
+  for (int attempt = 0; attempt < 8 && std::isnan(ppl); ++attempt) {
+    *ref = RunCommand(LlamaCppDir() + "/build/bin/llama-perplexity -m " + Quote(model) + " -f " +
+                      Quote(text) + " " + args);
+    if (ref->exit_code != 0) return std::nan("");
+    ppl = ParsePpl(ref->out + ref->err);
+  }
+  return std::isnan(ppl) ? ParseLastChunkPpl(ref->out + ref->err) : ppl;
+}
+
 class ReferenceTest : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(ReferenceTest, PerplexityAgreesWithLlamaCpp) {
@@ -155,18 +171,10 @@ TEST_P(ReferenceTest, PerplexityAgreesWithLlamaCpp) {
                  Quote(kText) + " --ctx " + std::to_string(kCtx) + " --batch " +
                  std::to_string(kCtx));
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
-  // llama.cpp logs from a background thread and now and then exits before its last line is
-  // written: run it again when the final estimate is missing.
   CommandResult ref;
-  double p_ref = std::nan("");
-  for (int attempt = 0; attempt < 8 && std::isnan(p_ref); ++attempt) {
-    ref = RunCommand(LlamaCppDir() + "/build/bin/llama-perplexity -m " + Quote(model) + " -f " +
-                     Quote(kText) + " -c " + std::to_string(kCtx) + " -b " +
-                     std::to_string(kCtx) + " -t 2");
-    ASSERT_EQ(ref.exit_code, 0) << ref.err;
-    p_ref = ParsePpl(ref.out + ref.err);
-  }
-  if (std::isnan(p_ref)) p_ref = ParseLastChunkPpl(ref.out + ref.err);
+  const double p_ref = LlamaCppPerplexity(
+      model, kText, "-c " + std::to_string(kCtx) + " -b " + std::to_string(kCtx) + " -t 2", &ref);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   const double p_ours = ParsePpl(ours.out + ours.err);
   ASSERT_FALSE(std::isnan(p_ours)) << ours.out << ours.err;
   ASSERT_FALSE(std::isnan(p_ref)) << ref.out << ref.err;
@@ -299,14 +307,8 @@ TEST(BundledModelTest, HeldOutPerplexityAgreesWithLlamaCpp) {
                                         " --ctx 256");
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
   CommandResult ref;
-  double p_ref = std::nan("");
-  for (int attempt = 0; attempt < 8 && std::isnan(p_ref); ++attempt) {
-    ref = RunCommand(LlamaCppDir() + "/build/bin/llama-perplexity -m " + Quote(kBundledModel) +
-                     " -f " + Quote(kHeldOut) + " -c 256 -t 2");
-    ASSERT_EQ(ref.exit_code, 0) << ref.err;
-    p_ref = ParsePpl(ref.out + ref.err);
-  }
-  if (std::isnan(p_ref)) p_ref = ParseLastChunkPpl(ref.out + ref.err);
+  const double p_ref = LlamaCppPerplexity(kBundledModel, kHeldOut, "-c 256 -t 2", &ref);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   const double p_ours = ParsePpl(ours.out + ours.err);
   ASSERT_FALSE(std::isnan(p_ours)) << ours.out << ours.err;
   ASSERT_FALSE(std::isnan(p_ref)) << ref.out << ref.err;

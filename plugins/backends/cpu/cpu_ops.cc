@@ -332,41 +332,33 @@ void GemmT(const OpContext& c, const float* w, int64_t ldw, int64_t nw, const fl
   }
 }
 
-// Where cache position p of KV head kvh lives.
-inline const uint8_t* CacheRow(const pc_attention_args_t& a, const uint8_t* cache,
-                               const int32_t* table, int64_t kvh, int64_t p) {
-  const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-  return cache + (slot * a.n_kv_heads + kvh) * a.head_dim * CacheElemBytes(a.cache_dtype);
-}
-
-// Asks for cache rows [p0, p0 + n) of one KV head all at once: the rows are scattered over
-// pages, and fetching them one miss after another made attention latency-bound in batched
-// decode (~9% of a serving step with 16 sequences of 256 tokens).
-void PrefetchCacheRows(const pc_attention_args_t& a, const uint8_t* cache, const int32_t* table,
-                       int64_t kvh, int64_t p0, int64_t n) {
-  const int64_t row_bytes = a.head_dim * CacheElemBytes(a.cache_dtype);
-  for (int64_t p = p0; p < p0 + n; ++p) {
-    const uint8_t* row = CacheRow(a, cache, table, kvh, p);
-    for (int64_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
-  }
-}
-
-// Cache rows [p0, p0 + n) of one KV head, as f32 rows of hd (n <= kAttnChunk). Row addresses
-// advance slot by slot within a page, so there is no division per row.
-void GatherCacheRows(const OpContext& c, const pc_attention_args_t& a, const uint8_t* cache,
-                     const int32_t* table, int64_t kvh, int64_t p0, int64_t n, float* dst) {
+// Byte offsets of cache positions [p0, p0 + n) of KV head kvh (n <= kAttnChunk). K and V caches
+// share the layout, so one computation serves prefetching and gathering both; addresses advance
+// slot by slot within a page, with no division per row.
+void ChunkRowOffsets(const pc_attention_args_t& a, const int32_t* table, int64_t kvh, int64_t p0,
+                     int64_t n, int64_t* offsets) {
   const int64_t row_bytes = a.head_dim * CacheElemBytes(a.cache_dtype);
   const int64_t slot_bytes = a.n_kv_heads * row_bytes;
-  const uint8_t* rows[kAttnChunk];
   int64_t page = p0 / a.block_size, in_page = p0 % a.block_size;
   for (int64_t j = 0; j < n; ++j) {
-    rows[j] = cache + (int64_t(table[page]) * a.block_size + in_page) * slot_bytes + kvh * row_bytes;
+    offsets[j] = (int64_t(table[page]) * a.block_size + in_page) * slot_bytes + kvh * row_bytes;
     if (++in_page == a.block_size) {
       in_page = 0;
       ++page;
     }
   }
-  c.k->cache_rows_to_f32(a.cache_dtype, rows, n, a.head_dim, dst);
+}
+
+// Asks for a chunk's rows of both caches at once: the rows are scattered over pages, and
+// fetching them one miss after another made attention latency-bound in batched decode (~9% of a
+// serving step with 16 sequences of 256 tokens).
+void PrefetchChunk(const pc_attention_args_t& a, const int64_t* offsets, int64_t n) {
+  const int64_t row_bytes = a.head_dim * CacheElemBytes(a.cache_dtype);
+  for (const uint8_t* cache : {Ptr<const uint8_t>(a.k_cache), Ptr<const uint8_t>(a.v_cache)}) {
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t off = 0; off < row_bytes; off += 64)
+        __builtin_prefetch(cache + offsets[j] + off, 0, 3);
+  }
 }
 
 }  // namespace
@@ -438,19 +430,20 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
       const float* qv = q + (t * a.n_heads + h) * hd;
       for (int64_t e = 0; e < hd; ++e) qt[e * ncols + v] = qv[e] * a.scale;
     }
-    for (int64_t p0 = 0; p0 <= last_pos; p0 += kAttnChunk) {
+    // Row offsets of this chunk and of the next, whose rows are prefetched (they arrive while
+    // this chunk is computed).
+    int64_t offsets[2][kAttnChunk];
+    ChunkRowOffsets(a, table, kvh, 0, std::min(kAttnChunk, last_pos + 1), offsets[0]);
+    PrefetchChunk(a, offsets[0], std::min(kAttnChunk, last_pos + 1));
+    for (int64_t p0 = 0, chunk = 0; p0 <= last_pos; p0 += kAttnChunk, ++chunk) {
       const int64_t pc = std::min(kAttnChunk, last_pos + 1 - p0);
-      if (p0 == 0) {
-        PrefetchCacheRows(a, kc, table, kvh, p0, pc);
-        PrefetchCacheRows(a, vc, table, kvh, p0, pc);
-      }
-      // The next chunk's rows arrive while this one is computed.
+      const int64_t* rows = offsets[chunk & 1];
       const int64_t next_pc = std::min(kAttnChunk, last_pos + 1 - (p0 + kAttnChunk));
       if (next_pc > 0) {
-        PrefetchCacheRows(a, kc, table, kvh, p0 + kAttnChunk, next_pc);
-        PrefetchCacheRows(a, vc, table, kvh, p0 + kAttnChunk, next_pc);
+        ChunkRowOffsets(a, table, kvh, p0 + kAttnChunk, next_pc, offsets[(chunk + 1) & 1]);
+        PrefetchChunk(a, offsets[(chunk + 1) & 1], next_pc);
       }
-      GatherCacheRows(c, a, kc, table, kvh, p0, pc, kf.data());
+      c.k->cache_rows_to_f32(a.cache_dtype, kc, rows, pc, hd, kf.data());
       std::fill(st.begin(), st.begin() + pc * ncols, 0.f);
       GemmT(c, kf.data(), hd, pc, qt.data(), ncols, hd, ncols, st.data(), ncols);
       for (int64_t v = 0; v < nv; ++v) {
@@ -469,7 +462,7 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
         if (rescale != 1.f) c.k->scale_f32(rescale, o.data() + v * hd, hd);
         mx[v] = m;
       }
-      GatherCacheRows(c, a, vc, table, kvh, p0, pc, vf.data());
+      c.k->cache_rows_to_f32(a.cache_dtype, vc, rows, pc, hd, vf.data());
       GemmT(c, pm.data(), kAttnChunk, nv, vf.data(), hd, pc, hd, o.data(), hd);
     }
     for (int64_t v = 0; v < nv; ++v) {

@@ -41,9 +41,10 @@ struct KernelTable {
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x
   void (*scale_f32)(float a, float* y, int64_t n);                 // y *= a
   void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
-  // dst[r * n + e] = rows[r][e] as f32, rows of a KV cache of dtype (F16, BF16, F32).
-  void (*cache_rows_to_f32)(pc_dtype_t dtype, const uint8_t* const* rows, int64_t n_rows,
-                            int64_t n, float* dst);
+  // dst[r * n + e] = element e of the row at cache + offsets[r], as f32, in a KV cache of
+  // dtype (F16, BF16, F32).
+  void (*cache_rows_to_f32)(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,
+                            int64_t n_rows, int64_t n, float* dst);
   // y[i] = exp(x[i] - shift) for x[i] <= shift (y may alias x); returns the sum of y.
   float (*exp_sum)(const float* x, float shift, float* y, int64_t n);
   // out = x / sqrt(mean(x^2) + eps) * w (w may be null)
