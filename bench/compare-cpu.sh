@@ -12,13 +12,7 @@
 #        POLYCHIP_BENCH_CACHE (synthesized models; default ~/.cache/polychip/bench-models)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD="${POLYCHIP_BUILD_DIR:-$ROOT/build}"
-PC="$BUILD/bin/polychip"
-LLAMA_DIR="${POLYCHIP_LLAMA_CPP_DIR:-/root/.cache/polychip/llama.cpp}"
-LB="$LLAMA_DIR/build/bin"
-VOCAB="$LLAMA_DIR/models"
-CACHE="${POLYCHIP_BENCH_CACHE:-$HOME/.cache/polychip/bench-models}"
+source "$(dirname "$0")/paths.sh"
 THREADS=2 REPS=3 NP=128 NG=64 BATCH=16
 MODELS="qwen05-q8_0 qwen05-q4_0 qwen05-q4_k qwen05-f16 llama1b-q4_0"
 BATCH_MODELS="qwen05-q4_0"

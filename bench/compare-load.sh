@@ -17,12 +17,7 @@
 #        synthesizes them; default ~/.cache/polychip/bench-models)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD="${POLYCHIP_BUILD_DIR:-$ROOT/build}"
-PC="$BUILD/bin/polychip"
-LLAMA_DIR="${POLYCHIP_LLAMA_CPP_DIR:-/root/.cache/polychip/llama.cpp}"
-LB="$LLAMA_DIR/build/bin"
-CACHE="${POLYCHIP_BENCH_CACHE:-$HOME/.cache/polychip/bench-models}"
+source "$(dirname "$0")/paths.sh"
 THREADS=2 REPS=3 NG=16 COLD=1
 MODELS="qwen05-q4_0 qwen05-q8_0"
 while [[ $# -gt 0 ]]; do
