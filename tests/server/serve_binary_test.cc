@@ -257,6 +257,21 @@ TEST(ServeBinary, ManyConcurrentStreamingClientsAllComplete) {
   std::printf("256 streaming clients served in %.1f s\n", seconds);
 }
 
+// Runs `polychip bench-serving` against 127.0.0.1:port with `args`; its exit status in *rc and
+// its JSON report (discarded when unreadable).
+json BenchServing(int port, const std::string& args, int* rc) {
+  const fs::path out = fs::temp_directory_path() /
+                       ("polychip-bench-serving-" + std::to_string(getpid()) + ".json");
+  const std::string cmd = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
+                          std::to_string(port) + " " + args + " --output-json " + out.string() +
+                          " > /dev/null 2>&1";
+  *rc = RunCommand(cmd);
+  std::ifstream in(out);
+  json r = json::parse(in, nullptr, false);
+  fs::remove(out);
+  return r;
+}
+
 // `polychip bench-serving` against the real server, with the openai (/v1/completions) and sglang
 // (/generate) backends: every request completes with exactly the requested output tokens, the
 // JSON report adds up, and a bad backend name is refused.
@@ -266,17 +281,13 @@ TEST(ServeBinary, BenchServingDrivesTheServerWithBothApis) {
   ASSERT_TRUE(s.ok());
   for (const char* backend : {"openai", "sglang"}) {
     SCOPED_TRACE(backend);
-    const fs::path out = fs::temp_directory_path() /
-                         ("polychip-bench-serving-" + std::to_string(getpid()) + ".json");
-    const std::string cmd = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
-                            std::to_string(s.port()) + " --backend " + backend +
-                            " --num-prompts 6 --max-concurrency 3 --random-input-len 16"
-                            " --random-output-len 5 --seed 3 --output-json " + out.string() +
-                            " > /dev/null";
-    ASSERT_EQ(RunCommand(cmd), 0) << cmd;
-    std::ifstream in(out);
-    const json r = json::parse(in, nullptr, false);
-    fs::remove(out);
+    int rc = -1;
+    const json r = BenchServing(s.port(),
+                                std::string("--backend ") + backend +
+                                    " --num-prompts 6 --max-concurrency 3 --random-input-len 16"
+                                    " --random-output-len 5 --seed 3",
+                                &rc);
+    ASSERT_EQ(rc, 0);
     ASSERT_FALSE(r.is_discarded());
     EXPECT_EQ(r["completed"], 6);
     EXPECT_EQ(r["failed"], 0);
@@ -287,9 +298,9 @@ TEST(ServeBinary, BenchServingDrivesTheServerWithBothApis) {
     EXPECT_GT(r["p50_ttft_ms"].get<double>(), 0);
     EXPECT_LE(r["p50_ttft_ms"].get<double>(), r["p50_e2e_ms"].get<double>());
   }
-  const std::string bad = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
-                          std::to_string(s.port()) + " --backend nosuch > /dev/null 2>&1";
-  EXPECT_NE(RunCommand(bad), 0);
+  int rc = 0;
+  BenchServing(s.port(), "--backend nosuch", &rc);
+  EXPECT_NE(rc, 0);
 }
 
 // `bench-serving --backend llamacpp` against a stand-in for llama-server's native /completion
@@ -321,19 +332,14 @@ TEST(ServeBinary, BenchServingLlamaCppBackendCountsFailedStreamsApart) {
   const int port = fake.bind_to_any_port("127.0.0.1");
   ASSERT_GT(port, 0);
   std::thread server([&] { fake.listen_after_bind(); });
-  const fs::path out = fs::temp_directory_path() /
-                       ("polychip-bench-llamacpp-" + std::to_string(getpid()) + ".json");
-  const std::string cmd = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
-                          std::to_string(port) + " --backend llamacpp --num-prompts 6"
-                          " --max-concurrency 1 --random-input-len 8 --random-output-len 5"
-                          " --output-json " + out.string() + " > /dev/null";
-  const int rc = RunCommand(cmd);
+  int rc = -1;
+  const json r = BenchServing(port,
+                              "--backend llamacpp --num-prompts 6 --max-concurrency 1"
+                              " --random-input-len 8 --random-output-len 5",
+                              &rc);
   fake.stop();
   server.join();
-  EXPECT_EQ(rc, 1) << cmd;  // bench-serving exits 1 when any request failed
-  std::ifstream in(out);
-  const json r = json::parse(in, nullptr, false);
-  fs::remove(out);
+  EXPECT_EQ(rc, 1);  // bench-serving exits 1 when any request failed
   ASSERT_FALSE(r.is_discarded());
   EXPECT_EQ(r["completed"], 4);
   EXPECT_EQ(r["failed"], 2);
