@@ -43,8 +43,22 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
 fi
 
 # 3. the tools: configure once (Release, Ninja, no network features, no tests), build only
-#    the targets we need. Reuses an existing build directory as it is.
+#    the targets we need. The CPU's own instruction sets (native), but never AMX: ggml's AMX
+#    matmul faults on the Xeon VMs that advertise amx_int8/amx_tile (SIGILL/SIGSEGV on every
+#    quantized model), and the oracle must run on every x86-64. GCC lets an explicit -mno-*
+#    win over -march=native whatever their order. A cached build configured with other flags
+#    is rebuilt from scratch (the flags are recorded in $build/polychip-oracle-flags).
 targets=(llama-perplexity llama-simple)
+cflags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
+        -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+        "-DCMAKE_C_FLAGS=$cflags" "-DCMAKE_CXX_FLAGS=$cflags")
+stamp="$build/polychip-oracle-flags"
+if [ -d "$build" ] && [ "$(cat "$stamp" 2>/dev/null)" != "${config[*]}" ]; then
+  log "cached build in $build was configured with other flags (or before they were recorded):" \
+      "rebuilding it without AMX"
+  rm -rf "$build"
+fi
 missing=()
 for t in "${targets[@]}"; do
   [ -x "$build/bin/$t" ] || missing+=("$t")
@@ -54,14 +68,23 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ ! -f "$build/build.ninja" ]; then
-  log "configuring $build"
+  log "configuring $build (${config[*]})"
   # ggml enables ccache by itself when it is installed (GGML_CCACHE).
-  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF >&2
+  cmake -S "$src" -B "$build" "${config[@]}" >&2
+  echo "${config[*]}" >"$stamp"
 fi
 log "building ${missing[*]} with $jobs jobs"
 cmake --build "$build" -j "$jobs" --target "${missing[@]}" >&2
 for t in "${targets[@]}"; do
   [ -x "$build/bin/$t" ] || { log "error: $build/bin/$t was not built"; exit 1; }
 done
+# Prove the build holds no AMX code: the AMX tile instructions would show in a disassembly.
+if command -v objdump >/dev/null 2>&1; then
+  for lib in "$build"/bin/libggml-cpu*.so "$build"/bin/llama-perplexity; do
+    [ -f "$lib" ] || continue
+    if objdump -d "$lib" | grep -qE '\b(tdpbssd|tdpbusd|tileloadd|ldtilecfg)\b'; then
+      log "error: $lib contains AMX instructions"; exit 1
+    fi
+  done
+fi
 log "done: $build/bin"

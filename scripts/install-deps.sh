@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that `make run` and `make test` need. The README and .ci/run
+# both call this script, so the two can never drift apart. Every package a feature adds goes in
+# the list below.
+#
+# Node.js: Debian's `nodejs` comes without npm (package `npm`), NodeSource's `nodejs` bundles npm
+# and conflicts with Debian's `npm`. So nodejs/npm are asked for only when `npm` is missing, and
+# then both from the same place (Debian): an existing Node.js install is never touched.
+#
+# Usage: scripts/install-deps.sh [--dry-run]   (as root, or through sudo)
+set -euo pipefail
+
+packages=(
+  # build
+  build-essential cmake ninja-build ccache pkg-config git curl python3
+  # libraries of the framework
+  nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
+  libpcre2-dev
+  # MPI comm plugin (and mpirun for its tests)
+  libopenmpi-dev openmpi-bin
+  # tests
+  libgtest-dev libgmock-dev
+)
+
+log() { echo "[install-deps] $*"; }
+
+dry_run=0
+[ "${1:-}" = "--dry-run" ] && dry_run=1
+
+if command -v npm >/dev/null 2>&1; then
+  log "npm found ($(command -v npm), $(npm --version 2>/dev/null || echo '?')): nodejs/npm left as they are"
+else
+  log "npm not found: adding Debian's nodejs and npm"
+  packages+=(nodejs npm)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  log "all ${#packages[@]} packages already installed"
+  exit 0
+fi
+log "installing ${#missing[@]} of ${#packages[@]} packages: ${missing[*]}"
+[ $dry_run -eq 1 ] && exit 0
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { log "error: run as root or install sudo"; exit 1; }
+  sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq "${missing[@]}"
+log "done"
