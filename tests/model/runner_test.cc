@@ -1,6 +1,7 @@
-// The runner's contract with the engine, on a synthesized tiny model: results do not depend on
-// how a step is split, batched, or where its KV blocks lie, and the cpu and emu devices compute
-// the same logits.
+// The runner's contract with the engine, on a synthesized tiny model and the cpu plugin: results
+// do not depend on how a step is split, batched, or where its KV blocks lie; and every other
+// backend plugin the build produced computes the cpu plugin's logits. Skipped in a tree without
+// the cpu plugin.
 #include "model/runner.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "model/synth.h"
 #include "runtime/plugin_loader.h"
@@ -37,9 +41,21 @@ const std::string& ModelPath() {
   return path;
 }
 
+// The backend plugins the build produced (tests/CMakeLists.txt, polychip_test_every_backend).
+const std::vector<std::string>& Backends() {
+  static const std::vector<std::string> names = {POLYCHIP_BACKEND_PLUGINS};
+  return names;
+}
+bool Built(const std::string& name) {
+  return std::ranges::find(Backends(), name) != Backends().end();
+}
+
 class RunnerTest : public testing::ModelFileTest<::testing::Test> {
  protected:
-  void SetUp() override { ASSERT_NO_FATAL_FAILURE(OpenModel(ModelPath())); }
+  void SetUp() override {
+    if (!Built("cpu")) GTEST_SKIP() << "no cpu plugin in this tree";
+    ASSERT_NO_FATAL_FAILURE(OpenModel(ModelPath()));
+  }
 
   std::unique_ptr<TransformerRunner> Make(const std::string& backend, RunnerOptions o = {}) {
     auto dev = testing::OpenTestDevice(backend);
@@ -147,20 +163,32 @@ TEST_F(RunnerTest, RejectsBadSteps) {
   EXPECT_EQ(r->Forward({&s, 1}, &out).code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(RunnerTest, CpuAndEmuComputeTheSameLogits) {
+class EveryBackendTest : public RunnerTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(EveryBackendTest, ComputesTheCpuLogits) {
   auto cpu = Make("cpu");
-  auto emu = Make("emu");
-  ASSERT_TRUE(cpu && emu);
+  auto other = Make(GetParam());
+  ASSERT_TRUE(cpu && other);
   const std::vector<int32_t> prompt = Prompt(9);
   const std::vector<int32_t> blocks = Iota(16);
   SequenceStep s{1, prompt, 0, blocks, LogitsMode::kAll};
   std::vector<float> a, b;
   ASSERT_TRUE(cpu->Forward({&s, 1}, &a).ok());
-  ASSERT_TRUE(emu->Forward({&s, 1}, &b).ok());
+  ASSERT_TRUE(other->Forward({&s, 1}, &b).ok());
   float scale = 0;
   for (float v : a) scale = std::max(scale, std::abs(v));
   EXPECT_LT(MaxAbsDiff(a, b), 1e-3f * std::max(1.f, scale)) << "max |logit| " << scale;
 }
+
+std::vector<std::string> BackendsOtherThanCpu() {
+  std::vector<std::string> names;
+  std::ranges::copy_if(Backends(), std::back_inserter(names),
+                       [](const std::string& n) { return n != "cpu"; });
+  return names;
+}
+INSTANTIATE_TEST_SUITE_P(Plugins, EveryBackendTest, ::testing::ValuesIn(BackendsOtherThanCpu()),
+                         [](const auto& info) { return info.param; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(EveryBackendTest);  // cpu alone
 
 }  // namespace
 }  // namespace polychip::model

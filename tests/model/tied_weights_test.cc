@@ -2,7 +2,8 @@
 // repacks the output matrix into its private layout, EMBEDDING reads that layout (ABI 1.2), so
 // the device memory the weights take stays within 1.1x the file's tensor bytes; the table is
 // most of this model's file, so a second copy would make it ~2x. The shared table must still
-// gather exactly the file's rows. On emu (no repacking) one GGUF copy serves both ops.
+// gather exactly the file's rows. On a plugin that does not repack (emu, the template) one GGUF
+// copy serves both ops. Runs on every backend plugin the build produced.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -109,8 +110,11 @@ TEST_P(TiedWeightsTest, TableHeldOnceAndGathersTheFileRows) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Plugins, TiedWeightsTest, ::testing::Values("cpu", "emu"),
+// Every backend plugin the build produced (tests/CMakeLists.txt, polychip_test_every_backend).
+const std::vector<std::string> kBackends = {POLYCHIP_BACKEND_PLUGINS};
+INSTANTIATE_TEST_SUITE_P(Plugins, TiedWeightsTest, ::testing::ValuesIn(kBackends),
                          [](const auto& info) { return info.param; });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(TiedWeightsTest);  // a tree without backends
 
 }  // namespace
 }  // namespace polychip::model

@@ -1,11 +1,13 @@
 // The template device plugin: the smallest complete polychip backend, and the starting point
-// for a new chip. Copy this folder, rename "template" to your chip, and replace every place
-// marked VENDOR with your runtime's call.
+// for a new chip: `scripts/new-backend.sh NAME` copies this folder to plugins/backends/NAME and
+// renames it. Then replace every place marked VENDOR with your runtime's call.
 //
 // What it models: one device whose memory is host memory, executing every operation
-// synchronously on the calling thread, supporting four ops (ADD, SWIGLU, RMS_NORM and
-// CONVERT between F32 and F16). It is honest about that: op_supports answers 0 for everything
-// else and the capability flags claim nothing it does not do, so the framework adapts.
+// synchronously on the calling thread, every op through the SDK's reference kernels (so a
+// model runs before any kernel is ported). It is honest about that: op_supports claims what
+// the reference kernels compute and nothing else, and the capability flags claim nothing it
+// does not do (no asynchronous copies or execution, no stream priorities, no timing), so the
+// framework adapts.
 //
 // Walkthrough, in the order the framework calls things:
 //   1. pc_backend_probe      cheap: is the driver there? (no context creation)
@@ -20,16 +22,17 @@
 //   - every exported function catches everything (polychip::sdk::Guard does it);
 //   - errors are objects with a canonical code; RESOURCE_EXHAUSTED for out-of-memory;
 //   - never claim a capability you do not have.
+#include <unistd.h>
+
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "polychip/plugin/pc_backend.h"
-#include "polychip/sdk/plugin_util.h"  // error objects, Guard, ParseInt
-#include "polychip/sdk/quant.h"        // Fp32ToFp16 / Fp16ToFp32
+#include "polychip/sdk/plugin_util.h"  // error objects, Guard
+#include "polychip/sdk/ref_kernels.h"  // RefSupports / RefLaunch: every op, correct, slow
 
 using polychip::sdk::Guard;
 using polychip::sdk::MakeError;
@@ -48,10 +51,17 @@ struct pc_event {
 
 namespace {
 
-constexpr uint64_t kAlignment = 64;               // VENDOR: your allocator's guarantee
-constexpr uint64_t kTotalMemory = 1ull << 30;     // VENDOR: query the device
-const pc_host_services_t* g_host = nullptr;       // logger etc., valid until unload
-bool g_open = false;                              // one handle per ordinal at a time
+constexpr uint64_t kAlignment = 64;          // VENDOR: your allocator's guarantee
+const pc_host_services_t* g_host = nullptr;  // logger etc., valid until unload
+bool g_open = false;                         // one handle per ordinal at a time
+
+// The device's memory is the host's. VENDOR: query the device (total, and free right now).
+uint64_t TotalMemory() {
+  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+uint64_t FreeMemory() {
+  return static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
 
 pc_error_t* BadArg(const char* msg) { return MakeError(PC_CODE_INVALID_ARGUMENT, msg); }
 
@@ -87,10 +97,10 @@ pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
     p.struct_size = sizeof(p);
     std::snprintf(p.name, sizeof(p.name), "template device 0 (host memory)");
     std::snprintf(p.physical_id, sizeof(p.physical_id), "template:0");  // VENDOR: PCI bus id
-    p.total_memory = kTotalMemory;
-    p.free_memory = kTotalMemory;
+    p.total_memory = TotalMemory();
+    p.free_memory = FreeMemory();
     p.alignment = kAlignment;
-    p.max_alloc_size = kTotalMemory;
+    p.max_alloc_size = p.total_memory;  // VENDOR: your allocator's largest single block
     p.flags = PC_DEVICE_FLAG_HOST_ACCESSIBLE;  // nothing async, no priorities, no timing
     p.priority_low = p.priority_high = 0;
     p.compute_units = 1;
@@ -124,7 +134,7 @@ void DeviceClose(pc_device_t* device) {
 pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
   if (!device || !out) return BadArg("null argument");
   // The contract: a request above max_alloc_size is refused, never attempted.
-  if (size > kTotalMemory) {
+  if (size > TotalMemory()) {
     return MakeError(PC_CODE_RESOURCE_EXHAUSTED, "allocation larger than max_alloc_size");
   }
   // VENDOR: your device allocator. Round up so the size is a multiple of the alignment.
@@ -143,7 +153,8 @@ pc_error_t* MemFree(pc_device_t* device, pc_devptr_t ptr) {
 
 pc_error_t* MemGetInfo(pc_device_t* device, uint64_t* free_bytes, uint64_t* total_bytes) {
   if (!device || !free_bytes || !total_bytes) return BadArg("null argument");
-  *free_bytes = *total_bytes = kTotalMemory;  // VENDOR: query the device
+  *free_bytes = FreeMemory();
+  *total_bytes = TotalMemory();
   return nullptr;
 }
 
@@ -203,86 +214,44 @@ pc_error_t* EventQuery(pc_event_t* e, int32_t* done) {
 pc_error_t* EventSynchronize(pc_event_t* e) { return e ? nullptr : BadArg("event is null"); }
 
 // ---- compute domain ---------------------------------------------------------------------
+//
+// Day one, every op runs on the SDK's reference kernels (scalar, readable: the semantics the
+// conformance kit checks), so the plugin runs `polychip run` from its first build. Bring the
+// chip up one kernel at a time: give the op its own branch in OpLaunch, run
+// `polychip conformance --plugin <the .so> --filter '^op\.<op>'`, repeat.
+//
+// The reference kernels read operands through host pointers (IdentityMemory: device address ==
+// host pointer), which holds while device memory is host memory, as here. Once mem_alloc hands
+// out real device memory, an op not yet ported either reaches it through a DeviceMemory that
+// maps device addresses into the host (ref_kernels.h; the emu plugin does that), or is no
+// longer claimed by OpSupports, and the user runs with `--op-fallback cpu`: the framework then
+// stages that op's operands through host memory to the cpu plugin.
 
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* q) {
-  // A 1.0/1.1 host's query ends at shape_class. VENDOR: a layout other than PC_LAYOUT_GGUF
-  // (q->layout, when PC_HAS_MEMBER) names one of your weight_upload layouts: claim only the ops
-  // that read it.
+  // A 1.0/1.1 host's query ends at shape_class (and means the GGUF layout).
   if (!device || !PC_HAS_MEMBER(q, pc_op_query_t, shape_class)) return 0;
-  switch (q->op) {
-    case PC_OP_ADD:
-    case PC_OP_SWIGLU:
-    case PC_OP_RMS_NORM: return 1;
-    case PC_OP_CONVERT:
-      return (q->dtypes[0] == PC_DTYPE_F32 && q->dtypes[1] == PC_DTYPE_F16) ||
-             (q->dtypes[0] == PC_DTYPE_F16 && q->dtypes[1] == PC_DTYPE_F32);
-    default: return 0;  // MATMUL, ROPE, attention...: VENDOR, add yours here
-  }
-}
-
-// Each op: check the args struct is at least as large as ours, then run. VENDOR: launch your
-// kernel on the stream instead of the loops.
-template <typename T>
-const T* Args(const void* args) {
-  return args && *static_cast<const size_t*>(args) >= sizeof(T) ? static_cast<const T*>(args)
-                                                                : nullptr;
+  // VENDOR: answer 1 for what your kernels run; the reference answers for the rest. A layout
+  // other than PC_LAYOUT_GGUF (q->layout) names one of your weight_upload layouts: only your
+  // kernels read it, the reference reads GGUF only.
+  return polychip::sdk::RefSupports(*q) ? 1 : 0;
 }
 
 pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
   return Guard([&]() -> pc_error_t* {
     if (!stream) return BadArg("stream is null");
-    switch (op) {
-      case PC_OP_ADD: {
-        auto* a = Args<pc_add_args_t>(args);
-        if (!a || a->n < 0) return BadArg("bad ADD args");
-        auto *x = static_cast<const float*>(Host(a->a)), *y = static_cast<const float*>(Host(a->b));
-        auto* out = static_cast<float*>(Host(a->out));
-        for (int64_t i = 0; i < a->n; ++i) out[i] = x[i] + y[i];
-        return nullptr;
-      }
-      case PC_OP_SWIGLU: {
-        auto* a = Args<pc_swiglu_args_t>(args);
-        if (!a || a->n < 0) return BadArg("bad SWIGLU args");
-        auto* g = static_cast<const float*>(Host(a->gate));
-        auto* u = static_cast<const float*>(Host(a->up));
-        auto* out = static_cast<float*>(Host(a->out));
-        for (int64_t i = 0; i < a->n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-        return nullptr;
-      }
-      case PC_OP_RMS_NORM: {
-        auto* a = Args<pc_rms_norm_args_t>(args);
-        if (!a || a->n_rows < 0 || a->dim <= 0) return BadArg("bad RMS_NORM args");
-        auto* x = static_cast<const float*>(Host(a->x));
-        auto* w = static_cast<const float*>(Host(a->weight));  // may be null: no scaling
-        auto* out = static_cast<float*>(Host(a->out));
-        for (int64_t r = 0; r < a->n_rows; ++r) {
-          double ss = 0;
-          for (int64_t i = 0; i < a->dim; ++i) ss += double(x[r * a->dim + i]) * x[r * a->dim + i];
-          const float inv = 1.0f / std::sqrt(float(ss / a->dim) + a->eps);
-          for (int64_t i = 0; i < a->dim; ++i)
-            out[r * a->dim + i] = x[r * a->dim + i] * inv * (w ? w[i] : 1.0f);
-        }
-        return nullptr;
-      }
-      case PC_OP_CONVERT: {
-        auto* a = Args<pc_convert_args_t>(args);
-        if (!a || a->n < 0) return BadArg("bad CONVERT args");
-        if (a->src_dtype == PC_DTYPE_F32 && a->dst_dtype == PC_DTYPE_F16) {
-          auto* s = static_cast<const float*>(Host(a->src));
-          auto* d = static_cast<uint16_t*>(Host(a->dst));
-          for (int64_t i = 0; i < a->n; ++i) d[i] = polychip::sdk::Fp32ToFp16(s[i]);
-          return nullptr;
-        }
-        if (a->src_dtype == PC_DTYPE_F16 && a->dst_dtype == PC_DTYPE_F32) {
-          auto* s = static_cast<const uint16_t*>(Host(a->src));
-          auto* d = static_cast<float*>(Host(a->dst));
-          for (int64_t i = 0; i < a->n; ++i) d[i] = polychip::sdk::Fp16ToFp32(s[i]);
-          return nullptr;
-        }
-        return MakeError(PC_CODE_UNIMPLEMENTED, "CONVERT supports F32<->F16 only");
-      }
-      default: return MakeError(PC_CODE_UNIMPLEMENTED, "op not supported by the template");
+    // An op id newer than the SDK this plugin was built with: absent, not a bad argument.
+    if (polychip::sdk::OpArgsSize(op) == 0) {
+      return MakeError(PC_CODE_UNIMPLEMENTED, "op unknown to the template plugin");
     }
+    // VENDOR: your kernels, one branch per op as you port them, enqueued on the stream; the SDK
+    // checks the args struct (struct_size, shapes, dtypes) for you:
+    //   if (op == PC_OP_MATMUL) {
+    //     if (const char* why = polychip::sdk::ValidateOpArgs(op, args)) return BadArg(why);
+    //     return ChipMatmul(stream, *static_cast<const pc_matmul_args_t*>(args));
+    //   }
+    // Every other op: the reference kernel, validated first, on the calling thread.
+    const char* why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
+    return why ? BadArg(why) : nullptr;
   });
 }
 
