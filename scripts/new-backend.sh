@@ -79,10 +79,11 @@ mv "$tmp" "$dest"
 trap - EXIT
 
 rel="plugins/backends/$name"
+echo "created $rel/ from plugins/backends/_template/:"
+printf '  %-40s %s\n' "$rel/CMakeLists.txt" \
+  "target polychip_backend_$name, plugin \"$name\" (libpolychip_backend_$name.so)" \
+  "$rel/${name}_backend.cc" "table name, log tag, probe reason, device name and id: \"$name\""
 cat <<EOF
-created $rel/ from plugins/backends/_template/:
-  $rel/CMakeLists.txt     target polychip_backend_$name, plugin "$name" (libpolychip_backend_$name.so), in tree and out of tree
-  $rel/${name}_backend.cc  table name, log tag, probe reason, device name and id: "$name"
 It answers every op through the SDK's reference kernels, so it runs a model now; replace them
 with your chip's kernels one op at a time at the VENDOR markers in ${name}_backend.cc.
 
