@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "polychip/sdk/op_list.h"
 #include "polychip/sdk/quant.h"
 
 namespace polychip::sdk {
@@ -52,7 +53,7 @@ DeviceMemory IdentityMemory() {
   return mem;
 }
 
-const char* RefEmbedding(const pc_embedding_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_embedding_args_t& a, const DeviceMemory& mem) {
   const int64_t row_bytes = RowBytes(a.table_dtype, a.row_len);
   auto* table = Map<const uint8_t>(mem, a.table, a.n_rows * row_bytes);
   auto* ids = Map<const int32_t>(mem, a.ids, a.n_ids * 4);
@@ -66,7 +67,7 @@ const char* RefEmbedding(const pc_embedding_args_t& a, const DeviceMemory& mem) 
   return nullptr;
 }
 
-const char* RefRmsNorm(const pc_rms_norm_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_rms_norm_args_t& a, const DeviceMemory& mem) {
   const uint64_t bytes = a.n_rows * a.dim * 4;
   auto* x = Map<const float>(mem, a.x, bytes);
   auto* out = Map<float>(mem, a.out, bytes);
@@ -84,7 +85,7 @@ const char* RefRmsNorm(const pc_rms_norm_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
-const char* RefMatmul(const pc_matmul_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_matmul_args_t& a, const DeviceMemory& mem) {
   if (a.m == 0) return nullptr;  // nothing to read or write
   const int64_t w_row_bytes = RowBytes(a.w_dtype, a.k);
   auto* x = Map<const float>(mem, a.x, ((a.m - 1) * a.x_stride + a.k) * 4);
@@ -135,7 +136,7 @@ void RopeCosSin(const pc_rope_args_t& a, int32_t position, int64_t pair, float f
   *sin_theta = std::sin(theta) * mscale;
 }
 
-const char* RefRope(const pc_rope_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_rope_args_t& a, const DeviceMemory& mem) {
   auto* x = Map<float>(mem, a.x, a.n_tokens * a.n_heads * a.head_dim * 4);
   auto* pos = Map<const int32_t>(mem, a.positions, a.n_tokens * 4);
   const float* ff = a.freq_factors ? Map<const float>(mem, a.freq_factors, a.n_rot / 2 * 4) : nullptr;
@@ -160,7 +161,7 @@ const char* RefRope(const pc_rope_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
-const char* RefKvStore(const pc_kv_store_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_kv_store_args_t& a, const DeviceMemory& mem) {
   const int64_t row = a.n_kv_heads * a.head_dim;  // elements per token
   auto* k = Map<const float>(mem, a.k, a.n_tokens * row * 4);
   auto* v = Map<const float>(mem, a.v, a.n_tokens * row * 4);
@@ -183,7 +184,7 @@ const char* RefKvStore(const pc_kv_store_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
-const char* RefAttention(const pc_attention_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
   const int64_t q_bytes = a.n_tokens * a.n_heads * a.head_dim * 4;
   auto* q = Map<const float>(mem, a.q, q_bytes);
   auto* out = Map<float>(mem, a.out, q_bytes);
@@ -254,7 +255,7 @@ const char* RefAttention(const pc_attention_args_t& a, const DeviceMemory& mem) 
   return nullptr;
 }
 
-const char* RefSwiglu(const pc_swiglu_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_swiglu_args_t& a, const DeviceMemory& mem) {
   auto* gate = Map<const float>(mem, a.gate, a.n * 4);
   auto* up = Map<const float>(mem, a.up, a.n * 4);
   auto* out = Map<float>(mem, a.out, a.n * 4);
@@ -264,7 +265,7 @@ const char* RefSwiglu(const pc_swiglu_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
-const char* RefAdd(const pc_add_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_add_args_t& a, const DeviceMemory& mem) {
   auto* x = Map<const float>(mem, a.a, a.n * 4);
   auto* y = Map<const float>(mem, a.b, a.n * 4);
   auto* out = Map<float>(mem, a.out, a.n * 4);
@@ -274,7 +275,7 @@ const char* RefAdd(const pc_add_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
-const char* RefConvert(const pc_convert_args_t& a, const DeviceMemory& mem) {
+const char* RefKernel(const pc_convert_args_t& a, const DeviceMemory& mem) {
   auto* src = Map<const uint8_t>(mem, a.src, RowBytes(a.src_dtype, a.n));
   auto* dst = Map<uint8_t>(mem, a.dst, RowBytes(a.dst_dtype, a.n));
   if (!src || !dst) return kBadAddress;
@@ -292,27 +293,6 @@ const char* RefConvert(const pc_convert_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
-size_t OpArgsSize(pc_op_t op) {
-  switch (op) {
-    case PC_OP_EMBEDDING: return sizeof(pc_embedding_args_t);
-    case PC_OP_RMS_NORM: return sizeof(pc_rms_norm_args_t);
-    case PC_OP_MATMUL: return sizeof(pc_matmul_args_t);
-    case PC_OP_ROPE: return sizeof(pc_rope_args_t);
-    case PC_OP_KV_STORE: return sizeof(pc_kv_store_args_t);
-    case PC_OP_ATTENTION: return sizeof(pc_attention_args_t);
-    case PC_OP_SWIGLU: return sizeof(pc_swiglu_args_t);
-    case PC_OP_ADD: return sizeof(pc_add_args_t);
-    case PC_OP_CONVERT: return sizeof(pc_convert_args_t);
-    default: return 0;
-  }
-}
-
-size_t OpArgsMinSize(pc_op_t op) {
-  // EMBEDDING's table_layout came in 1.2; every other struct is as it was in 1.0.
-  if (op == PC_OP_EMBEDDING) return offsetof(pc_embedding_args_t, table_layout);
-  return OpArgsSize(op);
-}
-
 namespace {
 
 bool IsFloatType(pc_dtype_t t) { return IsCacheDtype(t); }
@@ -323,6 +303,79 @@ bool Decodable(pc_dtype_t t) {
 
 }  // namespace
 
+// ---- validation, one overload per op (shape/dtype/layout members; not the addresses) ------
+
+const char* Validate(const pc_embedding_args_t& a) {
+  // table_layout came in 1.2: a shorter struct (checked by the caller) has the GGUF layout.
+  const bool has_layout =
+      a.struct_size >= offsetof(pc_embedding_args_t, table_layout) + sizeof(a.table_layout);
+  if (has_layout && a.table_layout != PC_LAYOUT_GGUF) return "unknown table layout";
+  if (!Decodable(a.table_dtype)) return "unsupported table dtype";
+  if (a.n_rows < 0 || a.n_ids < 0 || a.row_len <= 0) return "bad shape";
+  if (RowBytes(a.table_dtype, a.row_len) < 0) return "row_len not a multiple of the block";
+  return nullptr;
+}
+
+const char* Validate(const pc_rms_norm_args_t& a) {
+  if (a.n_rows < 0 || a.dim <= 0) return "bad shape";
+  return nullptr;
+}
+
+const char* Validate(const pc_matmul_args_t& a) {
+  if (a.w_layout != PC_LAYOUT_GGUF) return "unknown weight layout";
+  if (!Decodable(a.w_dtype)) return "unsupported weight dtype";
+  if (a.m < 0 || a.n <= 0 || a.k <= 0) return "bad shape";
+  if (a.x_stride < a.k || a.out_stride < a.n) return "stride smaller than the row";
+  if (RowBytes(a.w_dtype, a.k) < 0) return "k not a multiple of the weight block";
+  return nullptr;
+}
+
+const char* Validate(const pc_rope_args_t& a) {
+  if (a.n_tokens < 0 || a.n_heads <= 0 || a.head_dim <= 0) return "bad shape";
+  if (a.n_rot <= 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim) return "bad n_rot";
+  if (a.mode != PC_ROPE_NORMAL && a.mode != PC_ROPE_NEOX) return "unknown rope mode";
+  if (!(a.freq_base > 0) || !(a.freq_scale > 0)) return "bad frequency parameters";
+  return nullptr;
+}
+
+const char* Validate(const pc_kv_store_args_t& a) {
+  if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
+  if (a.n_tokens < 0 || a.n_kv_heads <= 0 || a.head_dim <= 0 || a.block_size <= 0)
+    return "bad shape";
+  return nullptr;
+}
+
+const char* Validate(const pc_attention_args_t& a) {
+  if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
+  if (a.n_tokens < 0 || a.n_seqs < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
+      a.head_dim <= 0 || a.block_size <= 0 || a.max_blocks_per_seq < 0)
+    return "bad shape";
+  if (a.n_heads % a.n_kv_heads != 0) return "n_heads not a multiple of n_kv_heads";
+  return nullptr;
+}
+
+const char* Validate(const pc_swiglu_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
+
+const char* Validate(const pc_add_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
+
+const char* Validate(const pc_convert_args_t& a) {
+  if (!Decodable(a.src_dtype) || !IsFloatType(a.dst_dtype)) return "unsupported dtype pair";
+  if (GetDtypeInfo(a.src_dtype)->quantized && a.dst_dtype != PC_DTYPE_F32)
+    return "a quantized source converts to F32 only";
+  if (a.n < 0 || RowBytes(a.src_dtype, a.n) < 0) return "n not a multiple of the block";
+  return nullptr;
+}
+
+// ---- dispatch, generated from the op list (op_list.h) --------------------------------------
+
+size_t OpArgsSize(pc_op_t op) {
+  return VisitOp(op, size_t{0}, [](auto t) { return sizeof(typename decltype(t)::Args); });
+}
+
+size_t OpArgsMinSize(pc_op_t op) {
+  return VisitOp(op, size_t{0}, [](auto t) { return OpArgsMinSizeOf<decltype(t)>(); });
+}
+
 const char* ValidateOpArgs(pc_op_t op, const void* args) {
   const size_t want = OpArgsMinSize(op);
   if (want == 0) return "unknown op";
@@ -330,106 +383,36 @@ const char* ValidateOpArgs(pc_op_t op, const void* args) {
   // Shorter than the struct's first version: a caller bug. Longer (a newer host) is fine; we
   // read only what we know, and members appended later are read through PC_HAS_MEMBER.
   if (*static_cast<const size_t*>(args) < want) return "args struct_size too small";
-  switch (op) {
-    case PC_OP_EMBEDDING: {
-      auto* p = static_cast<const pc_embedding_args_t*>(args);
-      auto& a = *p;
-      if (PC_HAS_MEMBER(p, pc_embedding_args_t, table_layout) && a.table_layout != PC_LAYOUT_GGUF)
-        return "unknown table layout";
-      if (!Decodable(a.table_dtype)) return "unsupported table dtype";
-      if (a.n_rows < 0 || a.n_ids < 0 || a.row_len <= 0) return "bad shape";
-      if (RowBytes(a.table_dtype, a.row_len) < 0) return "row_len not a multiple of the block";
-      return nullptr;
-    }
-    case PC_OP_RMS_NORM: {
-      auto& a = *static_cast<const pc_rms_norm_args_t*>(args);
-      if (a.n_rows < 0 || a.dim <= 0) return "bad shape";
-      return nullptr;
-    }
-    case PC_OP_MATMUL: {
-      auto& a = *static_cast<const pc_matmul_args_t*>(args);
-      if (a.w_layout != PC_LAYOUT_GGUF) return "unknown weight layout";
-      if (!Decodable(a.w_dtype)) return "unsupported weight dtype";
-      if (a.m < 0 || a.n <= 0 || a.k <= 0) return "bad shape";
-      if (a.x_stride < a.k || a.out_stride < a.n) return "stride smaller than the row";
-      if (RowBytes(a.w_dtype, a.k) < 0) return "k not a multiple of the weight block";
-      return nullptr;
-    }
-    case PC_OP_ROPE: {
-      auto& a = *static_cast<const pc_rope_args_t*>(args);
-      if (a.n_tokens < 0 || a.n_heads <= 0 || a.head_dim <= 0) return "bad shape";
-      if (a.n_rot <= 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim) return "bad n_rot";
-      if (a.mode != PC_ROPE_NORMAL && a.mode != PC_ROPE_NEOX) return "unknown rope mode";
-      if (!(a.freq_base > 0) || !(a.freq_scale > 0)) return "bad frequency parameters";
-      return nullptr;
-    }
-    case PC_OP_KV_STORE: {
-      auto& a = *static_cast<const pc_kv_store_args_t*>(args);
-      if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
-      if (a.n_tokens < 0 || a.n_kv_heads <= 0 || a.head_dim <= 0 || a.block_size <= 0)
-        return "bad shape";
-      return nullptr;
-    }
-    case PC_OP_ATTENTION: {
-      auto& a = *static_cast<const pc_attention_args_t*>(args);
-      if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
-      if (a.n_tokens < 0 || a.n_seqs < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
-          a.head_dim <= 0 || a.block_size <= 0 || a.max_blocks_per_seq < 0)
-        return "bad shape";
-      if (a.n_heads % a.n_kv_heads != 0) return "n_heads not a multiple of n_kv_heads";
-      return nullptr;
-    }
-    case PC_OP_SWIGLU:
-      return static_cast<const pc_swiglu_args_t*>(args)->n < 0 ? "bad shape" : nullptr;
-    case PC_OP_ADD:
-      return static_cast<const pc_add_args_t*>(args)->n < 0 ? "bad shape" : nullptr;
-    case PC_OP_CONVERT: {
-      auto& a = *static_cast<const pc_convert_args_t*>(args);
-      if (!Decodable(a.src_dtype) || !IsFloatType(a.dst_dtype)) return "unsupported dtype pair";
-      if (GetDtypeInfo(a.src_dtype)->quantized && a.dst_dtype != PC_DTYPE_F32)
-        return "a quantized source converts to F32 only";
-      if (a.n < 0 || RowBytes(a.src_dtype, a.n) < 0) return "n not a multiple of the block";
-      return nullptr;
-    }
-    default: return "unknown op";
-  }
+  return VisitOp(op, "unknown op", [args](auto t) {
+    return Validate(*static_cast<const typename decltype(t)::Args*>(args));
+  });
 }
 
 const char* RefLaunch(pc_op_t op, const void* args, const DeviceMemory& mem) {
   if (const char* why = ValidateOpArgs(op, args)) return why;
-  switch (op) {
-    case PC_OP_EMBEDDING: return RefEmbedding(*static_cast<const pc_embedding_args_t*>(args), mem);
-    case PC_OP_RMS_NORM: return RefRmsNorm(*static_cast<const pc_rms_norm_args_t*>(args), mem);
-    case PC_OP_MATMUL: return RefMatmul(*static_cast<const pc_matmul_args_t*>(args), mem);
-    case PC_OP_ROPE: return RefRope(*static_cast<const pc_rope_args_t*>(args), mem);
-    case PC_OP_KV_STORE: return RefKvStore(*static_cast<const pc_kv_store_args_t*>(args), mem);
-    case PC_OP_ATTENTION: return RefAttention(*static_cast<const pc_attention_args_t*>(args), mem);
-    case PC_OP_SWIGLU: return RefSwiglu(*static_cast<const pc_swiglu_args_t*>(args), mem);
-    case PC_OP_ADD: return RefAdd(*static_cast<const pc_add_args_t*>(args), mem);
-    case PC_OP_CONVERT: return RefConvert(*static_cast<const pc_convert_args_t*>(args), mem);
-    default: return "unknown op";
-  }
+  return VisitOp(op, "unknown op", [args, &mem](auto t) {
+    return RefKernel(*static_cast<const typename decltype(t)::Args*>(args), mem);
+  });
 }
 
 bool RefSupports(const pc_op_query_t& q) {
   // The reference kernels read the GGUF layout only.
   const bool has_layout = q.struct_size >= offsetof(pc_op_query_t, layout) + sizeof(q.layout);
   if (has_layout && q.layout != PC_LAYOUT_GGUF) return false;
-  switch (q.op) {
-    case PC_OP_EMBEDDING:
-    case PC_OP_MATMUL: return Decodable(q.dtypes[0]);
-    case PC_OP_KV_STORE:
-    case PC_OP_ATTENTION: return IsCacheDtype(q.dtypes[0]);
-    case PC_OP_CONVERT:
-      if (!Decodable(q.dtypes[0]) || !IsFloatType(q.dtypes[1])) return false;
-      return !GetDtypeInfo(q.dtypes[0])->quantized || q.dtypes[1] == PC_DTYPE_F32;
-    case PC_OP_RMS_NORM:
-    case PC_OP_ROPE:
-    case PC_OP_SWIGLU:
-    case PC_OP_ADD:
-      return q.dtypes[0] == PC_DTYPE_F32 || q.dtypes[0] == PC_DTYPE_INVALID;
-    default: return false;
-  }
+  return VisitOp(q.op, false, [&q](auto t) {
+    bool ok = true;
+    int i = 0;
+    decltype(t)::Dtypes([&](auto, const char*, DtypeKind kind) {
+      const pc_dtype_t d = q.dtypes[i++];
+      ok = ok && (kind == DtypeKind::kWeight ? Decodable(d) : IsCacheDtype(d));
+    });
+    // An op without dtype members reads F32 activations only.
+    if (i == 0) ok = q.dtypes[0] == PC_DTYPE_F32 || q.dtypes[0] == PC_DTYPE_INVALID;
+    // CONVERT dequantizes a quantized source into F32 only.
+    if (ok && q.op == PC_OP_CONVERT && GetDtypeInfo(q.dtypes[0])->quantized)
+      ok = q.dtypes[1] == PC_DTYPE_F32;
+    return ok;
+  });
 }
 
 }  // namespace polychip::sdk

@@ -9,10 +9,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <memory>
+#include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/op_coverage.h"
+#include "model/runner_setup.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
+#include "runtime/op_fallback.h"
 #include "runtime/plugin_loader.h"
 
 namespace polychip::cli {
@@ -20,7 +28,45 @@ namespace {
 
 using runtime::PluginKind;
 
-int RunDoctor() {
+struct DoctorOptions {
+  std::string model_path;
+  std::string kv_type = "f16";
+};
+
+// The model's op coverage on the selected device: op, dtype, supported / fallback / missing.
+int PrintModelCoverage(std::ostream& out, const DoctorOptions& o) {
+  out << "\nop coverage of " << o.model_path << ":\n";
+  auto kv = ParseKvCacheType(o.kv_type);
+  auto device = model::OpenDevice(Globals().config_path, Globals().device);
+  auto file = model::GgufFile::Open(o.model_path);
+  if (!kv.ok() || !device.ok() || !file.ok()) {
+    out << "  FAILED: "
+        << (!kv.ok() ? kv.status() : !device.ok() ? device.status() : file.status()).ToString()
+        << "\n";
+    return 1;
+  }
+  auto config = model::ModelConfig::FromGguf(**file);
+  if (!config.ok()) {
+    out << "  FAILED: " << config.status().ToString() << "\n";
+    return 1;
+  }
+  const runtime::Device& d = **device;
+  out << "  device " << d.backend()->name() << ":" << d.physical_id() << " (" << d.props().name
+      << ")";
+  if (d.op_fallback() != nullptr) {
+    out << ", fallback " << d.op_fallback()->device().backend()->name() << ":"
+        << d.op_fallback()->device().physical_id();
+  }
+  out << "\n\n";
+  const auto rows = model::CheckCoverage(d, model::RequiredOps(**file, *config, *kv));
+  std::istringstream table(model::FormatCoverage(rows));
+  for (std::string line; std::getline(table, line);) out << "  " << line << "\n";
+  const Status status = model::CoverageStatus(d, rows);
+  out << "\n" << (status.ok() ? "  every op is covered" : "  " + status.message()) << "\n";
+  return status.ok() ? 0 : 1;
+}
+
+int RunDoctor(const DoctorOptions& o) {
   std::ostream& out = std::cout;
   const char* env_backend = std::getenv("POLYCHIP_DEVICE_BACKEND");
   const char* env_path = std::getenv("POLYCHIP_PLUGIN_PATH");
@@ -94,10 +140,17 @@ int RunDoctor() {
     out << "\nno usable device backend found\n";
     rc = 1;
   }
+  if (!o.model_path.empty() && PrintModelCoverage(out, o) != 0) rc = 1;
   return rc;
 }
 
-std::function<int()> SetupDoctor(CLI::App& app) { return [] { return RunDoctor(); }; }
+std::function<int()> SetupDoctor(CLI::App& app) {
+  auto o = std::make_shared<DoctorOptions>();
+  app.add_option("--model-path,-m", o->model_path,
+                 "also print this model's op coverage on the device (--device, --op-fallback)");
+  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type of the coverage (f16)");
+  return [o] { return RunDoctor(*o); };
+}
 
 const bool kRegistered =
     RegisterCommand({"doctor", "diagnose plugin discovery and loading", SetupDoctor});

@@ -16,6 +16,7 @@ namespace polychip::cli {
 struct GlobalOptions {
   std::string device;       // --device backend:i[,j...]
   std::string config_path;  // --config FILE.yaml
+  std::string op_fallback;  // --op-fallback BACKEND
   int verbosity = 0;        // -v
 };
 GlobalOptions& Globals();

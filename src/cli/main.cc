@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli/command.h"
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
     subs[i]->add_option("--device", Globals().device,
                         "devices to use, backend:i[,j...] (logical i -> physical)");
     subs[i]->add_option("--config", Globals().config_path, "YAML configuration file");
+    subs[i]->add_option("--op-fallback", Globals().op_fallback,
+                        "run the ops the device lacks on this backend (e.g. cpu), operands "
+                        "staged through host memory; 'none' turns a config's op_fallback off");
     runners[i] = commands[i].setup(*subs[i]);
   }
   try {
@@ -52,6 +56,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // Through the environment, so that tensor/pipeline-parallel ranks (child processes) see it.
+  if (!Globals().op_fallback.empty()) setenv("POLYCHIP_OP_FALLBACK", Globals().op_fallback.c_str(), 1);
   for (size_t i = 0; i < commands.size(); ++i) {
     if (subs[i]->parsed()) return runners[i]();
   }

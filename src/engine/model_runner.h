@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "util/status.h"
@@ -40,6 +41,9 @@ class ModelRunner {
   // floats per requested logit (1 for kLast, tokens.size() for kAll, 0 for kNone).
   // RESOURCE_EXHAUSTED means the step did not fit on the device (the engine retries smaller).
   virtual Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) = 0;
+
+  // Appends the runner's own Prometheus series to /metrics (e.g. op fallback launches).
+  virtual void RenderMetrics(std::string* out) const {}
 };
 
 }  // namespace polychip::engine

@@ -92,6 +92,7 @@ class Uploader {
     PC_RETURN_IF_ERROR(stream_.Synchronize());  // the copy has read the pages released next
     file_.ReleasePages(t);
     const DevPtr ptr = buffer->ptr();
+    device_->MarkImmutable(ptr, t.n_bytes);  // a table: staged once by an op fallback
     w_.device_bytes += t.n_bytes;
     w_.buffers.push_back(std::move(buffer));
     return ptr;

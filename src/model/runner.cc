@@ -1,7 +1,12 @@
 #include "model/runner.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <string>
+
+#include "model/op_coverage.h"
+#include "runtime/op_fallback.h"
 
 namespace polychip::model {
 
@@ -74,6 +79,25 @@ Status TransformerRunner::Init(const GgufFile& file) {
   }
   const int64_t layer_begin = pipeline ? pp.first_layer : 0;
   const int64_t layer_end = pipeline ? pp.end_layer : c.n_layer;
+
+  // Before anything is allocated: every op this model launches, asked of the device (and of
+  // its fallback device); a gap is one error naming the ops and the tensors that need them.
+  const std::vector<CoverageRow> coverage =
+      CheckCoverage(*device_, RequiredOps(file, config_, o.kv_dtype, tp.size > 1));
+  PC_RETURN_IF_ERROR(CoverageStatus(*device_, coverage));
+  std::string fallen_back;
+  for (const CoverageRow& r : coverage) {
+    if (r.state != OpState::kFallback) continue;
+    fallen_back += (fallen_back.empty() ? "" : ", ") + std::string(runtime::OpName(r.use.op)) +
+                   "(" + r.use.DtypeText() + ")";
+  }
+  if (!fallen_back.empty()) {
+    runtime::OpFallback& f = *device_->op_fallback();
+    spdlog::warn("op fallback: {} run on {}:{} (not supported by {}), operands staged through "
+                 "host memory",
+                 fallen_back, f.device().backend()->name(), f.device().physical_id(),
+                 device_->backend()->name());
+  }
 
   runtime::MemoryPoolOptions pool_options;
   pool_options.arena_bytes = o.arena_bytes;
@@ -268,6 +292,19 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   }
   // The host staging buffer and the logits must not be touched before the stream is done.
   return stream_->Synchronize();
+}
+
+void TransformerRunner::RenderMetrics(std::string* out) const {
+  const runtime::OpFallback* fallback = device_->op_fallback();
+  if (fallback == nullptr) return;
+  *out +=
+      "# HELP polychip_op_fallback_launches_total Op launches the device lacked, run on the "
+      "fallback device.\n# TYPE polychip_op_fallback_launches_total counter\n";
+  for (const auto& [op, count] : fallback->LaunchCounts()) {
+    *out += "polychip_op_fallback_launches_total{op=\"" + op + "\",backend=\"" +
+            device_->backend()->name() + "\",fallback=\"" +
+            fallback->device().backend()->name() + "\"} " + std::to_string(count) + "\n";
+  }
 }
 
 }  // namespace polychip::model

@@ -53,6 +53,8 @@ class TransformerRunner : public engine::ModelRunner {
 
   Status Forward(std::span<const engine::SequenceStep> batch,
                  std::vector<float>* logits) override;
+  // polychip_op_fallback_launches_total{op, backend, fallback} when ops fall back.
+  void RenderMetrics(std::string* out) const override;
 
   const ModelConfig& config() const { return config_; }
   const RunnerOptions& options() const { return options_; }

@@ -1,5 +1,7 @@
 #include "model/runner_setup.h"
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/config.h"
 #include "runtime/plugin_loader.h"
 
@@ -22,6 +24,26 @@ StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_
   if (devices.empty()) {
     return NotFound("backend " + selection.backend->name() + " has no visible device");
   }
+  if (!config.op_fallback.empty()) {
+    PC_ASSIGN_OR_RETURN(auto fallback, OpenFallbackDevice(config));
+    if (fallback->backend() != selection.backend) devices.front()->SetOpFallback(fallback);
+  }
+  return devices.front();
+}
+
+StatusOr<std::shared_ptr<runtime::Device>> OpenFallbackDevice(
+    const runtime::RuntimeConfig& config) {
+  std::vector<runtime::LoadReport> reports;
+  auto backend = runtime::PluginRegistry::Global().LoadBackend(
+      config.op_fallback, runtime::PluginSearchPath(config.extra_search_path), {}, &reports);
+  if (!backend.ok()) {
+    return Status(backend.status().code(), "op fallback '" + config.op_fallback + "' (" +
+                                               config.op_fallback_source +
+                                               "): " + backend.status().message());
+  }
+  PC_ASSIGN_OR_RETURN(auto devices, runtime::OpenDevices(*backend, {0}));
+  spdlog::info("op fallback: ops the device lacks run on {}:0 ({})", (*backend)->name(),
+               config.op_fallback_source);
   return devices.front();
 }
 

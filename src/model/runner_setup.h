@@ -9,6 +9,7 @@
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
+#include "runtime/config.h"
 #include "runtime/device.h"
 #include "util/status.h"
 
@@ -19,6 +20,10 @@ namespace polychip::model {
 StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_path,
                                                       const std::string& device_flag,
                                                       int threads = 0);
+
+// The device of config.op_fallback (its first), for Device::SetOpFallback.
+StatusOr<std::shared_ptr<runtime::Device>> OpenFallbackDevice(
+    const runtime::RuntimeConfig& config);
 
 struct ModelFile {
   std::unique_ptr<GgufFile> file;

@@ -119,6 +119,10 @@ StatusOr<RuntimeConfig> ParseConfigYaml(const std::string& yaml_text, const std:
         PC_ASSIGN_OR_RETURN(config.devices, ParseIdList(d.as<std::string>(), origin + ": devices"));
       }
     }
+    if (const YAML::Node f = root["op_fallback"]) {
+      config.op_fallback = f.as<std::string>();
+      config.op_fallback_source = "config " + origin;
+    }
     if (const YAML::Node m = root["memory"]) {
       if (m["arena_mb"]) config.arena_bytes = m["arena_mb"].as<uint64_t>() << 20;
     }
@@ -166,6 +170,11 @@ StatusOr<RuntimeConfig> ResolveRuntimeConfig(const std::string& config_path,
       }
     }
   }
+  if (const char* env = std::getenv("POLYCHIP_OP_FALLBACK"); env != nullptr && *env != '\0') {
+    config.op_fallback = env;
+    config.op_fallback_source = "--op-fallback / env POLYCHIP_OP_FALLBACK";
+  }
+  if (config.op_fallback == "none") config.op_fallback.clear();
   if (!device_flag.empty()) {
     PC_ASSIGN_OR_RETURN(DeviceSelection sel, ParseDeviceFlag(device_flag));
     if (!config.backend || config.backend->name != sel.backend) {

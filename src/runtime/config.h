@@ -38,6 +38,10 @@ struct RuntimeConfig {
   uint64_t arena_bytes = 256ull << 20;         // memory pool arena size (config memory.arena_mb)
   std::string backend_source;  // where the backend choice came from: "env", "config FILE", ...
   std::string comm_source;     // where the comm choice came from (as backend_source)
+  // Backend whose first device runs the ops the backend's device lacks (op_fallback.h);
+  // empty: none, a gap in op coverage is an error.
+  std::string op_fallback;
+  std::string op_fallback_source;
 };
 
 // Parses the runtime part of a YAML config (other sections are ignored):
@@ -46,6 +50,7 @@ struct RuntimeConfig {
 //   comm:    {name: shm, params: {buffer_bytes: 4194304}}
 //   devices: [0, 2]                            # logical -> physical
 //   memory:  {arena_mb: 256}
+//   op_fallback: cpu                           # run ops the device lacks on this backend
 StatusOr<RuntimeConfig> ParseConfigYaml(const std::string& yaml_text, const std::string& origin);
 StatusOr<RuntimeConfig> LoadConfigFile(const std::string& path);
 
@@ -53,7 +58,8 @@ StatusOr<RuntimeConfig> LoadConfigFile(const std::string& path);
 // environment for what the file leaves unset (POLYCHIP_DEVICE_BACKEND; POLYCHIP_COMM_BACKEND
 // with POLYCHIP_COMM_PARAMS="key=value,key=value"), then --device (if non-empty), which overrides
 // the backend name and the device list. A --device backend that differs from the config file's
-// drops the file's path and params for that backend.
+// drops the file's path and params for that backend. POLYCHIP_OP_FALLBACK (which --op-fallback
+// sets) overrides the file's op_fallback; "none" turns it off.
 StatusOr<RuntimeConfig> ResolveRuntimeConfig(const std::string& config_path,
                                              const std::string& device_flag);
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "runtime/abi_internal.h"
+#include "runtime/op_fallback.h"
 
 namespace polychip::runtime {
 
@@ -193,7 +194,18 @@ Device::Device(std::shared_ptr<Backend> backend, void* handle, int32_t physical,
       logical_(logical),
       props_(std::move(props)) {}
 
-Device::~Device() { T(*this)->device_close(H(*this)); }
+Device::~Device() {
+  op_fallback_.reset();  // its staged weights live on the fallback device, not here
+  T(*this)->device_close(H(*this));
+}
+
+void Device::SetOpFallback(std::shared_ptr<Device> fallback) {
+  op_fallback_ = fallback ? std::make_shared<OpFallback>(std::move(fallback)) : nullptr;
+}
+
+void Device::MarkImmutable(DevPtr ptr, uint64_t bytes) const {
+  if (op_fallback_) op_fallback_->MarkImmutable(ptr, bytes);
+}
 
 Status Device::MemoryInfo(uint64_t* free_bytes, uint64_t* total_bytes) const {
   uint64_t f = 0, t = 0;

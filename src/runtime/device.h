@@ -46,6 +46,7 @@ class Device;
 class Stream;
 class Event;
 class DeviceBuffer;
+class OpFallback;
 struct BackendImpl;  // runtime-internal (abi_internal.h)
 
 // A loaded and initialized device plugin. Obtained from plugin_loader.h.
@@ -117,6 +118,14 @@ class Device : public std::enable_shared_from_this<Device> {
   StatusOr<HostBuffer> HostAlloc(uint64_t bytes);
   void HostFree(const HostBuffer& buffer);
 
+  // Host fallback (--op-fallback, op_fallback.h): ops this device lacks run on `fallback`, with
+  // operands staged through host memory. Set before anything is uploaded or launched.
+  void SetOpFallback(std::shared_ptr<Device> fallback);
+  OpFallback* op_fallback() const { return op_fallback_.get(); }
+  // [ptr, ptr + bytes) holds data that never changes (weights): with a fallback, operands in
+  // it are staged to the fallback device once. No-op without a fallback.
+  void MarkImmutable(DevPtr ptr, uint64_t bytes) const;
+
   void* raw() const { return handle_; }  // pc_device_t*, for runtime-internal code
   Device(std::shared_ptr<Backend> backend, void* handle, int32_t physical, int32_t logical,
          DeviceProps props);  // runtime-internal
@@ -127,6 +136,7 @@ class Device : public std::enable_shared_from_this<Device> {
   int32_t physical_;
   int32_t logical_;
   DeviceProps props_;
+  std::shared_ptr<OpFallback> op_fallback_;
 };
 
 class Stream {

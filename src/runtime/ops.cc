@@ -1,36 +1,39 @@
-// C++ op structs -> ABI args structs. Each conversion sets struct_size so that a plugin built
-// against a newer ABI treats members appended later as absent.
+// C++ op structs -> ABI args structs, generated from the op list. Each conversion sets
+// struct_size so that a plugin built against a newer ABI treats members appended later as
+// absent.
 #include "runtime/ops.h"
 
+#include "polychip/sdk/op_list.h"
 #include "runtime/abi_internal.h"
+#include "runtime/op_fallback.h"
 
 namespace polychip::runtime {
 namespace {
 
 pc_dtype_t D(DType d) { return static_cast<pc_dtype_t>(static_cast<int32_t>(d)); }
 
+// Members a launch fills in for the caller: MATMUL strides of 0 mean "rows are packed".
 template <typename Args>
-Status LaunchRaw(const Stream& stream, pc_op_t op, Args* args, const char* what) {
-  args->struct_size = sizeof(Args);
-  const pc_backend_iface_t* t = TableOf(*stream.device().backend());
-  return TakeError(t, t->op_launch(static_cast<pc_stream_t*>(stream.raw()), op, args), what);
+void CompleteArgs(Args&) {}
+void CompleteArgs(pc_matmul_args_t& r) {
+  if (r.x_stride == 0) r.x_stride = r.k;
+  if (r.out_stride == 0) r.out_stride = r.n;
 }
 
 }  // namespace
 
-const char* OpName(Op op) {
-  switch (op) {
-    case Op::kEmbedding: return "embedding";
-    case Op::kRmsNorm: return "rms_norm";
-    case Op::kMatmul: return "matmul";
-    case Op::kRope: return "rope";
-    case Op::kKvStore: return "kv_store";
-    case Op::kAttention: return "attention";
-    case Op::kSwiglu: return "swiglu";
-    case Op::kAdd: return "add";
-    case Op::kConvert: return "convert";
-  }
-  return "unknown";
+const char* OpName(Op op) { return sdk::OpName(static_cast<pc_op_t>(op)); }
+
+std::optional<Op> OpFromName(std::string_view name) {
+  pc_op_t op;
+  if (!sdk::OpFromName(std::string(name).c_str(), &op)) return std::nullopt;
+  return static_cast<Op>(op);
+}
+
+std::vector<Op> AllOps() {
+  std::vector<Op> ops;
+  sdk::ForEachOp([&](auto t) { ops.push_back(static_cast<Op>(decltype(t)::kOp)); });
+  return ops;
 }
 
 bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes,
@@ -51,131 +54,32 @@ bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes
   return t->op_supports(static_cast<pc_device_t*>(device.raw()), &q) != 0;
 }
 
-Status Launch(const Stream& stream, const EmbeddingArgs& a) {
-  pc_embedding_args_t r{};
-  r.table = a.table;
-  r.table_dtype = D(a.table_dtype);
-  r.table_layout = a.table_layout;
-  r.n_rows = a.n_rows;
-  r.row_len = a.row_len;
-  r.ids = a.ids;
-  r.n_ids = a.n_ids;
-  r.out = a.out;
-  return LaunchRaw(stream, PC_OP_EMBEDDING, &r, "embedding");
+Status LaunchOnStream(const Stream& stream, pc_op_t op, void* args) {
+  const pc_backend_iface_t* t = TableOf(*stream.device().backend());
+  return TakeError(t, t->op_launch(static_cast<pc_stream_t*>(stream.raw()), op, args),
+                   sdk::OpName(op));
 }
 
-Status Launch(const Stream& stream, const RmsNormArgs& a) {
-  pc_rms_norm_args_t r{};
-  r.x = a.x;
-  r.weight = a.weight;
-  r.out = a.out;
-  r.n_rows = a.n_rows;
-  r.dim = a.dim;
-  r.eps = a.eps;
-  return LaunchRaw(stream, PC_OP_RMS_NORM, &r, "rms_norm");
-}
-
-Status Launch(const Stream& stream, const MatmulArgs& a) {
-  pc_matmul_args_t r{};
-  r.x = a.x;
-  r.w = a.w;
-  r.w_dtype = D(a.w_dtype);
-  r.w_layout = a.w_layout;
-  r.bias = a.bias;
-  r.out = a.out;
-  r.m = a.m;
-  r.n = a.n;
-  r.k = a.k;
-  r.x_stride = a.x_stride != 0 ? a.x_stride : a.k;
-  r.out_stride = a.out_stride != 0 ? a.out_stride : a.n;
-  r.accumulate = a.accumulate ? 1 : 0;
-  return LaunchRaw(stream, PC_OP_MATMUL, &r, "matmul");
-}
-
-Status Launch(const Stream& stream, const RopeArgs& a) {
-  pc_rope_args_t r{};
-  r.x = a.x;
-  r.positions = a.positions;
-  r.freq_factors = a.freq_factors;
-  r.n_tokens = a.n_tokens;
-  r.n_heads = a.n_heads;
-  r.head_dim = a.head_dim;
-  r.n_rot = a.n_rot;
-  r.mode = static_cast<pc_rope_mode_t>(a.mode);
-  r.freq_base = a.freq_base;
-  r.freq_scale = a.freq_scale;
-  r.ext_factor = a.ext_factor;
-  r.attn_factor = a.attn_factor;
-  r.beta_fast = a.beta_fast;
-  r.beta_slow = a.beta_slow;
-  r.n_ctx_orig = a.n_ctx_orig;
-  return LaunchRaw(stream, PC_OP_ROPE, &r, "rope");
-}
-
-Status Launch(const Stream& stream, const KvStoreArgs& a) {
-  pc_kv_store_args_t r{};
-  r.k = a.k;
-  r.v = a.v;
-  r.k_cache = a.k_cache;
-  r.v_cache = a.v_cache;
-  r.slots = a.slots;
-  r.cache_dtype = D(a.cache_dtype);
-  r.n_tokens = a.n_tokens;
-  r.n_kv_heads = a.n_kv_heads;
-  r.head_dim = a.head_dim;
-  r.block_size = a.block_size;
-  return LaunchRaw(stream, PC_OP_KV_STORE, &r, "kv_store");
-}
-
-Status Launch(const Stream& stream, const AttentionArgs& a) {
-  pc_attention_args_t r{};
-  r.q = a.q;
-  r.k_cache = a.k_cache;
-  r.v_cache = a.v_cache;
-  r.out = a.out;
-  r.query_start = a.query_start;
-  r.seq_lens = a.seq_lens;
-  r.block_tables = a.block_tables;
-  r.cache_dtype = D(a.cache_dtype);
-  r.n_tokens = a.n_tokens;
-  r.n_seqs = a.n_seqs;
-  r.n_heads = a.n_heads;
-  r.n_kv_heads = a.n_kv_heads;
-  r.head_dim = a.head_dim;
-  r.block_size = a.block_size;
-  r.max_blocks_per_seq = a.max_blocks_per_seq;
-  r.max_seq_len = a.max_seq_len;
-  r.scale = a.scale;
-  return LaunchRaw(stream, PC_OP_ATTENTION, &r, "attention");
-}
-
-Status Launch(const Stream& stream, const SwigluArgs& a) {
-  pc_swiglu_args_t r{};
-  r.gate = a.gate;
-  r.up = a.up;
-  r.out = a.out;
-  r.n = a.n;
-  return LaunchRaw(stream, PC_OP_SWIGLU, &r, "swiglu");
-}
-
-Status Launch(const Stream& stream, const AddArgs& a) {
-  pc_add_args_t r{};
-  r.a = a.a;
-  r.b = a.b;
-  r.out = a.out;
-  r.n = a.n;
-  return LaunchRaw(stream, PC_OP_ADD, &r, "add");
-}
-
-Status Launch(const Stream& stream, const ConvertArgs& a) {
-  pc_convert_args_t r{};
-  r.src = a.src;
-  r.dst = a.dst;
-  r.src_dtype = D(a.src_dtype);
-  r.dst_dtype = D(a.dst_dtype);
-  r.n = a.n;
-  return LaunchRaw(stream, PC_OP_CONVERT, &r, "convert");
-}
+// Generated from the op list: C++ mirror -> ABI struct, member by member, then the launch on
+// the stream's device, or on its fallback device when it lacks the op (op_fallback.h).
+#define PC_M(type, m, since) r.m = static_cast<decltype(r.m)>(a.m);
+#define PC_PTR(m, access, bytes, since) r.m = a.m;
+#define PC_OP(NAME, name, Camel, id, args_t, since, DTYPES, LAYOUT, MEMBERS) \
+  Status Launch(const Stream& stream, const Camel##Args& a) {               \
+    args_t r{};                                                             \
+    r.struct_size = sizeof(r);                                              \
+    MEMBERS                                                                 \
+    CompleteArgs(r);                                                        \
+    if (OpFallback* fallback = stream.device().op_fallback()) {             \
+      if (fallback->ShouldFallBack(stream.device(), PC_OP_##NAME, &r))                       \
+        return fallback->Launch(stream, PC_OP_##NAME, &r);                  \
+    }                                                                       \
+    return LaunchOnStream(stream, PC_OP_##NAME, &r);                        \
+  }
+#include "polychip/plugin/pc_ops.def"
+#undef PC_OP
+#undef PC_PTR
+#undef PC_M
 
 // ---- weights -----------------------------------------------------------------------------
 
@@ -206,6 +110,7 @@ StatusOr<std::unique_ptr<DeviceWeight>> DeviceWeight::Upload(
     w->layout_ = out.layout;
     w->bytes_ = out.bytes;
     w->plugin_owned_ = true;
+    if (w->layout_ == kLayoutGguf) device->MarkImmutable(w->data_, w->bytes_);
     return w;
   }
   // No upload hook: allocate and copy the GGUF bytes as they are.
@@ -215,6 +120,7 @@ StatusOr<std::unique_ptr<DeviceWeight>> DeviceWeight::Upload(
   if (!stream.ok()) return stream.status();  // ~DeviceWeight frees data_
   PC_RETURN_IF_ERROR((*stream)->CopyH2D(w->data_, host_data, host_bytes));
   PC_RETURN_IF_ERROR((*stream)->Synchronize());  // host_data may be released on return
+  device->MarkImmutable(w->data_, w->bytes_);
   return w;
 }
 

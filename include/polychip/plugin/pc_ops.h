@@ -16,8 +16,9 @@
  *   - Quantized weights are rows of GGUF blocks: a row of k elements occupies
  *     (k / block_elems) * block_bytes bytes; k is a multiple of the block size.
  *
- * Adding an op: append an enum value and an args struct (beginning with struct_size), bump
- * PC_ABI_MINOR, add the reference in the conformance kit. Old plugins answer `supports` with 0.
+ * Adding an op: an entry in pc_ops.def (the op set as data), its args struct here (beginning
+ * with struct_size), its reference kernel and Validate overload in the SDK, a PC_ABI_MINOR bump
+ * and a CHANGELOG line. Old plugins answer `supports` with 0.
  */
 #ifndef POLYCHIP_PLUGIN_PC_OPS_H_
 #define POLYCHIP_PLUGIN_PC_OPS_H_
@@ -32,17 +33,15 @@ extern "C" {
  * but must never dereference it (on a discrete device it is not a host pointer at all). */
 typedef uint64_t pc_devptr_t;
 
+/* The ops, generated from pc_ops.def (one entry per op: id, name, args struct, dtype roles, the
+ * ABI minor that added it). EMBEDDING gathers rows of a (possibly quantized) table; RMS_NORM,
+ * MATMUL (y = x W^T (+ bias) (+ y), W of any weight dtype), ROPE (normal or NeoX pairing, YaRN),
+ * KV_STORE and ATTENTION (paged, GQA, causal), SWIGLU, ADD, CONVERT (dtype conversion). */
 typedef enum pc_op {
-  PC_OP_EMBEDDING = 1, /* gather rows of a (possibly quantized) table into F32 */
-  PC_OP_RMS_NORM = 2,  /* y = x / sqrt(mean(x^2) + eps) * weight */
-  PC_OP_MATMUL = 3,    /* y = x * W^T (+ bias) (+ y), W of any weight dtype */
-  PC_OP_ROPE = 4,      /* rotary position embedding, normal or NeoX pairing, YaRN scaling */
-  PC_OP_KV_STORE = 5,  /* scatter new K and V rows into paged cache blocks */
-  PC_OP_ATTENTION = 6, /* paged attention with GQA, causal; prefill and decode */
-  PC_OP_SWIGLU = 7,    /* y = silu(gate) * up */
-  PC_OP_ADD = 8,       /* y = a + b */
-  PC_OP_CONVERT = 9,   /* copy with dtype conversion (F32/F16/BF16; quantized -> F32) */
-  PC_OP_COUNT = 10     /* one past the last op of this minor version */
+#define PC_OP(NAME, name, Name, id, ...) PC_OP_##NAME = id,
+#include "polychip/plugin/pc_ops.def"
+#undef PC_OP
+  PC_OP_COUNT /* one past the last op of this minor version (ids are appended in order) */
 } pc_op_t;
 
 /* Shape classes a plugin may distinguish in `supports` (e.g. a fast kernel only for decode). */

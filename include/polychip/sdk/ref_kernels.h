@@ -28,15 +28,28 @@ struct DeviceMemory {
 DeviceMemory IdentityMemory();
 
 // Every kernel returns nullptr on success or a static message describing the first problem.
-const char* RefEmbedding(const pc_embedding_args_t& a, const DeviceMemory& mem);
-const char* RefRmsNorm(const pc_rms_norm_args_t& a, const DeviceMemory& mem);
-const char* RefMatmul(const pc_matmul_args_t& a, const DeviceMemory& mem);
-const char* RefRope(const pc_rope_args_t& a, const DeviceMemory& mem);
-const char* RefKvStore(const pc_kv_store_args_t& a, const DeviceMemory& mem);
-const char* RefAttention(const pc_attention_args_t& a, const DeviceMemory& mem);
-const char* RefSwiglu(const pc_swiglu_args_t& a, const DeviceMemory& mem);
-const char* RefAdd(const pc_add_args_t& a, const DeviceMemory& mem);
-const char* RefConvert(const pc_convert_args_t& a, const DeviceMemory& mem);
+// One overload per op of pc_ops.def (RefLaunch finds it by the args type).
+const char* RefKernel(const pc_embedding_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_rms_norm_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_matmul_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_rope_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_kv_store_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_swiglu_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_add_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_convert_args_t& a, const DeviceMemory& mem);
+
+// The shape/dtype/layout checks of one op's args (not the addresses), one overload per op;
+// ValidateOpArgs finds it by the args type. nullptr when valid.
+const char* Validate(const pc_embedding_args_t& a);
+const char* Validate(const pc_rms_norm_args_t& a);
+const char* Validate(const pc_matmul_args_t& a);
+const char* Validate(const pc_rope_args_t& a);
+const char* Validate(const pc_kv_store_args_t& a);
+const char* Validate(const pc_attention_args_t& a);
+const char* Validate(const pc_swiglu_args_t& a);
+const char* Validate(const pc_add_args_t& a);
+const char* Validate(const pc_convert_args_t& a);
 
 // Byte size of an op's args struct as this SDK was compiled, 0 for an unknown op.
 size_t OpArgsSize(pc_op_t op);

@@ -21,12 +21,14 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "polychip/plugin/pc_backend.h"
 #include "polychip/sdk/plugin_util.h"
+#include "polychip/sdk/op_list.h"
 #include "polychip/sdk/ref_kernels.h"
 
 using polychip::sdk::Guard;
@@ -200,6 +202,10 @@ struct State {
   const pc_host_services_t* host = nullptr;
   int n_devices = 4;
   uint64_t memory_bytes = 4096ull << 20;
+  // Parameter only_ops: the ops this emulated device claims (names as in pc_ops.def), so that
+  // op coverage errors and --op-fallback can be exercised without writing a plugin. Empty:
+  // every op.
+  std::set<pc_op_t> only_ops;
   std::mutex mu;
   std::vector<pc_device*> open;
 };
@@ -218,6 +224,7 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     State& s = G();
     s.n_devices = 4;
     s.memory_bytes = 4096ull << 20;
+    s.only_ops.clear();
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       const char* value = params[i].value ? params[i].value : "";
@@ -230,6 +237,25 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         if (!polychip::sdk::ParseInt(value, &v) || v < 1 || v > (1ll << 24))
           return BadArg(std::string("parameter memory_mb must be positive, got '") + value + "'");
         s.memory_bytes = static_cast<uint64_t>(v) << 20;
+      } else if (key == "only_ops") {
+        std::stringstream list(value);
+        std::string name;
+        while (std::getline(list, name, ',')) {
+          name.erase(0, name.find_first_not_of(" \t"));
+          name.erase(name.find_last_not_of(" \t") + 1);
+          if (name.empty()) continue;
+          pc_op_t op;
+          if (!polychip::sdk::OpFromName(name.c_str(), &op)) {
+            std::string known;
+            polychip::sdk::ForEachOp([&](auto t) {
+              known += (known.empty() ? "" : ", ") + std::string(decltype(t)::kName);
+            });
+            return BadArg("parameter only_ops: unknown op '" + name + "' (ops: " + known + ")");
+          }
+          s.only_ops.insert(op);
+        }
+        if (s.only_ops.empty()) return BadArg("parameter only_ops names no op");
+        Log(PC_LOG_INFO, std::string("only_ops: claiming ") + value + " only");
       } else {
         Log(PC_LOG_WARNING, "unknown parameter '" + key + "' ignored");
       }
@@ -576,6 +602,8 @@ pc_error_t* EventElapsedMs(pc_event_t* start, pc_event_t* end, float* ms) {
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
   // A 1.0/1.1 host's query ends at shape_class (its layout is GGUF).
   if (!device || !PC_HAS_MEMBER(query, pc_op_query_t, shape_class)) return 0;
+  const std::set<pc_op_t>& only = G().only_ops;
+  if (!only.empty() && only.count(query->op) == 0) return 0;
   return polychip::sdk::RefSupports(*query) ? 1 : 0;
 }
 
@@ -586,6 +614,10 @@ void* TranslateForKernel(void* ctx, pc_devptr_t ptr, uint64_t bytes) {
 pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
   return Guard([&]() -> pc_error_t* {
     if (!stream) return BadArg("stream is null");
+    if (!G().only_ops.empty() && G().only_ops.count(op) == 0) {
+      return MakeError(PC_CODE_UNIMPLEMENTED, std::string("op ") + polychip::sdk::OpName(op) +
+                                                  " is not in this emu device's only_ops");
+    }
     if (const char* why = polychip::sdk::ValidateOpArgs(op, args)) {
       return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
                                                   : PC_CODE_UNIMPLEMENTED,

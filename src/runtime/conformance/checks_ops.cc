@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "polychip/sdk/op_list.h"
 #include "runtime/conformance/harness.h"
 #include "runtime/conformance/reference.h"
 #include "runtime/dtype.h"
@@ -479,6 +480,39 @@ Verdict Convert(Harness& h, pc_dtype_t src, pc_dtype_t dst) {
   return Pass("bit exact, " + std::to_string(n) + " elements");
 }
 
+// Checks generated from the op list (pc_ops.def), for every op:
+//   op.<name>.short_args_rejected  an args struct shorter than the op's first version is an
+//                                  error, not a launch that reads past the caller's struct;
+//   op.<name>.has_checks           the op has checks of its own above (fails for an op added
+//                                  to the list without any: a new op cannot slip in untested).
+template <typename Add>
+void AddOpListChecks(const std::vector<Check>& checks, Add& add) {
+  sdk::ForEachOp([&](auto t) {
+    using T = decltype(t);
+    const std::string prefix = std::string("op.") + T::kName + ".";
+    const bool has_own = std::any_of(checks.begin(), checks.end(), [&](const Check& c) {
+      return c.name.rfind(prefix, 0) == 0;
+    });
+    add(prefix + "short_args_rejected", [](Harness& h) -> Verdict {
+      int n_dtypes = 0;
+      T::Dtypes([&](auto, const char*, sdk::DtypeKind) { ++n_dtypes; });
+      const bool claimed = n_dtypes < 2 ? h.Supports(T::kOp, {PC_DTYPE_F32})
+                                        : h.Supports(T::kOp, {PC_DTYPE_F32, PC_DTYPE_F32});
+      if (!claimed) return NotClaimed();
+      typename T::Args a{};
+      a.struct_size = sdk::OpArgsMinSizeOf<T>() - 1;
+      const Status s = h.Launch(T::kOp, &a);
+      if (s.ok()) return Fail("accepted struct_size " + std::to_string(a.struct_size));
+      return Pass(s.ToString());
+    });
+    add(prefix + "has_checks", [has_own](Harness&) -> Verdict {
+      if (has_own) return Pass();
+      return Fail("pc_ops.def lists this op but the conformance kit has no check for it: add "
+                  "its checks to src/runtime/conformance/checks_ops.cc");
+    });
+  });
+}
+
 }  // namespace
 
 void AddOpChecks(std::vector<Check>& checks) {
@@ -527,6 +561,7 @@ void AddOpChecks(std::vector<Check>& checks) {
     add("op.convert." + Lower(s) + "_f32",
         [s](Harness& h) { return Convert(h, s, PC_DTYPE_F32); });
   }
+  AddOpListChecks(checks, add);
 }
 
 }  // namespace polychip::runtime::conformance
