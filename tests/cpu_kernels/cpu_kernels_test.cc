@@ -22,6 +22,10 @@
 #include "thread_pool.h"
 
 namespace polychip::cpu {
+
+// ctest shows the parameter beside the test name: the ISA variant's name, not its address.
+void PrintTo(const KernelTable* t, std::ostream* os) { *os << t->name; }
+
 namespace {
 
 pc_devptr_t D(const void* p) { return reinterpret_cast<uintptr_t>(p); }

@@ -173,6 +173,8 @@ struct RoundTrip {
   pc_dtype_t dtype;
   double max_rel_rms;  // RMS error / RMS of the data
 };
+// ctest shows the parameter beside the test name: its dtype, not its bytes.
+void PrintTo(const RoundTrip& r, std::ostream* os) { *os << GetDtypeInfo(r.dtype)->name; }
 
 class RoundTripTest : public testing::TestWithParam<RoundTrip> {};
 
