@@ -3,32 +3,19 @@
 // so threads cannot be its ranks) and the shm plugin the same way; rank 0 alone prints the table,
 // and it fails a check that failed on any rank.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <regex>
 #include <string>
 
+#include "common/command.h"
+
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string out;
-};
-
-Result Shell(const std::string& cmd) {
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
-  const int status = pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using polychip::testing::CommandResult;
+using polychip::testing::RunCommand;
+using polychip::testing::Stderr;
 
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -42,10 +29,11 @@ void CheckUnderMpirun(const std::string& name) {
   if (access(plugin.c_str(), R_OK) != 0) GTEST_SKIP() << plugin << " not built";
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
   // stdout only: the table. Plugin log lines go to stderr.
-  const Result r = Shell("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 2 " +
-                       std::string(POLYCHIP_BINARY) + " conformance --plugin " + plugin +
-                       " --ranks 2 2>/dev/null");
-  ASSERT_EQ(r.status, 0) << r.out;
+  const CommandResult r =
+      RunCommand("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 2 " +
+                     std::string(POLYCHIP_BINARY) + " conformance --plugin " + plugin + " --ranks 2",
+                 Stderr::kDiscarded);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   // One table (rank 0's), with every rank's collectives run as processes.
   EXPECT_EQ(Count(r.out, "CHECK "), 1u) << r.out;
   EXPECT_NE(r.out.find("comm '" + name + "'"), std::string::npos) << r.out;
@@ -71,9 +59,10 @@ TEST(ConformanceMpirun, AFailureOnAnotherRankFailsTheTable) {
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
   const std::string cmd =
       std::string(POLYCHIP_BINARY) + " conformance --plugin " + plugin + " --filter p2p --seed ";
-  const Result r = Shell("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 1 " + cmd +
-                       "1 : -np 1 " + cmd + "2 : -np 1 " + cmd + "1 2>/dev/null");
-  EXPECT_EQ(r.status, 1) << r.out;
+  const CommandResult r = RunCommand("timeout 180 mpirun --allow-run-as-root --oversubscribe -np 1 " +
+                                         cmd + "1 : -np 1 " + cmd + "2 : -np 1 " + cmd + "1",
+                                     Stderr::kDiscarded);
+  EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_EQ(Count(r.out, "CHECK "), 1u) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("p2p\\.ring +FAIL .*rank 1: data from rank 0")))
       << r.out;

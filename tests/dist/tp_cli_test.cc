@@ -4,17 +4,18 @@
 // a killed rank ends the job within 10 s.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/command.h"
 
 namespace {
 
@@ -23,36 +24,13 @@ using Clock = std::chrono::steady_clock;
 const std::string kModel = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.gguf";
 const std::string kText = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.heldout.txt";
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-  double seconds = 0;
-};
+using Result = polychip::testing::CommandResult;
 
 // Runs the binary with `args` (a shell word list), capturing stdout and stderr separately;
 // `launcher` goes before the binary (e.g. mpirun and its flags).
 Result Polychip(const std::string& args, const std::string& launcher = "") {
-  static int n = 0;
-  const std::string err_path =
-      "/tmp/polychip-tp-test-" + std::to_string(getpid()) + "-" + std::to_string(++n) + ".err";
-  const std::string cmd = "timeout 120 " + launcher + " " + std::string(POLYCHIP_BINARY) + " " +
-                          args + " 2>" + err_path;
-  Result r;
-  const auto start = Clock::now();
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, got);
-  const int status = pclose(p);
-  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream e(err_path);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  std::remove(err_path.c_str());
-  return r;
+  return polychip::testing::RunCommand("timeout 120 " + launcher + " " +
+                                       std::string(POLYCHIP_BINARY) + " " + args);
 }
 
 std::vector<int> Tokens(const std::string& err) {
@@ -86,8 +64,8 @@ TEST_P(Layouts, RunGivesTheSameGreedyTokens) {
       "run -m " + kModel + " -p 'And God said, Let there be light' -n 32 --print-tokens";
   Result one = Polychip(args + Flags(1, 1));
   Result many = Polychip(args + Flags(tp, pp));
-  ASSERT_EQ(one.status, 0) << one.err;
-  ASSERT_EQ(many.status, 0) << many.err;
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(many.exit_code, 0) << many.err;
   EXPECT_EQ(Tokens(one.err).size(), 32u) << one.err;
   EXPECT_EQ(Tokens(one.err), Tokens(many.err));
   EXPECT_EQ(one.out, many.out);
@@ -103,8 +81,8 @@ TEST_P(Layouts, PerplexityWithinATenthOfAPercent) {
   const std::string args = "perplexity -m " + kModel + " -f " + kText + " -c 128 --chunks 4";
   Result one = Polychip(args + Flags(1, 1));
   Result many = Polychip(args + Flags(tp, pp));
-  ASSERT_EQ(one.status, 0) << one.err;
-  ASSERT_EQ(many.status, 0) << many.err;
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(many.exit_code, 0) << many.err;
   const double p1 = Ppl(one.out + one.err), p2 = Ppl(many.out + many.err);
   ASSERT_GT(p1, 1.0) << one.out << one.err;
   EXPECT_NEAR(p2, p1, p1 * 1e-3);
@@ -128,8 +106,8 @@ TEST(TensorParallel, MpirunWithTheMpiPlugin) {
   Result one = Polychip(args + "1");
   Result two = Polychip(args + "2", "env POLYCHIP_COMM_BACKEND=mpi mpirun -np 2 "
                                     "--allow-run-as-root --oversubscribe -x POLYCHIP_COMM_BACKEND");
-  ASSERT_EQ(one.status, 0) << one.err;
-  ASSERT_EQ(two.status, 0) << two.err;
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(two.exit_code, 0) << two.err;
   EXPECT_EQ(Tokens(one.err), Tokens(two.err)) << two.err;
   EXPECT_EQ(one.out, two.out);
   EXPECT_NE(two.err.find("comm plugin 'mpi'"), std::string::npos) << two.err;
@@ -138,12 +116,12 @@ TEST(TensorParallel, MpirunWithTheMpiPlugin) {
 TEST(TensorParallel, ImpossibleDeviceListsFailWithAClearMessage) {
   // Fewer devices than ranks: refused before any rank starts.
   Result few = Polychip("run -m " + kModel + " -p hi -n 2 --device emu:0 --tp-size 2");
-  EXPECT_EQ(few.status, 1);
+  EXPECT_EQ(few.exit_code, 1);
   EXPECT_NE(few.err.find("lists 1 device(s) for 2 ranks"), std::string::npos) << few.err;
   EXPECT_LT(few.seconds, 10);
   // A device that does not exist: rank 1 fails to open it, rank 0 says so.
   Result missing = Polychip("run -m " + kModel + " -p hi -n 2 --device emu:0,99 --tp-size 2");
-  EXPECT_EQ(missing.status, 1);
+  EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("rank(s) 1 failed to load"), std::string::npos) << missing.err;
   EXPECT_NE(missing.err.find("rank 1:"), std::string::npos) << missing.err;
   EXPECT_LT(missing.seconds, 30);
@@ -158,49 +136,28 @@ std::vector<pid_t> Children(pid_t pid) {
 }
 
 TEST(TensorParallel, KilledRankEndsTheJobNamingIt) {
-  const std::string err_path = "/tmp/polychip-tp-kill-" + std::to_string(getpid()) + ".err";
-  const pid_t rank0 = fork();
-  ASSERT_GE(rank0, 0);
-  if (rank0 == 0) {
-    freopen("/dev/null", "w", stdout);
-    freopen(err_path.c_str(), "w", stderr);
-    alarm(60);
-    execl(POLYCHIP_BINARY, POLYCHIP_BINARY, "perplexity", "-m", kModel.c_str(), "-f",
-          kText.c_str(), "-c", "32", "--device", "emu:0,1", "--tp-size", "2", (char*)nullptr);
-    _exit(127);
-  }
+  polychip::testing::ChildProcess rank0(
+      {POLYCHIP_BINARY, "perplexity", "-m", kModel, "-f", kText, "-c", "32", "--device",
+       "emu:0,1", "--tp-size", "2"},
+      {.stdout_to_log = false, .alarm_seconds = 60});
+  ASSERT_TRUE(rank0.running());
   // Wait until both ranks are computing.
-  auto log = [&] {
-    std::ifstream e(err_path);
-    std::stringstream ss;
-    ss << e.rdbuf();
-    return ss.str();
-  };
   const auto start = Clock::now();
-  while (log().find("seconds per pass") == std::string::npos &&
+  while (rank0.Log().find("seconds per pass") == std::string::npos &&
          Clock::now() - start < std::chrono::seconds(30)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const std::vector<pid_t> kids = Children(rank0);
-  ASSERT_EQ(kids.size(), 1u) << log();
+  const std::vector<pid_t> kids = Children(rank0.pid());
+  ASSERT_EQ(kids.size(), 1u) << rank0.Log();
   ASSERT_EQ(kill(kids[0], SIGKILL), 0);
   const auto killed = Clock::now();
-  int status = 0;
-  pid_t done = 0;
-  while ((done = waitpid(rank0, &status, WNOHANG)) == 0 &&
-         Clock::now() - killed < std::chrono::seconds(15)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (done == 0) {
-    kill(rank0, SIGKILL);
-    waitpid(rank0, &status, 0);
-  }
+  const std::optional<int> exit_code = rank0.Wait(15);
   const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
-  const std::string err = log();
-  std::remove(err_path.c_str());
-  ASSERT_EQ(done, rank0) << "rank 0 still running 15 s after rank 1 was killed\n" << err;
+  const std::string err = rank0.Log();
+  ASSERT_TRUE(exit_code.has_value()) << "rank 0 still running 15 s after rank 1 was killed\n"
+                                     << err;
   EXPECT_LT(seconds, 10.0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  EXPECT_EQ(*exit_code, 1);
   EXPECT_NE(err.find("rank 1 (pid " + std::to_string(kids[0]) + ") died"), std::string::npos)
       << err;
 }

@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "fake_runner.h"
+#include "common/fake_runner.h"
 
 namespace polychip::engine {
 namespace {

@@ -1,12 +1,11 @@
 // The command line: `polychip gguf info|check|synth` and `polychip quantize` succeed on good
 // input and, on bad input, exit non-zero with a one-line error on stderr.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
+#include "common/command.h"
 #include "model/gguf_writer.h"
 #include "test_util.h"
 
@@ -19,26 +18,15 @@ using testing::TempDir;
 using testing::VocabDir;
 using testing::WriteAll;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = polychip::testing::CommandResult;
 
 Result RunCli(const std::string& args) {
-  std::string bin = std::string(POLYCHIP_BUILD_DIR) + "/bin/polychip";
-  std::string out = (TempDir() / "cli.out").string(), err = (TempDir() / "cli.err").string();
-  std::string cmd = bin + " " + args + " >" + out + " 2>" + err;
-  int status = std::system(cmd.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = ReadAll(out);
-  r.err = ReadAll(err);
-  return r;
+  return polychip::testing::RunCommand(std::string(POLYCHIP_BUILD_DIR) + "/bin/polychip " + args);
 }
 
 void ExpectCleanFailure(const Result& r, const std::string& fragment) {
-  EXPECT_NE(r.code, 0);
-  EXPECT_LT(r.code, 128) << "killed by a signal";
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.exit_code, 128) << "killed by a signal";
   EXPECT_EQ(r.err.rfind("polychip: error: ", 0), 0u) << r.err;
   EXPECT_NE(r.err.find(fragment), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
@@ -49,7 +37,7 @@ std::string TinyF32() {
     std::string p = (TempDir() / "cli-tiny.gguf").string();
     Result r = RunCli("gguf synth -q --vocab " + (VocabDir() / "ggml-vocab-llama-spm.gguf").string() +
                    " --shape tiny --type F32 --seed 3 --out " + p);
-    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.exit_code, 0) << r.err;
     return p;
   }();
   return path;
@@ -59,7 +47,7 @@ TEST(GgufCliTest, InfoOnARealVocabulary) {
   auto vocab = VocabDir() / "ggml-vocab-qwen2.gguf";
   POLYCHIP_REQUIRE_VOCAB(vocab);
   Result r = RunCli("gguf info " + vocab.string());
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("GGUF v3"), std::string::npos);
   EXPECT_NE(r.out.find("tokenizer.ggml.pre"), std::string::npos);
   EXPECT_NE(r.out.find("array[string x 151936]"), std::string::npos) << r.out;
@@ -71,15 +59,15 @@ TEST(GgufCliTest, SynthQuantizeCheck) {
   POLYCHIP_REQUIRE_VOCAB(VocabDir() / "ggml-vocab-llama-spm.gguf");
   std::string src = TinyF32();
   Result check = RunCli("gguf check " + src);
-  ASSERT_EQ(check.code, 0) << check.err;
+  ASSERT_EQ(check.exit_code, 0) << check.err;
   EXPECT_NE(check.out.find("llama vocab=32000"), std::string::npos) << check.out;
 
   std::string q = (TempDir() / "cli-tiny-q4_0.gguf").string();
   Result quant = RunCli("quantize " + src + " " + q + " q4_0 --threads 2");
-  ASSERT_EQ(quant.code, 0) << quant.err;
+  ASSERT_EQ(quant.exit_code, 0) << quant.err;
   EXPECT_NE(quant.err.find("/21] output.weight"), std::string::npos) << quant.err;  // progress
   Result info = RunCli("gguf info --all " + q);
-  ASSERT_EQ(info.code, 0) << info.err;
+  ASSERT_EQ(info.exit_code, 0) << info.err;
   EXPECT_NE(info.out.find("blk.1.ffn_down.weight"), std::string::npos);
   EXPECT_NE(info.out.find("Q4_0"), std::string::npos);
   EXPECT_NE(info.out.find("model: llama"), std::string::npos) << info.out;

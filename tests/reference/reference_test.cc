@@ -5,11 +5,8 @@
 // llama.cpp's tools come from tests/setup/fetch-llama-cpp.sh (found through
 // POLYCHIP_LLAMA_CPP_DIR, default $HOME/.cache/polychip/llama.cpp).
 #include <gtest/gtest.h>
-
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +15,7 @@
 #include <regex>
 #include <string>
 
+#include "common/command.h"
 #include "engine/sampler.h"
 
 namespace polychip {
@@ -25,43 +23,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
-
-// Runs `cmd` through the shell, capturing stdout and stderr (stderr through a file).
-CommandResult RunCommand(const std::string& cmd) {
-  CommandResult r;
-  const fs::path err_file =
-      fs::temp_directory_path() / ("polychip_ref_" + std::to_string(::getpid()) + ".err");
-  FILE* p = ::popen((cmd + " 2>" + err_file.string()).c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (FILE* f = std::fopen(err_file.c_str(), "rb")) {
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
-    std::fclose(f);
-  }
-  fs::remove(err_file);
-  return r;
-}
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string LlamaCppDir() {
-  if (const char* d = std::getenv("POLYCHIP_LLAMA_CPP_DIR"); d && *d) return d;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "") + "/.cache/polychip/llama.cpp";
-}
+using testing::CommandResult;
+using testing::LlamaCppDir;
+using testing::RunCommand;
+using testing::ShellQuote;
 
 const std::string kPolychip = std::string(POLYCHIP_BUILD_DIR) + "/bin/polychip";
 const std::string kText = std::string(POLYCHIP_SOURCE_DIR) + "/tests/data/lighthouse.txt";
@@ -71,7 +36,7 @@ const std::string kPrompt = "The keeper climbed the steps of the lighthouse and"
 
 // Fails the test (with the way out) when llama.cpp's tools are missing.
 bool HaveLlamaCpp() {
-  const std::string dir = LlamaCppDir();
+  const std::string dir = LlamaCppDir().string();
   for (const char* tool : {"llama-perplexity", "llama-simple"}) {
     const std::string path = dir + "/build/bin/" + tool;
     if (!fs::exists(path)) {
@@ -101,13 +66,13 @@ std::string ModelFor(const ModelCase& c) {
   const fs::path dir = fs::path(POLYCHIP_BUILD_DIR) / "test-models";
   fs::create_directories(dir);
   const std::string out = (dir / (name + ".gguf")).string();
-  const std::string vocab = LlamaCppDir() + "/models/ggml-vocab-" + c.vocab + ".gguf";
+  const std::string vocab = LlamaCppDir().string() + "/models/ggml-vocab-" + c.vocab + ".gguf";
   // ctest runs a case's tests in parallel processes: each writes its own file and renames it
   // into place (atomic; the contents are the same), so none reads a half-written model.
   const std::string tmp = out + ".tmp" + std::to_string(getpid());
-  const std::string cmd = kPolychip + " gguf synth --vocab " + Quote(vocab) +
+  const std::string cmd = kPolychip + " gguf synth --vocab " + ShellQuote(vocab) +
                           " --shape tiny --arch " + c.arch + " --type " + c.type +
-                          " --seed 7 --weight-std 0.08 --quiet --out " + Quote(tmp);
+                          " --seed 7 --weight-std 0.08 --quiet --out " + ShellQuote(tmp);
   const CommandResult r = RunCommand(cmd);
   if (r.exit_code != 0) {
     ADD_FAILURE() << cmd << " failed:\n" << r.err;
@@ -151,8 +116,8 @@ double LlamaCppPerplexity(const std::string& model, const std::string& text,
                           const std::string& args, CommandResult* ref) {
   double ppl = std::nan("");
   for (int attempt = 0; attempt < 8 && std::isnan(ppl); ++attempt) {
-    *ref = RunCommand(LlamaCppDir() + "/build/bin/llama-perplexity -m " + Quote(model) + " -f " +
-                      Quote(text) + " " + args);
+    *ref = RunCommand(LlamaCppDir().string() + "/build/bin/llama-perplexity -m " + ShellQuote(model) + " -f " +
+                      ShellQuote(text) + " " + args);
     if (ref->exit_code != 0) return std::nan("");
     ppl = ParsePpl(ref->out + ref->err);
   }
@@ -167,8 +132,8 @@ TEST_P(ReferenceTest, PerplexityAgreesWithLlamaCpp) {
   if (model.empty()) return;
 
   const CommandResult ours =
-      RunCommand(kPolychip + " perplexity --device cpu:0 --model-path " + Quote(model) + " -f " +
-                 Quote(kText) + " --ctx " + std::to_string(kCtx) + " --batch " +
+      RunCommand(kPolychip + " perplexity --device cpu:0 --model-path " + ShellQuote(model) + " -f " +
+                 ShellQuote(kText) + " --ctx " + std::to_string(kCtx) + " --batch " +
                  std::to_string(kCtx));
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
   CommandResult ref;
@@ -220,13 +185,13 @@ TEST_P(ReferenceTest, GreedyTokensAgreeWithLlamaCpp) {
   if (model.empty()) return;
 
   const CommandResult ours =
-      RunCommand(kPolychip + " run --device cpu:0 --print-tokens --model-path " + Quote(model) +
-                 " --prompt " + Quote(kPrompt) + " -n " + std::to_string(kPredict));
+      RunCommand(kPolychip + " run --device cpu:0 --print-tokens --model-path " + ShellQuote(model) +
+                 " --prompt " + ShellQuote(kPrompt) + " -n " + std::to_string(kPredict));
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
-  const std::string simple = LlamaCppDir() + "/build/bin/llama-simple -m " + Quote(model);
+  const std::string simple = LlamaCppDir().string() + "/build/bin/llama-simple -m " + ShellQuote(model);
   const CommandResult ref = RunCommand(simple + " -n " + std::to_string(kPredict) + " " +
-                                       Quote(kPrompt));
-  const CommandResult ref_prompt = RunCommand(simple + " -n 0 " + Quote(kPrompt));
+                                       ShellQuote(kPrompt));
+  const CommandResult ref_prompt = RunCommand(simple + " -n 0 " + ShellQuote(kPrompt));
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
   ASSERT_EQ(ref_prompt.exit_code, 0) << ref_prompt.err;
   ASSERT_GE(ref.out.size(), ref_prompt.out.size());
@@ -282,8 +247,8 @@ TEST(BackendAgreementTest, RunGivesTheSameTokensOnCpuAndEmu) {
   const std::string model = ModelFor({"qwen2", "qwen2", "F16"});
   if (model.empty()) return;
   auto run = [&](const std::string& device) {
-    return RunCommand(kPolychip + " run --device " + device + " --model-path " + Quote(model) +
-                      " --prompt " + Quote(kPrompt) + " -n " + std::to_string(kPredict) +
+    return RunCommand(kPolychip + " run --device " + device + " --model-path " + ShellQuote(model) +
+                      " --prompt " + ShellQuote(kPrompt) + " -n " + std::to_string(kPredict) +
                       " --ignore-eos");
   };
   const CommandResult cpu = run("cpu:0");
@@ -303,7 +268,7 @@ const std::string kHeldOut = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychi
 TEST(BundledModelTest, HeldOutPerplexityAgreesWithLlamaCpp) {
   if (!HaveLlamaCpp()) return;
   const CommandResult ours = RunCommand(kPolychip + " perplexity --device cpu:0 --model-path " +
-                                        Quote(kBundledModel) + " -f " + Quote(kHeldOut) +
+                                        ShellQuote(kBundledModel) + " -f " + ShellQuote(kHeldOut) +
                                         " --ctx 256");
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
   CommandResult ref;
@@ -321,7 +286,7 @@ TEST(BundledModelTest, HeldOutPerplexityAgreesWithLlamaCpp) {
 TEST(BundledModelTest, GreedyTokensAreTheSameOnCpuAndEmu) {
   auto run = [&](const std::string& device) {
     return RunCommand(kPolychip + " run --device " + device + " --print-tokens --model-path " +
-                      Quote(kBundledModel) + " --prompt " + Quote("And God said") +
+                      ShellQuote(kBundledModel) + " --prompt " + ShellQuote("And God said") +
                       " -n 32 --ignore-eos");
   };
   const CommandResult cpu = run("cpu:0");

@@ -1,44 +1,35 @@
 // `polychip devices` and `polychip doctor`, run as a user would.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "common/command.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 
-struct CliRun {
-  int rc;
-  std::string out;
-};
+using polychip::testing::CommandResult;
+using polychip::testing::RunCommand;
+using polychip::testing::Stderr;
 
 // Runs `env_prefix polychip args` in a shell; `merge_stderr` appends stderr to the output.
-CliRun RunPolychip(const std::string& env_prefix, const std::string& args, bool merge_stderr) {
-  std::string cmd = env_prefix + " " + POLYCHIP_BUILD_DIR "/bin/polychip " + args +
-                    (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  CliRun r{-1, ""};
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+CommandResult RunPolychip(const std::string& env_prefix, const std::string& args,
+                          bool merge_stderr) {
+  return RunCommand(env_prefix + " " + POLYCHIP_BUILD_DIR "/bin/polychip " + args,
+                    merge_stderr ? Stderr::kMerged : Stderr::kDiscarded);
 }
 
 const std::string kTestPath = "POLYCHIP_PLUGIN_PATH=" PCTEST_PLUGIN_DIR;
 
 TEST(CliTest, UnknownBackendFailsNamingEveryPath) {
-  CliRun r = RunPolychip("POLYCHIP_DEVICE_BACKEND=nosuch POLYCHIP_PLUGIN_PATH=/nonexistent/one:/nonexistent/two",
+  CommandResult r = RunPolychip("POLYCHIP_DEVICE_BACKEND=nosuch POLYCHIP_PLUGIN_PATH=/nonexistent/one:/nonexistent/two",
                       "devices", true);
-  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("/nonexistent/one/libpolychip_backend_nosuch.so: no such file"));
   EXPECT_THAT(r.out, HasSubstr("/nonexistent/two/libpolychip_backend_nosuch.so: no such file"));
   // The directory next to the binary is searched too.
@@ -47,14 +38,14 @@ TEST(CliTest, UnknownBackendFailsNamingEveryPath) {
 }
 
 TEST(CliTest, BrokenRequestedBackendFailsWithItsReason) {
-  CliRun r = RunPolychip("POLYCHIP_DEVICE_BACKEND=missingdep " + kTestPath, "devices --json", true);
-  EXPECT_NE(r.rc, 0);
+  CommandResult r = RunPolychip("POLYCHIP_DEVICE_BACKEND=missingdep " + kTestPath, "devices --json", true);
+  EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("unresolved dependency: libpctest_helper.so not found"));
 }
 
 TEST(CliTest, DevicesJsonByEnvironment) {
-  CliRun r = RunPolychip("POLYCHIP_DEVICE_BACKEND=goodfake " + kTestPath, "devices --json", false);
-  ASSERT_EQ(r.rc, 0) << r.out;
+  CommandResult r = RunPolychip("POLYCHIP_DEVICE_BACKEND=goodfake " + kTestPath, "devices --json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);  // stdout holds only the JSON
   ASSERT_EQ(j["backends"].size(), 1u);
   const auto& b = j["backends"][0];
@@ -69,14 +60,14 @@ TEST(CliTest, DevicesJsonByEnvironment) {
 }
 
 TEST(CliTest, DeviceFlagMapsLogicalToPhysical) {
-  CliRun r = RunPolychip(kTestPath, "devices --json --device goodfake:1", false);
-  ASSERT_EQ(r.rc, 0) << r.out;
+  CommandResult r = RunPolychip(kTestPath, "devices --json --device goodfake:1", false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   const auto& devs = j["backends"][0]["devices"];
   EXPECT_TRUE(devs[0]["logical"].is_null());
   EXPECT_EQ(devs[1]["logical"], 0);
-  CliRun bad = RunPolychip(kTestPath, "devices --device goodfake:7", true);
-  EXPECT_NE(bad.rc, 0);
+  CommandResult bad = RunPolychip(kTestPath, "devices --device goodfake:7", true);
+  EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.out, HasSubstr("no device 7"));
 }
 
@@ -86,14 +77,14 @@ TEST(CliTest, DevicesByConfigFile) {
     std::ofstream out(file);
     out << "backend:\n  path: " PCTEST_PLUGIN_DIR "/libpolychip_backend_goodfake.so\n";
   }
-  CliRun r = RunPolychip("", "devices --json --config " + file, false);
-  ASSERT_EQ(r.rc, 0) << r.out;
+  CommandResult r = RunPolychip("", "devices --json --config " + file, false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["backends"][0]["name"], "goodfake");
 }
 
 TEST(CliTest, DoctorExplainsEveryCandidate) {
-  CliRun r = RunPolychip(kTestPath, "doctor", true);
+  CommandResult r = RunPolychip(kTestPath, "doctor", true);
   EXPECT_THAT(r.out, HasSubstr(PCTEST_PLUGIN_DIR));
   EXPECT_THAT(r.out, HasSubstr("libpctest_helper.so => not found"));
   EXPECT_THAT(r.out, HasSubstr("ABI major version mismatch: plugin ABI " + std::to_string(2) + "."));
@@ -101,8 +92,8 @@ TEST(CliTest, DoctorExplainsEveryCandidate) {
   EXPECT_THAT(r.out, HasSubstr("required member 'mem_alloc' is NULL"));
   EXPECT_THAT(r.out, HasSubstr("no fake accelerator present (test)"));
   EXPECT_THAT(r.out, HasSubstr("usable: goodfake 0.0.1-test"));
-  CliRun bad = RunPolychip("POLYCHIP_DEVICE_BACKEND=futureabi " + kTestPath, "doctor", true);
-  EXPECT_NE(bad.rc, 0);
+  CommandResult bad = RunPolychip("POLYCHIP_DEVICE_BACKEND=futureabi " + kTestPath, "doctor", true);
+  EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.out, HasSubstr("FAILED"));
 }
 
@@ -110,8 +101,8 @@ TEST(CliTest, DoctorExplainsEveryCandidate) {
 TEST(CliTest, EmuDevicesJson) {
   const std::string emu = POLYCHIP_BUILD_DIR "/lib/polychip/libpolychip_backend_emu.so";
   if (access(emu.c_str(), R_OK) != 0) GTEST_SKIP() << emu << " not built";
-  CliRun r = RunPolychip("POLYCHIP_DEVICE_BACKEND=emu", "devices --json", false);
-  ASSERT_EQ(r.rc, 0) << r.out;
+  CommandResult r = RunPolychip("POLYCHIP_DEVICE_BACKEND=emu", "devices --json", false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["backends"].size(), 1u);
   EXPECT_EQ(j["backends"][0]["name"], "emu");

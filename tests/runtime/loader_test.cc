@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "fake_backend.h"
+#include "common/fake_backend.h"
 #include "runtime/abi_internal.h"
 #include "runtime/config.h"
 #include "runtime/device.h"

@@ -5,7 +5,7 @@
 
 #include <set>
 
-#include "fake_backend.h"
+#include "common/fake_backend.h"
 #include "runtime/abi_internal.h"
 #include "runtime/memory_pool.h"
 #include "test_util.h"

@@ -13,7 +13,7 @@
 #include <regex>
 #include <thread>
 
-#include "../engine/fake_runner.h"
+#include "common/fake_runner.h"
 
 namespace polychip::server {
 namespace {

@@ -4,7 +4,6 @@
 // fails and says so.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 
 #include "serve_process.h"
@@ -20,7 +19,7 @@ fs::path NpmDir() {
 
 TEST(OpenAiNpmClient, ChatCompletionAndStreaming) {
   PC_REQUIRE_SERVE_DEPS(model);
-  ASSERT_EQ(RunCommand("node --version >/dev/null 2>&1"), 0) << "node is not installed";
+  ASSERT_EQ(RunCommand("node --version >/dev/null 2>&1").exit_code, 0) << "node is not installed";
   ASSERT_TRUE(fs::exists(NpmDir() / "node_modules" / "openai" / "package.json"))
       << "the openai npm package is not installed in " << NpmDir()
       << ": run tests/setup/setup-test-deps.sh (or set POLYCHIP_NPM_DIR)";
@@ -31,15 +30,10 @@ TEST(OpenAiNpmClient, ChatCompletionAndStreaming) {
   const std::string cmd = "POLYCHIP_NPM_DIR=" + NpmDir().string() + " node " +
                           (fs::path(POLYCHIP_SOURCE_DIR) / "tests" / "server" /
                            "openai_client_test.mjs").string() +
-                          " http://127.0.0.1:" + std::to_string(s.port()) + " " + key + " 2>&1";
-  std::string output;
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) output.append(buf.data(), n);
-  const int rc = pclose(p);
-  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << output;
+                          " http://127.0.0.1:" + std::to_string(s.port()) + " " + key;
+  const polychip::testing::CommandResult node = RunCommand(cmd, polychip::testing::Stderr::kMerged);
+  const std::string& output = node.out;
+  EXPECT_EQ(node.exit_code, 0) << output;
   EXPECT_NE(output.find("ok   chat.completions.create stream"), std::string::npos) << output;
   std::printf("%s", output.c_str());
 }

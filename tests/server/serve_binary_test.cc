@@ -265,7 +265,7 @@ json BenchServing(int port, const std::string& args, int* rc) {
   const std::string cmd = PolychipBinary().string() + " bench-serving --base-url http://127.0.0.1:" +
                           std::to_string(port) + " " + args + " --output-json " + out.string() +
                           " > /dev/null 2>&1";
-  *rc = RunCommand(cmd);
+  *rc = RunCommand(cmd).exit_code;
   std::ifstream in(out);
   json r = json::parse(in, nullptr, false);
   fs::remove(out);

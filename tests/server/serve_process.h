@@ -5,13 +5,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -19,6 +17,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/command.h"
 
 namespace polychip::server::testing {
 
@@ -31,16 +31,8 @@ inline fs::path CpuPlugin() {
   return BuildDir() / "lib" / "polychip" / "libpolychip_backend_cpu.so";
 }
 
-inline fs::path LlamaCppDir() {
-  if (const char* d = std::getenv("POLYCHIP_LLAMA_CPP_DIR"); d && *d) return d;
-  const char* home = std::getenv("HOME");
-  return fs::path(home ? home : "/root") / ".cache" / "polychip" / "llama.cpp";
-}
-
-inline int RunCommand(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+using polychip::testing::LlamaCppDir;
+using polychip::testing::RunCommand;
 
 // The tiny model (2 layers, 128 wide, qwen2 vocabulary), synthesized once per build directory.
 // Empty with `why` set when it cannot be made.
@@ -58,7 +50,7 @@ inline fs::path TinyModel(std::string* why) {
   const fs::path tmp = model.string() + ".tmp" + std::to_string(getpid());
   const std::string cmd = PolychipBinary().string() + " gguf synth --vocab " + vocab.string() +
                           " --shape tiny --type Q8_0 --seed 7 -q --out " + tmp.string();
-  if (RunCommand(cmd) != 0) {
+  if (RunCommand(cmd).exit_code != 0) {
     *why = "model synthesis failed: " + cmd;
     return {};
   }
@@ -84,66 +76,23 @@ inline fs::path TinyModel(std::string* why) {
 class ServeProcess {
  public:
   // Starts `polychip serve` on port 0 (the server prints the port it got) with `extra` flags.
-  ServeProcess(const std::string& model, std::vector<std::string> extra) {
-    log_ = fs::temp_directory_path() /
-           ("polychip-serve-test-" + std::to_string(getpid()) + "-" +
-            std::to_string(counter_++) + ".log");
-    std::vector<std::string> args = {PolychipBinary().string(), "serve", "--model-path", model,
-                                      "--device", "cpu:0", "--threads", "1", "--host",
-                                      "127.0.0.1", "--port", "0"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* f = std::fopen(log_.c_str(), "w");
-      if (f) {
-        dup2(fileno(f), 1);
-        dup2(fileno(f), 2);
-      }
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+  ServeProcess(const std::string& model, const std::vector<std::string>& extra)
+      : process_(ServeCommandLine(model, extra)) {
     // The machine may be busy: allow a minute for the model to load.
-    const std::regex listening(R"(listening on http://[^:]+:(\d+))");
-    for (int i = 0; i < 600 && port_ == 0; ++i) {
-      std::smatch m;
-      const std::string text = Log();
-      if (std::regex_search(text, m, listening)) {
-        port_ = std::stoi(m[1]);
-        break;
-      }
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        ADD_FAILURE() << "polychip serve exited at startup:\n" << text;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    port_ = process_.WaitForListeningPort(60);
+    if (port_ != 0) return;
+    if (!process_.running()) {
+      ADD_FAILURE() << "polychip serve exited at startup:\n" << Log();
+    } else {
+      ADD_FAILURE() << "polychip serve did not start:\n" << Log();
     }
-    if (port_ == 0) ADD_FAILURE() << "polychip serve did not start:\n" << Log();
-  }
-
-  ~ServeProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    std::error_code ec;
-    fs::remove(log_, ec);
   }
 
   bool ok() const { return port_ > 0; }
   int port() const { return port_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_.pid(); }
 
-  std::string Log() const {
-    std::ifstream in(log_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  std::string Log() const { return process_.Log(); }
 
   std::unique_ptr<httplib::Client> Client(std::string api_key = "") const {
     auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
@@ -186,21 +135,24 @@ class ServeProcess {
     return true;
   }
 
-  // Sends SIGTERM and returns the exit status (-1: killed by a signal or did not exit in time).
+  // Sends SIGTERM and returns the exit status (-1: it did not exit in time).
   int Terminate(double seconds = 30) {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    const bool exited = WaitFor([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, seconds);
-    if (!exited) return -1;
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (!process_.running()) return -1;
+    process_.Signal(SIGTERM);
+    return process_.Wait(seconds).value_or(-1);
   }
 
  private:
-  static inline int counter_ = 0;
-  fs::path log_;
-  pid_t pid_ = -1;
+  static std::vector<std::string> ServeCommandLine(const std::string& model,
+                                                   const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {PolychipBinary().string(), "serve", "--model-path", model,
+                                      "--device", "cpu:0", "--threads", "1", "--host",
+                                      "127.0.0.1", "--port", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  polychip::testing::ChildProcess process_;
   int port_ = 0;
 };
 

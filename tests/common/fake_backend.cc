@@ -1,4 +1,4 @@
-#include "fake_backend.h"
+#include "common/fake_backend.h"
 
 #include <atomic>
 #include <cstdlib>
