@@ -20,11 +20,14 @@
 #include <vector>
 
 #include "polychip/plugin/pc_comm.h"
+#include "polychip/sdk/comm_util.h"
 #include "polychip/sdk/plugin_util.h"
-#include "polychip/sdk/quant.h"
 
+using polychip::sdk::ElementSize;
 using polychip::sdk::Guard;
 using polychip::sdk::MakeError;
+using polychip::sdk::NarrowFromF32;
+using polychip::sdk::WidenToF32;
 
 struct pc_comm {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -76,16 +79,6 @@ pc_error_t* EnsureInit() {
   return nullptr;
 }
 
-size_t ElementSize(pc_dtype_t t) {
-  switch (t) {
-    case PC_DTYPE_I8: return 1;
-    case PC_DTYPE_F16: case PC_DTYPE_BF16: case PC_DTYPE_I16: return 2;
-    case PC_DTYPE_F32: case PC_DTYPE_I32: return 4;
-    case PC_DTYPE_F64: case PC_DTYPE_I64: return 8;
-    default: return 0;
-  }
-}
-
 // MPI's type for a reduction; F16/BF16 have none and are reduced as F32 (see Reduced).
 MPI_Datatype ReduceType(pc_dtype_t t) {
   switch (t) {
@@ -110,22 +103,6 @@ MPI_Op Op(pc_reduce_op_t op) {
 }
 
 bool Half(pc_dtype_t t) { return t == PC_DTYPE_F16 || t == PC_DTYPE_BF16; }
-
-std::vector<float> Widen(pc_dtype_t t, const void* src, uint64_t n) {
-  std::vector<float> out(n);
-  const auto* h = static_cast<const uint16_t*>(src);
-  for (uint64_t i = 0; i < n; ++i) {
-    out[i] = t == PC_DTYPE_F16 ? polychip::sdk::Fp16ToFp32(h[i]) : polychip::sdk::Bf16ToFp32(h[i]);
-  }
-  return out;
-}
-
-void Narrow(pc_dtype_t t, const std::vector<float>& src, void* dst) {
-  auto* h = static_cast<uint16_t*>(dst);
-  for (size_t i = 0; i < src.size(); ++i) {
-    h[i] = t == PC_DTYPE_F16 ? polychip::sdk::Fp32ToFp16(src[i]) : polychip::sdk::Fp32ToBf16(src[i]);
-  }
-}
 
 pc_error_t* Check(const pc_comm* c, pc_dtype_t t, uint64_t count, const char* what, size_t* esz) {
   if (c == nullptr) return MakeError(PC_CODE_INVALID_ARGUMENT, std::string(what) + ": comm is NULL");
@@ -260,12 +237,12 @@ pc_error_t* AllReduce(pc_comm_t* c, const void* send, void* recv, uint64_t count
     if (pc_error_t* e = Check(c, t, count, "all_reduce", &esz)) return e;
     if (Op(op) == MPI_OP_NULL) return MakeError(PC_CODE_INVALID_ARGUMENT, "unknown op");
     if (Half(t)) {
-      std::vector<float> v = Widen(t, send, count);
+      std::vector<float> v = WidenToF32(t, send, count);
       if (pc_error_t* e = MpiError(MPI_Allreduce(MPI_IN_PLACE, v.data(), int(count), MPI_FLOAT,
                                                  Op(op), c->comm), "MPI_Allreduce")) {
         return e;
       }
-      Narrow(t, v, recv);
+      NarrowFromF32(t, v, recv);
       return nullptr;
     }
     return MpiError(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, int(count),
@@ -290,13 +267,13 @@ pc_error_t* ReduceScatter(pc_comm_t* c, const void* send, void* recv, uint64_t c
     if (pc_error_t* e = Check(c, t, count * c->n, "reduce_scatter", &esz)) return e;
     if (Op(op) == MPI_OP_NULL) return MakeError(PC_CODE_INVALID_ARGUMENT, "unknown op");
     if (Half(t)) {
-      std::vector<float> in = Widen(t, send, count * c->n), out(count);
+      std::vector<float> in = WidenToF32(t, send, count * c->n), out(count);
       if (pc_error_t* e = MpiError(MPI_Reduce_scatter_block(in.data(), out.data(), int(count),
                                                             MPI_FLOAT, Op(op), c->comm),
                                    "MPI_Reduce_scatter_block")) {
         return e;
       }
-      Narrow(t, out, recv);
+      NarrowFromF32(t, out, recv);
       return nullptr;
     }
     return MpiError(MPI_Reduce_scatter_block(send, recv, int(count), ReduceType(t), Op(op),
