@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "runtime/abi_internal.h"
 
@@ -85,7 +86,7 @@ Status RunProbe(void* probe_sym, LoadReport* report) {
   return Status::Ok();
 }
 
-// Checks struct_size covers the header, then the ABI major. Shared by backend and comm.
+// Checks struct_size covers the header, then the ABI major.
 template <typename Table>
 Status CheckHeader(const Table* table, const char* what) {
   if (table == nullptr) return FailedPrecondition(std::string(what) + " table is NULL");
@@ -281,79 +282,100 @@ Status ValidateCommTable(const pc_comm_iface_t* t) {
   return Status::Ok();
 }
 
+// ---- the two plugin kinds ----------------------------------------------------------------
+
+// What differs between a backend and a comm plugin; the loading, registration and lookup below
+// are written once over it.
+template <>
+struct PluginTraits<Backend> {
+  using Table = pc_backend_iface_t;
+  using Impl = BackendImpl;
+  using GetApiFn = pc_backend_get_api_fn;
+  using ProbeFn = pc_backend_probe_fn;
+  static constexpr PluginKind kKind = PluginKind::kBackend;
+  static constexpr const char* kGetApiSymbol = PC_BACKEND_GET_API_SYMBOL;
+  static constexpr const char* kProbeSymbol = PC_BACKEND_PROBE_SYMBOL;
+  static constexpr const char* kOneOf = "a backend";  // "a backend named 'x' is already loaded"
+  static Status Validate(const Table* t) { return ValidateBackendTable(t); }
+  static Status TakeInitError(const Table* t, pc_error_t* e) {
+    return TakeError(t, e, "initialize");
+  }
+};
+
+template <>
+struct PluginTraits<CommPlugin> {
+  using Table = pc_comm_iface_t;
+  using Impl = CommImpl;
+  using GetApiFn = pc_comm_get_api_fn;
+  using ProbeFn = pc_comm_probe_fn;
+  static constexpr PluginKind kKind = PluginKind::kComm;
+  static constexpr const char* kGetApiSymbol = PC_COMM_GET_API_SYMBOL;
+  static constexpr const char* kProbeSymbol = PC_COMM_PROBE_SYMBOL;
+  static constexpr const char* kOneOf = "a comm plugin";
+  static Status Validate(const Table* t) { return ValidateCommTable(t); }
+  static Status TakeInitError(const Table* t, pc_error_t* e) {
+    return TakeCommError(t, e, "initialize");
+  }
+};
+
 // ---- raw loading -------------------------------------------------------------------------
 
 namespace {
 
-// dlopen + probe + get_api + validation, for either kind. *table_out is set whenever get_api
-// returned a table (even an invalid one).
-Status OpenRaw(const std::string& path, PluginKind kind, LoadReport* report,
-               std::unique_ptr<PluginLibrary>* lib_out, void** get_api_out, void** probe_out,
-               const void** table_out) {
+// A plugin file opened and its table obtained, before initialize.
+template <typename Plugin>
+struct RawPlugin {
+  using Traits = PluginTraits<Plugin>;
+  std::unique_ptr<PluginLibrary> library;
+  typename Traits::GetApiFn get_api = nullptr;
+  typename Traits::ProbeFn probe = nullptr;      // may be null
+  const typename Traits::Table* table = nullptr;  // set whenever get_api returned one, even invalid
+};
+
+// dlopen + probe + get_api + validation.
+template <typename Plugin>
+Status OpenRaw(const std::string& path, LoadReport* report, RawPlugin<Plugin>* out) {
+  using Traits = PluginTraits<Plugin>;
+  using Table = typename Traits::Table;
   report->path = path;
-  report->kind = kind;
-  report->name = NameFromFile(path, kind);
+  report->kind = Traits::kKind;
+  report->name = NameFromFile(path, Traits::kKind);
   auto lib = PluginLibrary::Open(path, report);
   if (!lib.ok()) return lib.status();
-  *lib_out = std::move(lib).value();
-  const PluginLibrary& l = **lib_out;
+  out->library = std::move(lib).value();
+  const PluginLibrary& l = *out->library;
 
-  const bool backend = kind == PluginKind::kBackend;
-  const char* get_api_sym = backend ? PC_BACKEND_GET_API_SYMBOL : PC_COMM_GET_API_SYMBOL;
-  const char* probe_sym = backend ? PC_BACKEND_PROBE_SYMBOL : PC_COMM_PROBE_SYMBOL;
-  void* get_api = l.Symbol(get_api_sym);
+  void* get_api = l.Symbol(Traits::kGetApiSymbol);
   if (get_api == nullptr) {
     return Fail(report, "symbol",
-                std::string("missing symbol '") + get_api_sym + "': not a polychip " +
-                    PluginKindName(kind) + " plugin, or the symbol is not exported (PC_EXPORT)");
+                std::string("missing symbol '") + Traits::kGetApiSymbol + "': not a polychip " +
+                    PluginKindName(Traits::kKind) +
+                    " plugin, or the symbol is not exported (PC_EXPORT)");
   }
-  *get_api_out = get_api;
-  *probe_out = l.Symbol(probe_sym);
-  PC_RETURN_IF_ERROR(RunProbe(*probe_out, report));
+  out->get_api = reinterpret_cast<typename Traits::GetApiFn>(get_api);
+  void* probe = l.Symbol(Traits::kProbeSymbol);
+  out->probe = reinterpret_cast<typename Traits::ProbeFn>(probe);
+  PC_RETURN_IF_ERROR(RunProbe(probe, report));
 
-  const void* table;
-  if (backend) {
-    table = reinterpret_cast<pc_backend_get_api_fn>(get_api)(PC_ABI_MAJOR, PC_ABI_MINOR,
-                                                             HostServices());
-  } else {
-    table = reinterpret_cast<pc_comm_get_api_fn>(get_api)(PC_ABI_MAJOR, PC_ABI_MINOR,
-                                                          HostServices());
-  }
-  *table_out = table;
-  if (table == nullptr) {
+  const Table* t = out->get_api(PC_ABI_MAJOR, PC_ABI_MINOR, HostServices());
+  out->table = t;
+  if (t == nullptr) {
     return Fail(report, "get_api",
-                std::string(get_api_sym) + " returned NULL for host ABI " +
+                std::string(Traits::kGetApiSymbol) + " returned NULL for host ABI " +
                     AbiPair(PC_ABI_MAJOR, PC_ABI_MINOR) +
                     " (the plugin does not support this host version)");
   }
-  Status valid;
-  if (backend) {
-    auto* t = static_cast<const pc_backend_iface_t*>(table);
-    if (t->struct_size >= offsetof(pc_backend_iface_t, abi_minor) + sizeof(uint32_t)) {
-      report->abi_major = t->abi_major;
-      report->abi_minor = t->abi_minor;
-    }
-    valid = ValidateBackendTable(t);
-    if (valid.ok()) {
-      report->name = t->name;
-      report->version = t->version;
-    }
-  } else {
-    auto* t = static_cast<const pc_comm_iface_t*>(table);
-    if (t->struct_size >= offsetof(pc_comm_iface_t, abi_minor) + sizeof(uint32_t)) {
-      report->abi_major = t->abi_major;
-      report->abi_minor = t->abi_minor;
-    }
-    valid = ValidateCommTable(t);
-    if (valid.ok()) {
-      report->name = t->name;
-      report->version = t->version;
-    }
+  if (t->struct_size >= offsetof(Table, abi_minor) + sizeof(uint32_t)) {
+    report->abi_major = t->abi_major;
+    report->abi_minor = t->abi_minor;
   }
+  const Status valid = Traits::Validate(t);
   if (!valid.ok()) {
     const bool abi = valid.message().find("ABI major") != std::string::npos;
     return Fail(report, abi ? "abi" : "validate", valid.message());
   }
+  report->name = t->name;
+  report->version = t->version;
   report->usable = true;
   report->stage.clear();
   report->reason.clear();
@@ -366,109 +388,179 @@ std::string ParamsText(const PluginParams& params) {
   return s;
 }
 
-Status TakeInitError(const pc_backend_iface_t* t, pc_error_t* e) {
-  return TakeError(t, e, "initialize");
-}
-Status TakeInitError(const pc_comm_iface_t* t, pc_error_t* e) {
-  return TakeCommError(t, e, "initialize");
-}
-
 // initialize(params) of a validated table; wraps it into the C++ object (Backend or CommPlugin)
 // that owns the library and calls shutdown when released.
-template <typename Plugin, typename Impl, typename Table>
-StatusOr<std::shared_ptr<Plugin>> MakePlugin(const char* kind, std::unique_ptr<PluginLibrary> lib,
-                                             const Table* table, const std::string& path,
-                                             const PluginParams& params, LoadReport* report) {
+template <typename Plugin>
+StatusOr<std::shared_ptr<Plugin>> MakePlugin(std::unique_ptr<PluginLibrary> lib,
+                                             const typename PluginTraits<Plugin>::Table* table,
+                                             const std::string& path, const PluginParams& params,
+                                             LoadReport* report) {
+  using Traits = PluginTraits<Plugin>;
   std::vector<pc_param_t> c_params;
   for (const auto& [k, v] : params) c_params.push_back({k.c_str(), v.c_str()});
-  Status init = TakeInitError(table, table->initialize(c_params.data(), c_params.size()));
+  Status init = Traits::TakeInitError(table, table->initialize(c_params.data(), c_params.size()));
   if (!init.ok()) return Fail(report, "initialize", init.ToString());
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<typename Traits::Impl>();
   impl->library = std::move(lib);
   impl->table = table;
   impl->name = table->name;
   impl->path = path;
   impl->version = table->version;
   impl->initialized = true;
-  Log().info("loaded {} '{}' {} (ABI {}) from {}{}", kind, impl->name, impl->version,
-             AbiPair(table->abi_major, table->abi_minor), path,
+  Log().info("loaded {} '{}' {} (ABI {}) from {}{}", PluginKindName(Traits::kKind), impl->name,
+             impl->version, AbiPair(table->abi_major, table->abi_minor), path,
              params.empty() ? "" : " with " + ParamsText(params));
   return std::make_shared<Plugin>(std::move(impl));
 }
 
-StatusOr<std::shared_ptr<Backend>> MakeBackend(std::unique_ptr<PluginLibrary> lib,
-                                               const pc_backend_iface_t* table,
-                                               const std::string& path,
-                                               const PluginParams& params, LoadReport* report) {
-  return MakePlugin<Backend, BackendImpl>("backend", std::move(lib), table, path, params, report);
-}
-
-StatusOr<std::shared_ptr<CommPlugin>> MakeComm(std::unique_ptr<PluginLibrary> lib,
-                                               const pc_comm_iface_t* table,
-                                               const std::string& path,
-                                               const PluginParams& params, LoadReport* report) {
-  return MakePlugin<CommPlugin, CommImpl>("comm", std::move(lib), table, path, params, report);
+// The report of a plugin that is already loaded: the live object, not the file.
+template <typename Plugin>
+LoadReport ReportOfLoaded(const std::string& path, const Plugin& plugin) {
+  LoadReport report{path, PluginTraits<Plugin>::kKind, plugin.name(), true};
+  report.version = plugin.version();
+  report.abi_major = plugin.abi_major();
+  report.abi_minor = plugin.abi_minor();
+  return report;
 }
 
 }  // namespace
 
 Status OpenRawBackend(const std::string& path, RawBackend* out, LoadReport* report) {
   LoadReport local;
-  if (report == nullptr) report = &local;
-  void* get_api = nullptr;
-  void* probe = nullptr;
-  const void* table = nullptr;
-  Status s = OpenRaw(path, PluginKind::kBackend, report, &out->library, &get_api, &probe, &table);
-  out->get_api = reinterpret_cast<pc_backend_get_api_fn>(get_api);
-  out->probe = reinterpret_cast<pc_backend_probe_fn>(probe);
-  out->table = static_cast<const pc_backend_iface_t*>(table);
+  RawPlugin<Backend> raw;
+  Status s = OpenRaw(path, report != nullptr ? report : &local, &raw);
+  out->library = std::move(raw.library);
+  out->get_api = raw.get_api;
+  out->probe = raw.probe;
+  out->table = raw.table;
   return s;
 }
 
 Status OpenRawComm(const std::string& path, RawComm* out, LoadReport* report) {
   LoadReport local;
-  if (report == nullptr) report = &local;
-  void* get_api = nullptr;
-  void* probe = nullptr;
-  const void* table = nullptr;
-  Status s = OpenRaw(path, PluginKind::kComm, report, &out->library, &get_api, &probe, &table);
-  out->probe = reinterpret_cast<pc_comm_probe_fn>(probe);
-  out->table = static_cast<const pc_comm_iface_t*>(table);
+  RawPlugin<CommPlugin> raw;
+  Status s = OpenRaw(path, report != nullptr ? report : &local, &raw);
+  out->library = std::move(raw.library);
+  out->probe = raw.probe;
+  out->table = raw.table;
   return s;
 }
 
+// ---- the registry, over either kind ------------------------------------------------------
+
+template <typename Plugin>
+PluginRegistry::Shelf<Plugin>& PluginRegistry::ShelfOf() {
+  if constexpr (std::is_same_v<Plugin, Backend>) {
+    return backends_;
+  } else {
+    return comms_;
+  }
+}
+
+template <typename Plugin>
+const PluginRegistry::Shelf<Plugin>& PluginRegistry::ShelfOf() const {
+  if constexpr (std::is_same_v<Plugin, Backend>) {
+    return backends_;
+  } else {
+    return comms_;
+  }
+}
+
+template <typename Plugin>
+std::optional<LoadReport> PluginRegistry::ReportIfLoadedFrom(const std::string& path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& by_path = ShelfOf<Plugin>().by_path;
+  auto it = by_path.find(CanonicalPath(path));
+  if (it == by_path.end()) return std::nullopt;
+  return ReportOfLoaded(path, *it->second);
+}
+
+template <typename Plugin>
+StatusOr<std::shared_ptr<Plugin>> PluginRegistry::LoadFromPath(const std::string& path,
+                                                                const PluginParams& params,
+                                                                LoadReport* report) {
+  std::lock_guard<std::recursive_mutex> load_lock(LoadMutex());
+  LoadReport local;
+  if (report == nullptr) report = &local;
+  const std::string canon = CanonicalPath(path);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& by_path = ShelfOf<Plugin>().by_path;
+    if (auto it = by_path.find(canon); it != by_path.end()) {
+      *report = ReportOfLoaded(path, *it->second);
+      return it->second;
+    }
+  }
+  RawPlugin<Plugin> raw;
+  PC_RETURN_IF_ERROR(OpenRaw(path, report, &raw));
+  if (auto existing = Find<Plugin>(raw.table->name)) {
+    return Fail(report, "validate",
+                std::string(PluginTraits<Plugin>::kOneOf) + " named '" + raw.table->name +
+                    "' is already loaded from " + existing->path());
+  }
+  PC_ASSIGN_OR_RETURN(auto plugin,
+                      MakePlugin<Plugin>(std::move(raw.library), raw.table, path, params, report));
+  std::lock_guard<std::mutex> lock(mu_);
+  ShelfOf<Plugin>().by_name[plugin->name()] = plugin;
+  ShelfOf<Plugin>().by_path[canon] = plugin;
+  return plugin;
+}
+
+template <typename Plugin>
+StatusOr<std::shared_ptr<Plugin>> PluginRegistry::RegisterTable(
+    const typename PluginTraits<Plugin>::Table* table, const PluginParams& params,
+    const std::string& source) {
+  std::lock_guard<std::recursive_mutex> load_lock(LoadMutex());
+  const std::string path = source.empty() ? "<registered from code>" : source;
+  LoadReport report;
+  report.path = path;
+  Status valid = PluginTraits<Plugin>::Validate(table);
+  if (!valid.ok()) return FailedPrecondition(path + ": " + valid.message());
+  if (auto existing = Find<Plugin>(table->name)) {
+    return FailedPrecondition(path + ": " + PluginTraits<Plugin>::kOneOf + " named '" +
+                              table->name + "' is already loaded from " + existing->path());
+  }
+  PC_ASSIGN_OR_RETURN(auto plugin, MakePlugin<Plugin>(nullptr, table, path, params, &report));
+  std::lock_guard<std::mutex> lock(mu_);
+  ShelfOf<Plugin>().by_name[plugin->name()] = plugin;
+  return plugin;
+}
+
+template <typename Plugin>
+std::shared_ptr<Plugin> PluginRegistry::Find(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto& by_name = ShelfOf<Plugin>().by_name;
+  auto it = by_name.find(name);
+  return it == by_name.end() ? nullptr : it->second;
+}
+
+template <typename Plugin>
+std::vector<std::shared_ptr<Plugin>> PluginRegistry::All() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Plugin>> out;
+  for (const auto& [name, p] : ShelfOf<Plugin>().by_name) {
+    out.push_back(p);
+  }
+  return out;
+}
+
 LoadReport DiagnosePlugin(const std::string& path, PluginKind kind) {
+  PluginRegistry& reg = PluginRegistry::Global();
+  // Already loaded: report the live object rather than touching it again.
+  std::optional<LoadReport> loaded = kind == PluginKind::kBackend
+                                         ? reg.ReportIfLoadedFrom<Backend>(path)
+                                         : reg.ReportIfLoadedFrom<CommPlugin>(path);
+  if (loaded) return *loaded;
   LoadReport report;
   report.path = path;
   report.kind = kind;
-  const std::string canon = CanonicalPath(path);
-  {  // Already loaded: report the live object rather than touching it again.
-    PluginRegistry& reg = PluginRegistry::Global();
-    std::lock_guard<std::mutex> lock(reg.mu_);
-    if (kind == PluginKind::kBackend && reg.backends_by_path_.count(canon)) {
-      const auto& b = reg.backends_by_path_[canon];
-      report.usable = true;
-      report.name = b->name();
-      report.version = b->version();
-      report.abi_major = b->abi_major();
-      report.abi_minor = b->abi_minor();
-      return report;
-    }
-    if (kind == PluginKind::kComm && reg.comms_by_path_.count(canon)) {
-      const auto& c = reg.comms_by_path_[canon];
-      report.usable = true;
-      report.name = c->name();
-      report.version = c->version();
-      report.abi_major = c->abi_major();
-      report.abi_minor = c->abi_minor();
-      return report;
-    }
+  if (kind == PluginKind::kBackend) {
+    RawPlugin<Backend> raw;
+    (void)OpenRaw(path, &report, &raw);
+  } else {
+    RawPlugin<CommPlugin> raw;
+    (void)OpenRaw(path, &report, &raw);
   }
-  std::unique_ptr<PluginLibrary> lib;
-  void* get_api = nullptr;
-  void* probe = nullptr;
-  const void* table = nullptr;
-  (void)OpenRaw(path, kind, &report, &lib, &get_api, &probe, &table);
   return report;
 }
 
@@ -477,70 +569,13 @@ LoadReport DiagnosePlugin(const std::string& path, PluginKind kind) {
 StatusOr<std::shared_ptr<Backend>> LoadBackendFromPath(const std::string& path,
                                                        const PluginParams& params,
                                                        LoadReport* report) {
-  std::lock_guard<std::recursive_mutex> load_lock(LoadMutex());
-  LoadReport local;
-  if (report == nullptr) report = &local;
-  PluginRegistry& reg = PluginRegistry::Global();
-  const std::string canon = CanonicalPath(path);
-  {
-    std::lock_guard<std::mutex> lock(reg.mu_);
-    auto it = reg.backends_by_path_.find(canon);
-    if (it != reg.backends_by_path_.end()) {
-      *report = LoadReport{path, PluginKind::kBackend, it->second->name(), true};
-      report->version = it->second->version();
-      report->abi_major = it->second->abi_major();
-      report->abi_minor = it->second->abi_minor();
-      return it->second;
-    }
-  }
-  RawBackend raw;
-  PC_RETURN_IF_ERROR(OpenRawBackend(path, &raw, report));
-  if (auto existing = reg.FindBackend(raw.table->name)) {
-    return Fail(report, "validate",
-                std::string("a backend named '") + raw.table->name + "' is already loaded from " +
-                    existing->path());
-  }
-  PC_ASSIGN_OR_RETURN(auto backend,
-                      MakeBackend(std::move(raw.library), raw.table, path, params, report));
-  std::lock_guard<std::mutex> lock(reg.mu_);
-  reg.backends_[backend->name()] = backend;
-  reg.backends_by_path_[canon] = backend;
-  return backend;
+  return PluginRegistry::Global().LoadFromPath<Backend>(path, params, report);
 }
 
 StatusOr<std::shared_ptr<CommPlugin>> LoadCommFromPath(const std::string& path,
                                                        const PluginParams& params,
                                                        LoadReport* report) {
-  std::lock_guard<std::recursive_mutex> load_lock(LoadMutex());
-  LoadReport local;
-  if (report == nullptr) report = &local;
-  PluginRegistry& reg = PluginRegistry::Global();
-  const std::string canon = CanonicalPath(path);
-  {
-    std::lock_guard<std::mutex> lock(reg.mu_);
-    auto it = reg.comms_by_path_.find(canon);
-    if (it != reg.comms_by_path_.end()) {
-      *report = LoadReport{path, PluginKind::kComm, it->second->name(), true};
-      report->version = it->second->version();
-      return it->second;
-    }
-  }
-  std::unique_ptr<PluginLibrary> lib;
-  void* get_api = nullptr;
-  void* probe = nullptr;
-  const void* table = nullptr;
-  PC_RETURN_IF_ERROR(OpenRaw(path, PluginKind::kComm, report, &lib, &get_api, &probe, &table));
-  auto* t = static_cast<const pc_comm_iface_t*>(table);
-  if (auto existing = reg.FindComm(t->name)) {
-    return Fail(report, "validate",
-                std::string("a comm plugin named '") + t->name + "' is already loaded from " +
-                    existing->path());
-  }
-  PC_ASSIGN_OR_RETURN(auto comm, MakeComm(std::move(lib), t, path, params, report));
-  std::lock_guard<std::mutex> lock(reg.mu_);
-  reg.comms_[comm->name()] = comm;
-  reg.comms_by_path_[canon] = comm;
-  return comm;
+  return PluginRegistry::Global().LoadFromPath<CommPlugin>(path, params, report);
 }
 
 // ---- registry ----------------------------------------------------------------------------
@@ -550,14 +585,12 @@ PluginRegistry& PluginRegistry::Global() {
   return *registry;
 }
 
-namespace {
-
 // Tries `name` in each directory; the error lists every path tried.
-template <typename T, typename LoadFn>
-StatusOr<std::shared_ptr<T>> LoadByName(PluginKind kind, const std::string& name,
-                                        const std::vector<std::string>& search_path,
-                                        const PluginParams& params,
-                                        std::vector<LoadReport>* reports, LoadFn load) {
+template <typename Plugin>
+StatusOr<std::shared_ptr<Plugin>> PluginRegistry::LoadByName(
+    const std::string& name, const std::vector<std::string>& search_path,
+    const PluginParams& params, std::vector<LoadReport>* reports) {
+  constexpr PluginKind kind = PluginTraits<Plugin>::kKind;
   std::vector<LoadReport> local;
   if (reports == nullptr) reports = &local;
   bool any_file = false;
@@ -566,7 +599,8 @@ StatusOr<std::shared_ptr<T>> LoadByName(PluginKind kind, const std::string& name
     report.kind = kind;
     report.name = name;
     const std::string path = dir + "/" + PluginFileName(kind, name);
-    StatusOr<std::shared_ptr<T>> loaded = load(path, params, &report);
+    StatusOr<std::shared_ptr<Plugin>> loaded =
+        PluginRegistry::Global().LoadFromPath<Plugin>(path, params, &report);
     report.path = path;
     reports->push_back(report);
     if (loaded.ok()) return loaded;
@@ -592,40 +626,23 @@ StatusOr<std::shared_ptr<T>> LoadByName(PluginKind kind, const std::string& name
   return any_file ? FailedPrecondition(msg) : NotFound(msg);
 }
 
-}  // namespace
-
 StatusOr<std::shared_ptr<Backend>> PluginRegistry::LoadBackend(
     const std::string& name, const std::vector<std::string>& search_path,
     const PluginParams& params, std::vector<LoadReport>* reports) {
   if (auto b = FindBackend(name)) return b;
-  return LoadByName<Backend>(PluginKind::kBackend, name, search_path, params, reports,
-                             &LoadBackendFromPath);
+  return LoadByName<Backend>(name, search_path, params, reports);
 }
 
 StatusOr<std::shared_ptr<CommPlugin>> PluginRegistry::LoadComm(
     const std::string& name, const std::vector<std::string>& search_path,
     const PluginParams& params, std::vector<LoadReport>* reports) {
   if (auto c = FindComm(name)) return c;
-  return LoadByName<CommPlugin>(PluginKind::kComm, name, search_path, params, reports,
-                                &LoadCommFromPath);
+  return LoadByName<CommPlugin>(name, search_path, params, reports);
 }
 
 StatusOr<std::shared_ptr<Backend>> PluginRegistry::RegisterBackendTable(
     const pc_backend_iface* table, const PluginParams& params, const std::string& source) {
-  std::lock_guard<std::recursive_mutex> load_lock(LoadMutex());
-  const std::string path = source.empty() ? "<registered from code>" : source;
-  LoadReport report;
-  report.path = path;
-  Status valid = ValidateBackendTable(table);
-  if (!valid.ok()) return FailedPrecondition(path + ": " + valid.message());
-  if (auto existing = FindBackend(table->name)) {
-    return FailedPrecondition(path + ": a backend named '" + table->name +
-                              "' is already loaded from " + existing->path());
-  }
-  PC_ASSIGN_OR_RETURN(auto backend, MakeBackend(nullptr, table, path, params, &report));
-  std::lock_guard<std::mutex> lock(mu_);
-  backends_[backend->name()] = backend;
-  return backend;
+  return RegisterTable<Backend>(table, params, source);
 }
 
 StatusOr<std::shared_ptr<Backend>> PluginRegistry::RegisterBackendPath(
@@ -635,54 +652,27 @@ StatusOr<std::shared_ptr<Backend>> PluginRegistry::RegisterBackendPath(
 
 StatusOr<std::shared_ptr<CommPlugin>> PluginRegistry::RegisterCommTable(
     const pc_comm_iface* table, const PluginParams& params, const std::string& source) {
-  std::lock_guard<std::recursive_mutex> load_lock(LoadMutex());
-  const std::string path = source.empty() ? "<registered from code>" : source;
-  LoadReport report;
-  report.path = path;
-  Status valid = ValidateCommTable(table);
-  if (!valid.ok()) return FailedPrecondition(path + ": " + valid.message());
-  if (auto existing = FindComm(table->name)) {
-    return FailedPrecondition(path + ": a comm plugin named '" + table->name +
-                              "' is already loaded from " + existing->path());
-  }
-  PC_ASSIGN_OR_RETURN(auto comm, MakeComm(nullptr, table, path, params, &report));
-  std::lock_guard<std::mutex> lock(mu_);
-  comms_[comm->name()] = comm;
-  return comm;
+  return RegisterTable<CommPlugin>(table, params, source);
 }
 
 std::shared_ptr<Backend> PluginRegistry::FindBackend(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = backends_.find(name);
-  return it == backends_.end() ? nullptr : it->second;
+  return Find<Backend>(name);
 }
 
 std::shared_ptr<CommPlugin> PluginRegistry::FindComm(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = comms_.find(name);
-  return it == comms_.end() ? nullptr : it->second;
+  return Find<CommPlugin>(name);
 }
 
-std::vector<std::shared_ptr<Backend>> PluginRegistry::Backends() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::shared_ptr<Backend>> out;
-  for (const auto& [name, b] : backends_) out.push_back(b);
-  return out;
-}
+std::vector<std::shared_ptr<Backend>> PluginRegistry::Backends() const { return All<Backend>(); }
 
 std::vector<std::shared_ptr<CommPlugin>> PluginRegistry::Comms() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::shared_ptr<CommPlugin>> out;
-  for (const auto& [name, c] : comms_) out.push_back(c);
-  return out;
+  return All<CommPlugin>();
 }
 
 void PluginRegistry::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
-  backends_.clear();
-  comms_.clear();
-  backends_by_path_.clear();
-  comms_by_path_.clear();
+  backends_ = {};
+  comms_ = {};
 }
 
 // ---- selection ---------------------------------------------------------------------------

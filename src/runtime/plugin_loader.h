@@ -29,6 +29,11 @@ namespace polychip::runtime {
 class Backend;     // runtime/device.h
 class CommPlugin;  // runtime/comm.h
 
+// The ABI types and loading steps of one plugin kind (Backend or CommPlugin); defined in
+// plugin_loader.cc, where the registry's code for both kinds is written once over it.
+template <typename Plugin>
+struct PluginTraits;
+
 enum class PluginKind { kBackend, kComm };
 const char* PluginKindName(PluginKind kind);  // "backend" / "comm"
 
@@ -132,11 +137,44 @@ class PluginRegistry {
   friend StatusOr<std::shared_ptr<CommPlugin>> LoadCommFromPath(const std::string&,
                                                                 const PluginParams&, LoadReport*);
   friend LoadReport DiagnosePlugin(const std::string&, PluginKind);
+
+  // The loaded plugins of one kind (Backend or CommPlugin): by table name, and those loaded
+  // from a file by canonical path.
+  template <typename Plugin>
+  struct Shelf {
+    std::map<std::string, std::shared_ptr<Plugin>> by_name;
+    std::map<std::string, std::shared_ptr<Plugin>> by_path;
+  };
+
+  // Each backend/comm pair of public members above is one of these, written once over
+  // PluginTraits and instantiated for both kinds in plugin_loader.cc.
+  template <typename Plugin>
+  Shelf<Plugin>& ShelfOf();
+  template <typename Plugin>
+  const Shelf<Plugin>& ShelfOf() const;
+  template <typename Plugin>
+  StatusOr<std::shared_ptr<Plugin>> LoadFromPath(const std::string& path,
+                                                 const PluginParams& params, LoadReport* report);
+  template <typename Plugin>
+  StatusOr<std::shared_ptr<Plugin>> RegisterTable(
+      const typename PluginTraits<Plugin>::Table* table, const PluginParams& params,
+      const std::string& source);
+  template <typename Plugin>
+  StatusOr<std::shared_ptr<Plugin>> LoadByName(const std::string& name,
+                                               const std::vector<std::string>& search_path,
+                                               const PluginParams& params,
+                                               std::vector<LoadReport>* reports);
+  template <typename Plugin>
+  std::shared_ptr<Plugin> Find(const std::string& name) const;
+  template <typename Plugin>
+  std::vector<std::shared_ptr<Plugin>> All() const;
+  // The report of the plugin loaded from `path`, if one is.
+  template <typename Plugin>
+  std::optional<LoadReport> ReportIfLoadedFrom(const std::string& path) const;
+
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Backend>> backends_;  // by table name
-  std::map<std::string, std::shared_ptr<CommPlugin>> comms_;
-  std::map<std::string, std::shared_ptr<Backend>> backends_by_path_;  // by canonical path
-  std::map<std::string, std::shared_ptr<CommPlugin>> comms_by_path_;
+  Shelf<Backend> backends_;
+  Shelf<CommPlugin> comms_;
 };
 
 // Selection for a program: applies a resolved RuntimeConfig. Loads the configured backend (by
