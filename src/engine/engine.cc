@@ -408,24 +408,36 @@ void Engine::Finish(Sequence* seq, StreamEvent event) {
 }
 
 bool Engine::Step() {
-  TakeInbox();
-  DropCancelled();
-  if (running_.empty() && waiting_.empty()) {
-    PublishStats();
-    return false;
-  }
-  SortRunning();
-  int32_t budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : INT_MAX;
-  std::vector<Planned> plan;
-  // After a preemption the cache is tight: let the survivors run before admitting more.
-  if (!PlanRunning(&plan, &budget)) AdmitWaiting(&plan, &budget);
+  const std::vector<Planned> plan = Schedule();
   if (plan.empty()) {
     PublishStats();
     return false;
   }
-
   std::vector<SequenceStep> steps;
-  steps.reserve(plan.size());
+  const Status status = RunPlan(plan, &steps);
+  if (status.ok()) {
+    ProcessResults(plan, steps);
+  } else {
+    FailPlan(plan, status);
+  }
+  PublishStats();
+  return true;
+}
+
+std::vector<Engine::Planned> Engine::Schedule() {
+  TakeInbox();
+  DropCancelled();
+  std::vector<Planned> plan;
+  if (running_.empty() && waiting_.empty()) return plan;
+  SortRunning();
+  int32_t budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : INT_MAX;
+  // After a preemption the cache is tight: let the survivors run before admitting more.
+  if (!PlanRunning(&plan, &budget)) AdmitWaiting(&plan, &budget);
+  return plan;
+}
+
+Status Engine::RunPlan(const std::vector<Planned>& plan, std::vector<SequenceStep>* steps) {
+  steps->reserve(plan.size());
   for (const Planned& p : plan) {
     SequenceStep st;
     st.seq_id = p.seq->arrival;
@@ -435,27 +447,30 @@ bool Engine::Step() {
     st.logits = p.seq->num_computed + p.n_tokens == static_cast<int32_t>(p.seq->tokens.size())
                     ? LogitsMode::kLast
                     : LogitsMode::kNone;
-    steps.push_back(st);
+    steps->push_back(st);
   }
-  std::vector<float>& logits = step_logits_;
-  Status status = RunForward(steps, &logits);
+  PC_RETURN_IF_ERROR(RunForward(*steps, &step_logits_));
   size_t n_rows = 0;
-  for (const auto& st : steps) n_rows += st.logits == LogitsMode::kLast ? 1 : 0;
-  if (status.ok() && logits.size() < n_rows * static_cast<size_t>(vocab_size_)) {
-    status = Internal("the model returned " + std::to_string(logits.size()) +
-                      " logits, expected " + std::to_string(n_rows * vocab_size_));
+  for (const auto& st : *steps) n_rows += st.logits == LogitsMode::kLast ? 1 : 0;
+  if (step_logits_.size() < n_rows * static_cast<size_t>(vocab_size_)) {
+    return Internal("the model returned " + std::to_string(step_logits_.size()) +
+                    " logits, expected " + std::to_string(n_rows * vocab_size_));
   }
-  if (!status.ok()) {
-    spdlog::error("forward step failed: {}", status.ToString());
-    for (const Planned& p : plan) {
-      StreamEvent ev;
-      ev.error = status;
-      Finish(p.seq, std::move(ev));
-    }
-    PublishStats();
-    return true;
-  }
+  return Status::Ok();
+}
 
+void Engine::FailPlan(const std::vector<Planned>& plan, const Status& status) {
+  spdlog::error("forward step failed: {}", status.ToString());
+  for (const Planned& p : plan) {
+    StreamEvent ev;
+    ev.error = status;
+    Finish(p.seq, std::move(ev));
+  }
+}
+
+void Engine::ProcessResults(const std::vector<Planned>& plan,
+                            std::span<const SequenceStep> steps) {
+  const std::vector<float>& logits = step_logits_;
   const auto now = Clock::now();
   size_t row = 0;
   int64_t generated = 0;
@@ -506,13 +521,9 @@ bool Engine::Step() {
     ev.stop_token = st.stop_token;
     Finish(s, std::move(ev));
   }
-  {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.generation_tokens += generated;
-    ++stats_.steps;
-  }
-  PublishStats();
-  return true;
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.generation_tokens += generated;
+  ++stats_.steps;
 }
 
 void Engine::RunUntilIdle(int64_t max_steps) {
@@ -587,6 +598,7 @@ void Engine::RenderMetrics(std::string* out) const {
         static_cast<double>(s.requests_failed));
   ttft_.Render("polychip_time_to_first_token_seconds", "Time to first token.", out);
   itl_.Render("polychip_inter_token_latency_seconds", "Time between generated tokens.", out);
+  runner_->RenderMetrics(out);
   e2e_.Render("polychip_e2e_request_latency_seconds", "Request latency, arrival to end.", out);
   queue_time_.Render("polychip_queue_time_seconds", "Time from arrival to first scheduling.",
                      out);

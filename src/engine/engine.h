@@ -111,6 +111,14 @@ class Engine {
   };
 
   void Loop();
+  // One step is these three: which sequences run and with how many tokens (empty: nothing to
+  // do); the forward pass over them; the sampling, streaming and finishing of every sequence
+  // that reached the end of its tokens. FailPlan ends every planned sequence when the forward
+  // pass failed.
+  std::vector<Planned> Schedule();
+  Status RunPlan(const std::vector<Planned>& plan, std::vector<SequenceStep>* steps);
+  void ProcessResults(const std::vector<Planned>& plan, std::span<const SequenceStep> steps);
+  void FailPlan(const std::vector<Planned>& plan, const Status& status);
   void TakeInbox();
   void DropCancelled();
   void SortRunning();
