@@ -1,29 +1,25 @@
+// The routes of the HTTP front end: each endpoint's handler, behind one guard (API key,
+// exceptions turned into a 500). The transport is server/http_transport.h; a generation's
+// request flow is server/job.h and its JSON is written by its dialect's ResponseWriter.
 #include "server/http_server.h"
-
-#include <httplib.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
-#include <random>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "server/api.h"
+#include "server/http_transport.h"
+#include "server/job.h"
+#include "server/response_util.h"
+#include "server/response_writer.h"
 
 namespace polychip::server {
 namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-std::string Dump(const json& j) {
-  // Token pieces may be partial UTF-8 sequences: replace rather than throw.
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
 
 void SendJson(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -32,107 +28,26 @@ void SendJson(httplib::Response& res, int status, const json& body) {
 
 void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.status, e.ToJson()); }
 
-ApiError Error(int status, std::string message, std::string type = "invalid_request_error",
-               std::string param = "") {
-  ApiError e;
-  e.status = status;
-  e.message = std::move(message);
-  e.type = std::move(type);
-  e.param = std::move(param);
-  return e;
-}
-
-std::string RandomId(const char* prefix) {
-  static std::atomic<uint64_t> counter{0};
-  static const uint64_t salt = std::random_device{}();
-  return fmt::format("{}{:016x}", prefix, salt ^ (++counter * 0x9e3779b97f4a7c15ull));
-}
-
-int64_t UnixTime() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// The accumulated output of one choice.
-struct Choice {
-  std::shared_ptr<engine::RequestStream> stream;
-  std::string text;
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<engine::TokenLogprob>> top;
-  bool finished = false;
-  engine::StreamEvent final;
-  bool sent_role = false;
-};
-
-// One HTTP request's generation, shared by the handler and its streaming content provider.
-struct Job {
-  ApiRequest req;
-  std::string id;
-  int64_t created = 0;
-  std::vector<Choice> choices;
-  Clock::time_point start = Clock::now();
-  bool done_sent = false;
-};
-
-// cpp-httplib 0.11 listens with a backlog of 5 and does not expose its socket, so a burst of a
-// few hundred clients connecting at once overflows the accept queue and their SYNs are retried
-// after 1 s, 3 s, ... (seen as TTFT spikes). listen() again on the bound socket (found by its
-// port) raises the backlog; Linux allows this on a listening socket.
-void WidenListenBacklog(int port) {
-  for (int fd = 3; fd < 4096; ++fd) {
-    int listening = 0;
-    socklen_t len = sizeof listening;
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
-    sockaddr_storage addr{};
-    socklen_t alen = sizeof addr;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
-    int p = -1;
-    if (addr.ss_family == AF_INET) p = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-    if (addr.ss_family == AF_INET6) p = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-    if (p == port && ::listen(fd, SOMAXCONN) == 0) return;
-  }
-  spdlog::warn("could not raise the listen backlog of port {}", port);
-}
-
 }  // namespace
 
 class HttpServer::Impl {
  public:
   Impl(ServerOptions options, engine::Engine* engine, const TextCodec* codec)
-      : options_(std::move(options)), engine_(engine), codec_(codec) {
-    const int threads = std::max(options_.http_threads, 8);
-    svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    svr_.set_keep_alive_max_count(1000);
-    svr_.set_read_timeout(30, 0);
-    svr_.set_write_timeout(30, 0);
-    svr_.set_payload_max_length(64ull << 20);
+      : options_(std::move(options)),
+        engine_(engine),
+        codec_(codec),
+        transport_(options_.http_threads),
+        svr_(transport_.server()) {
     Routes();
   }
 
-  Status Bind() {
-    // A client that vanished mid-stream must produce a write error, not kill the process.
-    ::signal(SIGPIPE, SIG_IGN);
-    if (options_.port == 0) {
-      port_ = svr_.bind_to_any_port(options_.host.c_str());
-      if (port_ <= 0) return Unavailable("cannot bind " + options_.host);
-    } else {
-      if (!svr_.bind_to_port(options_.host.c_str(), options_.port)) {
-        return Unavailable(fmt::format("cannot bind {}:{} (in use?)", options_.host,
-                                       options_.port));
-      }
-      port_ = options_.port;
-    }
-    WidenListenBacklog(port_);
-    return Status::Ok();
-  }
-  void Run() { svr_.listen_after_bind(); }
+  Status Bind() { return transport_.Bind(options_.host, options_.port); }
+  void Run() { transport_.Run(); }
   void Stop() {
     stopping_ = true;
-    svr_.stop();
+    transport_.Stop();
   }
-  int port() const { return port_; }
+  int port() const { return transport_.port(); }
 
  private:
   using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
@@ -340,6 +255,7 @@ class HttpServer::Impl {
     ParseLimits limits;
     limits.context_length = engine_->context_length();
     if (auto e = ParseApiRequest(kind, body, *codec_, limits, &job->req)) return SendError(res, *e);
+    job->writer = MakeResponseWriter(kind, codec_, options_.model_name);
     if (!KnownModel(job->req.model)) {
       return SendError(res, Error(404, "the model '" + job->req.model + "' does not exist; this server serves '" + options_.model_name + "'", "not_found_error", "model"));
     }
@@ -375,7 +291,7 @@ class HttpServer::Impl {
           return SendError(res, Error(500, c.final.error.message(), "server_error"));
         }
       }
-      return SendJson(res, 200, FinalResponse(*job));
+      return SendJson(res, 200, job->writer->Final(*job));
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
@@ -385,204 +301,7 @@ class HttpServer::Impl {
         [this, job](bool) { Abort(*job); });  // ends or client gone: free what is left
   }
 
-  static bool AllFinished(const Job& job) {
-    for (const auto& c : job.choices) {
-      if (!c.finished) return false;
-    }
-    return true;
-  }
-
-  void Abort(Job& job) {
-    for (auto& c : job.choices) {
-      if (!c.finished) engine_->Abort(c.stream);
-    }
-  }
-
-  // Pops pending events of every choice into its state; `chunks` (streaming) receives the SSE
-  // payloads to send.
-  void Collect(Job& job, std::chrono::milliseconds wait, std::vector<json>* chunks) {
-    bool any = false;
-    for (size_t i = 0; i < job.choices.size(); ++i) {
-      Choice& c = job.choices[i];
-      if (c.finished) continue;
-      // Wait only on the first unfinished choice, poll the others.
-      auto events = c.stream->Pop(any ? std::chrono::milliseconds(0) : wait);
-      any = true;
-      for (auto& ev : events) {
-        const size_t first = c.tokens.size();
-        c.text += ev.text;
-        for (size_t k = 0; k < ev.tokens.size(); ++k) {
-          // The token that matched a stop condition is not part of the output.
-          if (ev.finished && ev.stop_token >= 0 && k + 1 == ev.tokens.size()) break;
-          c.tokens.push_back(ev.tokens[k]);
-          c.logprobs.push_back(ev.logprobs[k]);
-          c.top.push_back(ev.top_logprobs[k]);
-        }
-        if (ev.finished) {
-          c.finished = true;
-          c.final = ev;
-        }
-        if (chunks) StreamChunk(job, i, ev, first, chunks);
-      }
-    }
-  }
-
-  static const char* FinishName(const engine::StreamEvent& ev) {
-    if (!ev.finished) return nullptr;
-    switch (ev.finish) {
-      case engine::FinishReason::kStop: return "stop";
-      case engine::FinishReason::kLength: return "length";
-      default: return "abort";
-    }
-  }
-
-  json CompletionLogprobs(const Choice& c, size_t from, size_t to) const {
-    json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
-    size_t offset = 0;
-    for (size_t k = from; k < to; ++k) {
-      const std::string piece = codec_->Piece(c.tokens[k]);
-      tokens.push_back(piece);
-      lps.push_back(c.logprobs[k]);
-      json top = json::object();
-      for (const auto& t : c.top[k]) top[codec_->Piece(t.token)] = t.logprob;
-      tops.push_back(top);
-      offs.push_back(offset);
-      offset += piece.size();
-    }
-    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops},
-            {"text_offset", offs}};
-  }
-
-  static json Bytes(const std::string& s) {
-    json b = json::array();
-    for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
-    return b;
-  }
-
-  json ChatLogprobs(const Choice& c, size_t from, size_t to) const {
-    json content = json::array();
-    for (size_t k = from; k < to; ++k) {
-      const std::string piece = codec_->Piece(c.tokens[k]);
-      json top = json::array();
-      for (const auto& t : c.top[k]) {
-        const std::string p = codec_->Piece(t.token);
-        top.push_back({{"token", p}, {"logprob", t.logprob}, {"bytes", Bytes(p)}});
-      }
-      content.push_back({{"token", piece}, {"logprob", c.logprobs[k]}, {"bytes", Bytes(piece)},
-                         {"top_logprobs", top}});
-    }
-    return {{"content", content}};
-  }
-
-  json Usage(const Job& job) const {
-    int64_t prompt = 0, completion = 0, cached = 0;
-    // n choices of one prompt count the prompt once, as OpenAI does.
-    for (size_t i = 0; i < job.choices.size(); ++i) {
-      const auto& f = job.choices[i].final;
-      if (i % job.req.n == 0) {
-        prompt += f.prompt_tokens;
-        cached += f.cached_tokens;
-      }
-      completion += static_cast<int64_t>(job.choices[i].tokens.size()) +
-                    (f.stop_token >= 0 ? 1 : 0);
-    }
-    return {{"prompt_tokens", prompt}, {"completion_tokens", completion},
-            {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
-  }
-
-  json MetaInfo(const Job& job, const Choice& c) const {
-    json meta = {{"id", c.stream->rid()},
-                 {"prompt_tokens", c.final.prompt_tokens},
-                 {"completion_tokens", static_cast<int64_t>(c.tokens.size()) + (c.final.stop_token >= 0 ? 1 : 0)},
-                 {"cached_tokens", c.final.cached_tokens},
-                 {"e2e_latency", std::chrono::duration<double>(Clock::now() - job.start).count()}};
-    if (c.finished) {
-      json fr = {{"type", FinishName(c.final)}};
-      if (!c.final.stop_matched.empty()) fr["matched"] = c.final.stop_matched;
-      else if (c.final.stop_token >= 0) fr["matched"] = c.final.stop_token;
-      meta["finish_reason"] = fr;
-    } else {
-      meta["finish_reason"] = nullptr;
-    }
-    if (job.req.logprobs >= 0) {
-      json out = json::array();
-      for (size_t k = 0; k < c.tokens.size(); ++k) out.push_back({c.logprobs[k], c.tokens[k], nullptr});
-      meta["output_token_logprobs"] = out;
-    }
-    return meta;
-  }
-
-  json FinalResponse(const Job& job) const {
-    const ApiRequest& r = job.req;
-    if (r.kind == ApiKind::kGenerate) {
-      json all = json::array();
-      for (const auto& c : job.choices) {
-        all.push_back({{"text", c.text}, {"output_ids", c.tokens}, {"meta_info", MetaInfo(job, c)}});
-      }
-      return all.size() == 1 ? all[0] : all;
-    }
-    json choices = json::array();
-    for (size_t i = 0; i < job.choices.size(); ++i) {
-      const Choice& c = job.choices[i];
-      json ch = {{"index", i}, {"finish_reason", FinishName(c.final)}};
-      if (!c.final.stop_matched.empty()) ch["matched_stop"] = c.final.stop_matched;
-      if (r.kind == ApiKind::kChat) {
-        ch["message"] = {{"role", "assistant"}, {"content", c.text}};
-        ch["logprobs"] = r.chat_logprobs ? ChatLogprobs(c, 0, c.tokens.size()) : json(nullptr);
-      } else {
-        std::string text = c.text;
-        if (r.echo) text = r.prompt_texts[i / r.n] + text;
-        ch["text"] = text;
-        ch["logprobs"] = r.logprobs >= 0 ? CompletionLogprobs(c, 0, c.tokens.size()) : json(nullptr);
-      }
-      choices.push_back(ch);
-    }
-    return {{"id", job.id},
-            {"object", r.kind == ApiKind::kChat ? "chat.completion" : "text_completion"},
-            {"created", job.created},
-            {"model", options_.model_name},
-            {"choices", choices},
-            {"usage", Usage(job)}};
-  }
-
-  // The SSE payload(s) for one event of choice i. `first`: index of the event's first token.
-  void StreamChunk(const Job& job, size_t i, const engine::StreamEvent& ev, size_t first,
-                   std::vector<json>* chunks) {
-    const ApiRequest& r = job.req;
-    Choice& c = const_cast<Job&>(job).choices[i];
-    if (!ev.error.ok() && ev.error.code() != StatusCode::kCancelled) {
-      chunks->push_back(Error(500, ev.error.message(), "server_error").ToJson());
-      return;
-    }
-    if (r.kind == ApiKind::kGenerate) {
-      json chunk = {{"text", c.text}, {"output_ids", c.tokens}, {"meta_info", MetaInfo(job, c)},
-                    {"index", i}};
-      chunks->push_back(chunk);
-      return;
-    }
-    const size_t to = c.tokens.size();
-    json ch = {{"index", i}, {"finish_reason", ev.finished ? json(FinishName(ev)) : json(nullptr)}};
-    if (r.kind == ApiKind::kChat) {
-      json delta = json::object();
-      if (!c.sent_role) {
-        delta["role"] = "assistant";
-        c.sent_role = true;
-      }
-      if (!ev.text.empty() || !ev.finished) delta["content"] = ev.text;
-      ch["delta"] = delta;
-      ch["logprobs"] = r.chat_logprobs ? ChatLogprobs(c, first, to) : json(nullptr);
-    } else {
-      ch["text"] = ev.text;
-      ch["logprobs"] = r.logprobs >= 0 ? CompletionLogprobs(c, first, to) : json(nullptr);
-    }
-    if (ev.finished && !ev.stop_matched.empty()) ch["matched_stop"] = ev.stop_matched;
-    chunks->push_back({{"id", job.id},
-                       {"object", r.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion"},
-                       {"created", job.created},
-                       {"model", options_.model_name},
-                       {"choices", json::array({ch})}});
-  }
+  void Abort(Job& job) { AbortJob(*engine_, job); }
 
   bool Pump(const std::shared_ptr<Job>& job, httplib::DataSink& sink) {
     try {
@@ -594,22 +313,7 @@ class HttpServer::Impl {
         Abort(*job);
         return false;
       }
-      std::vector<json> chunks;
-      Collect(*job, std::chrono::milliseconds(50), &chunks);
-      std::string out;
-      for (const auto& c : chunks) out += "data: " + Dump(c) + "\n\n";
-      if (AllFinished(*job)) {
-        if (job->req.include_usage && job->req.kind != ApiKind::kGenerate) {
-          out += "data: " + Dump({{"id", job->id},
-                                  {"object", job->req.kind == ApiKind::kChat ? "chat.completion.chunk" : "text_completion"},
-                                  {"created", job->created},
-                                  {"model", options_.model_name},
-                                  {"choices", json::array()},
-                                  {"usage", Usage(*job)}}) + "\n\n";
-        }
-        out += "data: [DONE]\n\n";
-        job->done_sent = true;
-      }
+      const std::string out = NextSseText(*job, std::chrono::milliseconds(50));
       if (!out.empty()) {
         if (!sink.write(out.data(), out.size())) {
           Abort(*job);
@@ -631,8 +335,8 @@ class HttpServer::Impl {
   ServerOptions options_;
   engine::Engine* engine_;
   const TextCodec* codec_;
-  httplib::Server svr_;
-  int port_ = 0;
+  HttpTransport transport_;
+  httplib::Server& svr_;  // transport_'s, where the routes go
   std::atomic<bool> stopping_{false};
   int64_t started_ = UnixTime();
 };
