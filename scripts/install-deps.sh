@@ -20,6 +20,9 @@ packages=(
   libopenmpi-dev openmpi-bin
   # tests
   libgtest-dev libgmock-dev
+  # Vulkan device plugin: loader + headers, GLSL->SPIR-V compiler, Mesa's lavapipe (a CPU Vulkan
+  # driver, so its tests run without a GPU) and vulkaninfo for diagnosis
+  libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
 )
 
 log() { echo "[install-deps] $*"; }
