@@ -14,11 +14,13 @@
 #include <thread>
 
 #include "common/fake_runner.h"
+#include "common/sse.h"
 
 namespace polychip::server {
 namespace {
 
 using engine::testing::FakeRunner;
+using polychip::testing::SseEvents;
 using nlohmann::json;
 constexpr int64_t kVocab = 300;
 
@@ -123,24 +125,6 @@ std::string ReadAll(int fd) {
   while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, n);
   close(fd);
   return out;
-}
-
-std::vector<json> SseEvents(const std::string& raw, bool* saw_done) {
-  std::vector<json> events;
-  std::istringstream in(raw);
-  std::string line;
-  *saw_done = false;
-  while (std::getline(in, line)) {
-    if (line.rfind("data: ", 0) != 0) continue;
-    std::string payload = line.substr(6);
-    if (!payload.empty() && payload.back() == '\r') payload.pop_back();
-    if (payload == "[DONE]") {
-      *saw_done = true;
-      continue;
-    }
-    events.push_back(json::parse(payload, nullptr, false));
-  }
-  return events;
 }
 
 TEST(HttpServer, InfoEndpoints) {

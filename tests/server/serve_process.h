@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <memory>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/command.h"
+#include "common/sse.h"
 
 namespace polychip::server::testing {
 
@@ -156,24 +156,7 @@ class ServeProcess {
   int port_ = 0;
 };
 
-// The `data:` payloads of an SSE body; `done` tells whether `data: [DONE]` came.
-inline std::vector<json> SseEvents(const std::string& raw, bool* done) {
-  std::vector<json> events;
-  std::istringstream in(raw);
-  std::string line;
-  *done = false;
-  while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.rfind("data: ", 0) != 0) continue;
-    const std::string payload = line.substr(6);
-    if (payload == "[DONE]") {
-      *done = true;
-      continue;
-    }
-    events.push_back(json::parse(payload, nullptr, false));
-  }
-  return events;
-}
+using polychip::testing::SseEvents;
 
 // A streaming POST; returns the status and the raw body.
 inline std::pair<int, std::string> PostStream(const ServeProcess& s, const std::string& path,
