@@ -18,6 +18,9 @@ packages=(
   libpcre2-dev
   # MPI comm plugin (and mpirun for its tests)
   libopenmpi-dev openmpi-bin
+  # Gloo comm plugin (TCP collectives for --nnodes launches without mpirun); iproute2 for the
+  # two-host tests (network namespaces)
+  libgloo-dev iproute2
   # tests
   libgtest-dev libgmock-dev
   # Vulkan device plugin: loader + headers, GLSL->SPIR-V compiler, Mesa's lavapipe (a CPU Vulkan
