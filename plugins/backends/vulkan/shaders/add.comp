@@ -1,0 +1,13 @@
+#version 450
+#include "common.glsl"
+// out[i] = a[i] + b[i]; out may alias a or b.
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 2) writeonly buffer O { float o[]; };
+layout(push_constant) uniform P { uint a_off, b_off, o_off, n; } p;
+void main() {
+  uint i = WorkgroupLinear() * 256u + gl_LocalInvocationID.x;
+  if (i >= p.n) return;
+  o[p.o_off + i] = a[p.a_off + i] + b[p.b_off + i];
+}

@@ -1,0 +1,104 @@
+#version 450
+#include "common.glsl"
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_buffer_reference_uvec2 : require
+// Paged causal attention with GQA, prefill and decode alike: one workgroup per (query row, head).
+// The row's positions go by in tiles of 64 (one per invocation for the scores, then every
+// invocation accumulates its own output dimensions) with an online softmax, so any context
+// length fits in fixed shared memory. Caches by device address (see kv_store.comp).
+layout(local_size_x = 64) in;
+layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint d[]; };
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) writeonly buffer O { float o[]; };
+layout(std430, binding = 2) readonly buffer QS { int qstart[]; };
+layout(std430, binding = 3) readonly buffer SL { int seq_lens[]; };
+layout(std430, binding = 4) readonly buffer BT { int btab[]; };
+layout(push_constant) uniform P {
+  uvec2 k_cache, v_cache;
+  uint q_off, o_off, qs_off, sl_off, bt_off;
+  uint n_tokens, n_seqs, n_heads, n_kv_heads, head_dim, block_size, max_blocks, dtype;
+  float scale;
+} p;
+
+#define MAX_DIM 256u
+#define DIMS_PER (MAX_DIM / 64u)
+shared float qv[MAX_DIM];
+shared float sc[64];
+shared uint slot_of[64];
+shared float red[64];
+
+float Cache(Words c, uint e) {
+  if (p.dtype == 0u) return uintBitsToFloat(c.d[e]);
+  uint h = (c.d[e >> 1] >> ((e & 1u) * 16u)) & 0xFFFFu;
+  return p.dtype == 1u ? F16ToF32(h) : Bf16ToF32(h);
+}
+
+void main() {
+  uint g = WorkgroupLinear();
+  if (g >= p.n_tokens * p.n_heads) return;
+  uint t = g / p.n_heads, h = g % p.n_heads;
+  uint lid = gl_LocalInvocationID.x;
+  uint s = 0u;
+  while (s + 1u < p.n_seqs && uint(qstart[p.qs_off + s + 1u]) <= t) ++s;
+  uint q0 = uint(qstart[p.qs_off + s]);
+  uint n_q = uint(qstart[p.qs_off + s + 1u]) - q0;
+  uint n_ctx = uint(seq_lens[p.sl_off + s]) - n_q + (t - q0) + 1u;  // positions 0..own
+  uint kvh = h / (p.n_heads / p.n_kv_heads);
+  Words kc = Words(p.k_cache), vc = Words(p.v_cache);
+  uint hd = p.head_dim;
+  uint qb = p.q_off + (t * p.n_heads + h) * hd;
+  for (uint d = lid; d < hd; d += 64u) qv[d] = q[qb + d];
+  float acc[DIMS_PER];
+  [[unroll]] for (uint i = 0u; i < DIMS_PER; ++i) acc[i] = 0.0;
+  float m_run = -1e30, l_run = 0.0;
+  barrier();
+  for (uint tile = 0u; tile < n_ctx; tile += 64u) {
+    uint pos = tile + lid;
+    float score = -1e30;
+    if (pos < n_ctx) {
+      uint blk = uint(btab[p.bt_off + s * p.max_blocks + pos / p.block_size]);
+      uint slot = blk * p.block_size + pos % p.block_size;
+      slot_of[lid] = slot;
+      uint kb = (slot * p.n_kv_heads + kvh) * hd;
+      float dot_ = 0.0;
+      for (uint d = 0u; d < hd; ++d) dot_ += qv[d] * Cache(kc, kb + d);
+      score = dot_ * p.scale;
+    }
+    red[lid] = score;
+    barrier();
+    for (uint w = 32u; w > 0u; w >>= 1) {
+      if (lid < w) red[lid] = max(red[lid], red[lid + w]);
+      barrier();
+    }
+    float m_new = max(m_run, red[0]);
+    barrier();
+    float pr = pos < n_ctx ? exp(score - m_new) : 0.0;
+    sc[lid] = pr;
+    red[lid] = pr;
+    barrier();
+    for (uint w = 32u; w > 0u; w >>= 1) {
+      if (lid < w) red[lid] += red[lid + w];
+      barrier();
+    }
+    float alpha = exp(m_run - m_new);
+    l_run = l_run * alpha + red[0];
+    m_run = m_new;
+    uint n_here = min(64u, n_ctx - tile);
+    [[unroll]] for (uint i = 0u; i < DIMS_PER; ++i) {
+      uint d = lid + 64u * i;
+      if (d < hd) {
+        float a = acc[i] * alpha;
+        for (uint j = 0u; j < n_here; ++j) {
+          a += sc[j] * Cache(vc, (slot_of[j] * p.n_kv_heads + kvh) * hd + d);
+        }
+        acc[i] = a;
+      }
+    }
+    barrier();
+  }
+  uint ob = p.o_off + (t * p.n_heads + h) * hd;
+  [[unroll]] for (uint i = 0u; i < DIMS_PER; ++i) {
+    uint d = lid + 64u * i;
+    if (d < hd) o[ob + d] = acc[i] / l_run;
+  }
+}
