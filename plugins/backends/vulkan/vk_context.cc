@@ -143,6 +143,8 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
   PhysicalInfo info;
   info.handle = pd;
   VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceSubgroupProperties sg{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  m3.pNext = &sg;
   VkPhysicalDeviceIDProperties id{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES};
   id.pNext = &m3;
   VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
@@ -151,6 +153,9 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
   info.props = p2.properties;
   std::memcpy(info.uuid, id.deviceUUID, VK_UUID_SIZE);
   info.max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : (1ull << 30);
+  info.subgroup_size = sg.subgroupSize;
+  const bool subgroup_ops = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                            (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
 
   VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
@@ -201,6 +206,8 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
     info.why_unusable = "device supports Vulkan < 1.2";
   } else if (!info.timeline) {
     info.why_unusable = "device has no timeline semaphores";
+  } else if (!subgroup_ops) {
+    info.why_unusable = "device has no subgroup arithmetic in compute shaders";
   } else if (info.queue_family == UINT32_MAX) {
     info.why_unusable = "device has no compute queue";
   } else if (info.device_memory_type == UINT32_MAX || info.staging_memory_type == UINT32_MAX) {

@@ -76,6 +76,7 @@ struct PhysicalInfo {
   uint64_t heap_size = 0;
   uint64_t max_alloc = 0;  // maxMemoryAllocationSize, capped by maxBufferSize
   uint32_t queue_family = UINT32_MAX, queue_count = 0;
+  uint32_t subgroup_size = 0;
   bool timestamps = false;
   bool buffer_device_address = false, timeline = false;
   std::string why_unusable;  // empty when usable

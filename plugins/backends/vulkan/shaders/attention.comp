@@ -1,5 +1,6 @@
 #version 450
 #include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference_uvec2 : require
 // Paged causal attention with GQA, prefill and decode alike: one workgroup per (query row, head).
@@ -25,7 +26,7 @@ layout(push_constant) uniform P {
 shared float qv[MAX_DIM];
 shared float sc[64];
 shared uint slot_of[64];
-shared float red[64];
+shared float red_max[64], red_sum[64];  // by subgroup
 
 float Cache(Words c, uint e) {
   if (p.dtype == 0u) return uintBitsToFloat(c.d[e]);
@@ -64,24 +65,20 @@ void main() {
       for (uint d = 0u; d < hd; ++d) dot_ += qv[d] * Cache(kc, kb + d);
       score = dot_ * p.scale;
     }
-    red[lid] = score;
+    float sg_max = subgroupMax(score);
+    if (subgroupElect()) red_max[gl_SubgroupID] = sg_max;
     barrier();
-    for (uint w = 32u; w > 0u; w >>= 1) {
-      if (lid < w) red[lid] = max(red[lid], red[lid + w]);
-      barrier();
-    }
-    float m_new = max(m_run, red[0]);
-    barrier();
+    float m_new = m_run;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) m_new = max(m_new, red_max[i]);
     float pr = pos < n_ctx ? exp(score - m_new) : 0.0;
     sc[lid] = pr;
-    red[lid] = pr;
+    float sg_sum = subgroupAdd(pr);
+    if (subgroupElect()) red_sum[gl_SubgroupID] = sg_sum;
     barrier();
-    for (uint w = 32u; w > 0u; w >>= 1) {
-      if (lid < w) red[lid] += red[lid + w];
-      barrier();
-    }
+    float tile_sum = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) tile_sum += red_sum[i];
     float alpha = exp(m_run - m_new);
-    l_run = l_run * alpha + red[0];
+    l_run = l_run * alpha + tile_sum;
     m_run = m_new;
     uint n_here = min(64u, n_ctx - tile);
     [[unroll]] for (uint i = 0u; i < DIMS_PER; ++i) {

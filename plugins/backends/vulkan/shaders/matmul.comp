@@ -1,9 +1,11 @@
 #version 450
 #include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
 // out[i, j] = sum_k x[i, k] * W[j, k] (+ bias[j]) (+ out[i, j]), W in the format of WT_<format>.
 // A workgroup computes one column j for up to NR rows of x, so that each weight row is decoded
 // once per NR rows (decode: m = 1; prefill: m/NR workgroups per column); its invocations split
-// k and reduce in shared memory.
+// k, reduce within their subgroup (subgroupAdd), then across subgroups through shared memory:
+// one barrier, whatever the subgroup size (8 on lavapipe, 32 or 64 on GPUs).
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Wt { uint w[]; };
@@ -16,7 +18,7 @@ layout(push_constant) uniform P {
 #include "dequant.glsl"
 
 #define NR 8u
-shared float red[NR][64];
+shared float red[NR][64];  // [row][subgroup]
 
 void main() {
   uint g = WorkgroupLinear();
@@ -50,16 +52,14 @@ void main() {
     }
   }
 #endif
-  [[unroll]] for (uint r = 0u; r < NR; ++r) red[r][lid] = acc[r];
-  barrier();
-  for (uint h = 32u; h > 0u; h >>= 1) {
-    if (lid < h) {
-      [[unroll]] for (uint r = 0u; r < NR; ++r) red[r][lid] += red[r][lid + h];
-    }
-    barrier();
+  [[unroll]] for (uint r = 0u; r < NR; ++r) {
+    float v = subgroupAdd(acc[r]);
+    if (subgroupElect()) red[r][gl_SubgroupID] = v;
   }
+  barrier();
   if (lid < nr) {
-    float y = red[lid][0];
+    float y = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) y += red[lid][i];
     if (p.has_bias != 0u) y += bias[p.b_off + j];
     uint oi = p.o_off + (i0 + lid) * p.o_stride + j;
     if (p.accumulate != 0u) y += o[oi];

@@ -1,5 +1,6 @@
 #version 450
 #include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
 // One workgroup per row: out = x / sqrt(mean(x^2) + eps) * weight (weight optional).
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
@@ -14,13 +15,12 @@ void main() {
   uint xb = p.x_off + row * p.dim, ob = p.o_off + row * p.dim;
   float s = 0.0;
   for (uint i = lid; i < p.dim; i += 256u) s += x[xb + i] * x[xb + i];
-  red[lid] = s;
+  s = subgroupAdd(s);
+  if (subgroupElect()) red[gl_SubgroupID] = s;
   barrier();
-  for (uint h = 128u; h > 0u; h >>= 1) {
-    if (lid < h) red[lid] += red[lid + h];
-    barrier();
-  }
-  float scale = 1.0 / sqrt(red[0] / float(p.dim) + p.eps);
+  float total = 0.0;
+  for (uint i = 0u; i < gl_NumSubgroups; ++i) total += red[i];
+  float scale = 1.0 / sqrt(total / float(p.dim) + p.eps);
   for (uint i = lid; i < p.dim; i += 256u) {
     float y = x[xb + i] * scale;
     o[ob + i] = p.has_weight != 0u ? y * wt[p.w_off + i] : y;
