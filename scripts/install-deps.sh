@@ -21,8 +21,8 @@ packages=(
   # Gloo comm plugin (TCP collectives for --nnodes launches without mpirun); iproute2 for the
   # two-host tests (network namespaces)
   libgloo-dev iproute2
-  # tests
-  libgtest-dev libgmock-dev
+  # tests (chromium: the chat page at / is tested in a headless browser)
+  libgtest-dev libgmock-dev chromium
   # Vulkan device plugin: loader + headers, GLSL->SPIR-V compiler, Mesa's lavapipe (a CPU Vulkan
   # driver, so its tests run without a GPU) and vulkaninfo for diagnosis
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
