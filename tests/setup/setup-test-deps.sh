@@ -2,7 +2,8 @@
 # Installs what the tests need outside the source tree, by package name:
 #   - node-llama-cpp@3.21.1 (llama.cpp source bundle, vocabulary GGUFs, tokenizer vectors),
 #     and llama.cpp's tools built from that source (the correctness oracle);
-#   - the official `openai` npm client (the server tests talk to polychip through it).
+#   - the official `openai` npm client (the server tests talk to polychip through it);
+#   - puppeteer-core (drives Debian's chromium, headless, in the chat page's test).
 # Everything goes to $POLYCHIP_CACHE (default ~/.cache/polychip); reruns are cheap.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -12,6 +13,10 @@ mkdir -p "$cache/npm"
 if [ ! -d "$cache/npm/node_modules/openai" ]; then
   echo "[setup] installing the openai npm client into $cache/npm" >&2
   npm install --no-audit --no-fund --prefix "$cache/npm" openai@4 >&2
+fi
+if [ ! -d "$cache/npm/node_modules/puppeteer-core" ]; then
+  echo "[setup] installing puppeteer-core into $cache/npm" >&2
+  npm install --no-audit --no-fund --prefix "$cache/npm" puppeteer-core@23 >&2
 fi
 
 "$here/fetch-llama-cpp.sh"
