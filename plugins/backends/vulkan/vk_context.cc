@@ -154,6 +154,9 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
   std::memcpy(info.uuid, id.deviceUUID, VK_UUID_SIZE);
   info.max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : (1ull << 30);
   info.subgroup_size = sg.subgroupSize;
+  info.subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                          (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
+                          sg.subgroupSize >= 8;
   const bool subgroup_ops = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                             (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
 

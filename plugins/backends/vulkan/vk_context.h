@@ -77,6 +77,7 @@ struct PhysicalInfo {
   uint64_t max_alloc = 0;  // maxMemoryAllocationSize, capped by maxBufferSize
   uint32_t queue_family = UINT32_MAX, queue_count = 0;
   uint32_t subgroup_size = 0;
+  bool subgroup_shuffle = false;  // matvec.comp's xor shuffles (with subgroup_size >= 8)
   bool timestamps = false;
   bool buffer_device_address = false, timeline = false;
   std::string why_unusable;  // empty when usable
