@@ -169,6 +169,12 @@ int32_t OpSupports(pc_device_t*, const pc_op_query_t* q) {
 }
 pc_error_t* OpLaunch(pc_stream_t*, pc_op_t op, const void* args) {
   if (args == nullptr) return Error(PC_CODE_INVALID_ARGUMENT, "NULL args");
+  // Both structs are unchanged since 1.0: a shorter one is a caller bug, never read past.
+  const size_t size = *static_cast<const size_t*>(args);
+  if ((op == PC_OP_ADD && size < sizeof(pc_add_args_t)) ||
+      (op == PC_OP_SWIGLU && size < sizeof(pc_swiglu_args_t))) {
+    return Error(PC_CODE_INVALID_ARGUMENT, "args struct_size too small");
+  }
   if (op == PC_OP_ADD) {
     const auto* a = static_cast<const pc_add_args_t*>(args);
     const float* x = static_cast<const float*>(Ptr(a->a));

@@ -400,7 +400,8 @@ TEST_P(EmuTest, HighPriorityStreamRunsFirst) {
   api_->stream_destroy(high);
 }
 
-INSTANTIATE_TEST_SUITE_P(Emu, EmuTest, testing::ValuesIn(BuiltAmong({"emu"})));
+INSTANTIATE_TEST_SUITE_P(Emu, EmuTest, testing::ValuesIn(BuiltAmong({"emu"})),
+                         [](const auto& info) { return info.param; });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(EmuTest);  // a tree without emu
 
 }  // namespace

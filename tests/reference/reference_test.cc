@@ -50,12 +50,15 @@ bool HaveLlamaCpp() {
 }
 
 struct ModelCase {
-  std::string vocab;  // ggml-vocab-<vocab>.gguf
-  std::string arch;   // llama | qwen2
-  std::string type;   // F32, F16, Q8_0, Q4_0, Q4_K
+  std::string vocab;           // ggml-vocab-<vocab>.gguf
+  std::string arch;            // llama | qwen2 | qwen3
+  std::string type;            // F32, F16, Q8_0, Q4_0, Q4_K, Q4_K_M, ...
+  std::string shape = "tiny";  // a `gguf synth --shape` (qwen3-tiny: qwen3's own head size)
 };
 
 std::string CaseName(const ModelCase& c) { return c.vocab + "_" + c.arch + "_" + c.type; }
+// ctest shows the parameter beside the test name: its name, not its bytes.
+void PrintTo(const ModelCase& c, std::ostream* os) { *os << CaseName(c); }
 
 // Synthesizes (once per process) the tiny model of a case; returns its path, or "" after
 // adding a failure.
@@ -71,7 +74,7 @@ std::string ModelFor(const ModelCase& c) {
   // into place (atomic; the contents are the same), so none reads a half-written model.
   const std::string tmp = out + ".tmp" + std::to_string(getpid());
   const std::string cmd = kPolychip + " gguf synth --vocab " + ShellQuote(vocab) +
-                          " --shape tiny --arch " + c.arch + " --type " + c.type +
+                          " --shape " + c.shape + " --arch " + c.arch + " --type " + c.type +
                           " --seed 7 --weight-std 0.08 --quiet --out " + ShellQuote(tmp);
   const CommandResult r = RunCommand(cmd);
   if (r.exit_code != 0) {
@@ -225,6 +228,10 @@ std::vector<ModelCase> Cases() {
     for (const char* type : {"F32", "F16", "Q8_0", "Q4_0", "Q4_K"}) {
       cases.push_back({vocab, arch, type});
     }
+  }
+  // qwen3-tiny's rows are multiples of 256: the K-quant mixtures apply without fallbacks.
+  for (const char* type : {"F16", "Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q3_K_M", "Q6_K"}) {
+    cases.push_back({"qwen2", "qwen3", type, "qwen3-tiny"});
   }
   return cases;
 }
