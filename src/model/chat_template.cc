@@ -1,5 +1,7 @@
 #include "model/chat_template.h"
 
+#include <spdlog/spdlog.h>
+
 #include <array>
 #include <utility>
 
@@ -89,7 +91,16 @@ ChatFormat DetectChatFormat(std::string_view jinja) {
 
 StatusOr<ChatFormat> SelectChatFormat(std::string_view override_name, std::string_view jinja) {
   if (!override_name.empty()) return ChatFormatFromName(override_name);
-  return DetectChatFormat(jinja);
+  const ChatFormat format = DetectChatFormat(jinja);
+  // ChatML is also the answer when nothing matched: say so, since a model prompted in the
+  // wrong format still answers, only worse.
+  if (jinja.empty()) {
+    spdlog::info("the model has no chat template; using chatml (--chat-template to choose)");
+  } else if (format == ChatFormat::kChatMl && jinja.find("<|im_start|>") == jinja.npos) {
+    spdlog::warn("the model's chat template matches no known format; using chatml "
+                 "(--chat-template to choose)");
+  }
+  return format;
 }
 
 std::string ApplyChatTemplate(ChatFormat format, std::span<const ChatMessage> messages,

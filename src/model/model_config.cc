@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "model/model_shapes.h"
 
@@ -73,10 +74,28 @@ StatusOr<int64_t> GetCount(const GgufFile& f, const std::string& key, bool requi
   } else {
     PC_ASSIGN_OR_RETURN(x, f.GetI64(key));
   }
-  if (x < 0 || x > (int64_t{1} << 40)) {
+  // No real model has a dimension or a count near 2^31, and the bound keeps the product of any
+  // two of them (a tensor's element count, q_dim) inside int64 before the tensors are checked.
+  if (x < 0 || x > std::numeric_limits<int32_t>::max()) {
     return InvalidArgument(fmt::format("hyper-parameter '{}' = {} is out of range", key, x));
   }
   return x;
+}
+
+// A layer has at least kMinLayerTensors tensors (norms, q/k/v/output, gate/up/down), so a block
+// count the file's tensors cannot cover is refused before anything is sized by it: ArchTensors
+// lists ~10 specs per layer, and block_count = 10^9 used to allocate without bound.
+constexpr int64_t kMinLayerTensors = 9;
+
+Status CheckLayerCount(const GgufFile& f, int64_t n_layer, const std::string& key) {
+  const auto n_tensors = static_cast<int64_t>(f.tensors().size());
+  if (n_layer > n_tensors / kMinLayerTensors) {
+    return InvalidArgument(fmt::format("'{}' = {} but the file has {} tensors; {} layers need at "
+                                       "least {} (corrupt metadata?)",
+                                       key, n_layer, n_tensors, n_layer,
+                                       n_layer * kMinLayerTensors));
+  }
+  return Status::Ok();
 }
 
 bool IsMatrixDType(DType t) {
@@ -112,11 +131,16 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   PC_ASSIGN_OR_RETURN(c.n_ff, GetCount(f, key("feed_forward_length"), true, 0));
   PC_ASSIGN_OR_RETURN(c.n_head, GetCount(f, key("attention.head_count"), true, 0));
   PC_ASSIGN_OR_RETURN(c.n_head_kv, GetCount(f, key("attention.head_count_kv"), false, c.n_head));
+  // A context of 0 used to become 4096 without a word; a file that says so is broken.
+  if (c.n_ctx_train <= 0) {
+    return InvalidArgument(fmt::format("hyper-parameter '{}' is 0", key("context_length")));
+  }
   if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0) {
     return InvalidArgument(fmt::format("invalid hyper-parameters: embd={} layers={} heads={} "
                                        "kv_heads={} ff={}",
                                        c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.n_ff));
   }
+  PC_RETURN_IF_ERROR(CheckLayerCount(f, c.n_layer, key("block_count")));
   if (c.n_head % c.n_head_kv != 0) {
     return InvalidArgument(fmt::format("head_count {} is not a multiple of head_count_kv {}",
                                        c.n_head, c.n_head_kv));

@@ -1,6 +1,9 @@
 // Vocab from the `tokenizer.*` metadata of a GGUF file (keys as written by llama.cpp's
 // convert_hf_to_gguf.py).
+#include <spdlog/spdlog.h>
+
 #include <cstdint>
+#include <string>
 
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -8,11 +11,27 @@
 namespace polychip::model {
 namespace {
 
-// A special-token id key, or kNoToken when absent or not an integer.
-TokenId OptionalId(const GgufFile& file, std::string_view key) {
+// A special-token id key, or kNoToken when absent. A value that is not a token id of this
+// vocabulary is ignored as llama.cpp does (the tokenizer's default for that role applies), but
+// said in the log: a silently missing BOS changes every output.
+TokenId OptionalId(const GgufFile& file, std::string_view key, size_t n_tokens) {
   const GgufValue* v = file.Find(key);
-  if (v == nullptr || !IsGgufIntegerType(v->type)) return kNoToken;
-  if (v->i < 0 || v->i > INT32_MAX) return kNoToken;
+  if (v == nullptr) return kNoToken;
+  if (!IsGgufIntegerType(v->type)) {
+    spdlog::warn("{}: {} is {}, not a token id; ignored", file.path(), key, GgufTypeName(v->type));
+    return kNoToken;
+  }
+  const bool in_range = v->type == GgufType::kU64 ? v->u < n_tokens
+                                                  : v->i >= 0 && static_cast<uint64_t>(v->i) <
+                                                                     n_tokens;
+  if (!in_range) {
+    spdlog::warn("{}: {} = {} is outside the vocabulary ({} tokens); ignored, the tokenizer's "
+                 "default applies",
+                 file.path(), key,
+                 v->type == GgufType::kU64 ? std::to_string(v->u) : std::to_string(v->i),
+                 n_tokens);
+    return kNoToken;
+  }
   return static_cast<TokenId>(v->i);
 }
 
@@ -61,18 +80,25 @@ StatusOr<Vocab> LoadVocabFromGguf(const GgufFile& file) {
     vocab.merges.assign(merges->begin(), merges->end());
   }
 
-  vocab.bos = OptionalId(file, "tokenizer.ggml.bos_token_id");
-  vocab.eos = OptionalId(file, "tokenizer.ggml.eos_token_id");
-  vocab.eot = OptionalId(file, "tokenizer.ggml.eot_token_id");
-  vocab.eom = OptionalId(file, "tokenizer.ggml.eom_token_id");
-  vocab.unk = OptionalId(file, "tokenizer.ggml.unknown_token_id");
-  vocab.pad = OptionalId(file, "tokenizer.ggml.padding_token_id");
-  vocab.sep = OptionalId(file, "tokenizer.ggml.seperator_token_id");  // sic, as in GGUF
+  vocab.bos = OptionalId(file, "tokenizer.ggml.bos_token_id", n);
+  vocab.eos = OptionalId(file, "tokenizer.ggml.eos_token_id", n);
+  vocab.eot = OptionalId(file, "tokenizer.ggml.eot_token_id", n);
+  vocab.eom = OptionalId(file, "tokenizer.ggml.eom_token_id", n);
+  vocab.unk = OptionalId(file, "tokenizer.ggml.unknown_token_id", n);
+  vocab.pad = OptionalId(file, "tokenizer.ggml.padding_token_id", n);
+  vocab.sep = OptionalId(file, "tokenizer.ggml.seperator_token_id", n);  // sic, as in GGUF
   vocab.add_bos = OptionalBool(file, "tokenizer.ggml.add_bos_token");
   vocab.add_eos = OptionalBool(file, "tokenizer.ggml.add_eos_token");
   vocab.add_space_prefix = OptionalBool(file, "tokenizer.ggml.add_space_prefix");
   vocab.model_name = file.GetString("general.name", "");
-  vocab.chat_template = file.GetString("tokenizer.chat_template", "");
+  if (const GgufValue* t = file.Find("tokenizer.chat_template")) {
+    if (t->type == GgufType::kString) {
+      vocab.chat_template = std::string(t->str);
+    } else {
+      spdlog::warn("{}: tokenizer.chat_template is {}, not a string; ignored", file.path(),
+                   GgufTypeName(t->type));
+    }
+  }
   return vocab;
 }
 
