@@ -11,6 +11,7 @@
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/model_shapes.h"
+#include "model/quantize.h"
 #include "model/synth.h"
 
 namespace polychip::cli {
@@ -150,9 +151,10 @@ int RunSynth(const SynthArgs& a) {
   opts.weight_std = a.weight_std;
   opts.threads = a.threads;
   opts.progress = !a.quiet;
-  auto type = DTypeFromName(a.type);
-  if (!type) return Error(InvalidArgument("unknown type '" + a.type + "'"));
-  opts.type = *type;
+  auto scheme = model::ParseQuantScheme(a.type);
+  if (!scheme.ok()) return Error(scheme.status());
+  opts.type = scheme->type;
+  opts.mix = scheme->mix;
 
   model::ModelConfig& c = opts.config;
   if (!a.shape.empty()) {
@@ -170,11 +172,13 @@ int RunSynth(const SynthArgs& a) {
   if (!a.arch.empty()) {
     auto arch = model::ArchFromName(a.arch);
     if (!arch.ok()) return Error(arch.status());
-    if (*arch != c.arch && *arch == model::Arch::kQwen2) {  // qwen2's usual settings
+    const bool qwen = *arch == model::Arch::kQwen2 || *arch == model::Arch::kQwen3;
+    if (*arch != c.arch && qwen) {  // the qwen families' usual settings
       c.rope_freq_base = 1e6f;
       c.rms_eps = 1e-6f;
     }
     c.has_qkv_bias = *arch == model::Arch::kQwen2;  // every qwen2 model has q/k/v biases
+    c.has_qk_norm = *arch == model::Arch::kQwen3;   // and every qwen3 model q/k norms
     c.arch = *arch;
   }
   bool resized = a.embd > 0 || a.heads > 0;
@@ -214,14 +218,16 @@ std::function<int()> SetupGguf(CLI::App& app) {
   synth->add_option("--vocab", sa->vocab, "vocabulary GGUF (tokenizer.* keys are copied)")
       ->required();
   synth->add_option("--shape", sa->shape, "named shape: " + shapes);
-  synth->add_option("--arch", sa->arch, "llama|qwen2 (overrides the shape's)");
+  synth->add_option("--arch", sa->arch, "llama|qwen2|qwen3 (overrides the shape's)");
   synth->add_option("--layers", sa->layers, "number of blocks");
   synth->add_option("--embd", sa->embd, "embedding width");
   synth->add_option("--heads", sa->heads, "attention heads");
   synth->add_option("--kv-heads", sa->kv_heads, "key/value heads (GQA)");
   synth->add_option("--ff", sa->ff, "feed-forward width");
   synth->add_option("--ctx", sa->ctx, "training context length to record");
-  synth->add_option("--type", sa->type, "weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_K, ...)");
+  synth->add_option("--type", sa->type,
+                    "weight type (F32, F16, BF16, Q8_0, Q4_0, Q4_K, ...) or a llama-quantize "
+                    "mixture (Q4_K_M, Q5_K_M, Q3_K_M, ...)");
   synth->add_option("--out", sa->out, "output GGUF")->required();
   synth->add_option("--seed", sa->seed, "random seed");
   synth->add_option("--weight-std", sa->weight_std,

@@ -18,14 +18,14 @@ struct QuantizeArgs {
 };
 
 int RunQuantize(const QuantizeArgs& a) {
-  auto type = DTypeFromName(a.type);
-  if (!type || !model::IsQuantizeTarget(*type)) {
-    std::fprintf(stderr, "polychip: error: unsupported type '%s' (supported: %s)\n",
-                 a.type.c_str(), model::QuantizeTargetNames().c_str());
+  auto scheme = model::ParseQuantScheme(a.type);
+  if (!scheme.ok()) {
+    std::fprintf(stderr, "polychip: error: %s\n", scheme.status().message().c_str());
     return 1;
   }
   model::QuantizeOptions opts;
-  opts.type = *type;
+  opts.type = scheme->type;
+  opts.mix = scheme->mix;
   opts.threads = a.threads;
   opts.progress = !a.quiet;
   Status s = model::QuantizeFile(a.in, a.out, opts);
@@ -40,7 +40,7 @@ std::function<int()> SetupQuantize(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   app.add_option("input", a->in, "input GGUF")->required();
   app.add_option("output", a->out, "output GGUF")->required();
-  app.add_option("type", a->type, "target type: " + model::QuantizeTargetNames())->required();
+  app.add_option("type", a->type, "target type: " + model::QuantSchemeNames())->required();
   app.add_option("--threads", a->threads, "worker threads (0: all cores)");
   app.add_flag("-q,--quiet", a->quiet, "no progress output");
   return [a]() { return RunQuantize(*a); };

@@ -8,8 +8,9 @@
 namespace polychip::model {
 namespace {
 
-constexpr std::array<std::pair<ChatFormat, std::string_view>, 9> kNames = {{
+constexpr std::array<std::pair<ChatFormat, std::string_view>, 10> kNames = {{
     {ChatFormat::kChatMl, "chatml"},
+    {ChatFormat::kQwen3, "qwen3"},
     {ChatFormat::kLlama2, "llama2"},
     {ChatFormat::kLlama2Sys, "llama2-sys"},
     {ChatFormat::kLlama2SysBos, "llama2-sys-bos"},
@@ -54,6 +55,56 @@ std::string FormatLlama2(ChatFormat format, std::span<const ChatMessage> message
   return out;
 }
 
+std::string StripChars(std::string_view s, bool front, bool back, std::string_view chars) {
+  size_t begin = 0, end = s.size();
+  while (front && begin < end && chars.find(s[begin]) != s.npos) ++begin;
+  while (back && end > begin && chars.find(s[end - 1]) != s.npos) --end;
+  return std::string(s.substr(begin, end - begin));
+}
+
+// Qwen3's template: ChatML, where the model's reasoning rides in the assistant's content as
+// "<think>...</think>". Turns answered before the last user message lose their reasoning (the
+// model was trained to see only answers there); the turns after it (a tool-calling loop, or an
+// assistant prefix to continue) keep it, re-wrapped as Qwen3 writes it. Nothing is added after
+// the generation prompt, so the model opens its own <think> block, which the answer passes
+// through untouched.
+std::string FormatQwen3(std::span<const ChatMessage> messages, bool add_generation_prompt) {
+  // Without a user message no turn counts as after it (as in Qwen3's template).
+  size_t last_query = messages.empty() ? 0 : messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    if (messages[i].role == "user") {
+      last_query = i;
+      break;
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "assistant") {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      continue;
+    }
+    // The answer follows the last "</think>"; the reasoning precedes the first one.
+    const std::string_view text = m.content;
+    std::string content = m.content, reasoning;
+    if (const size_t last_close = text.rfind("</think>"); last_close != text.npos) {
+      content = StripChars(text.substr(last_close + 8), true, false, "\n");
+      std::string_view before = text.substr(0, text.find("</think>"));
+      if (const size_t open = before.rfind("<think>"); open != before.npos) {
+        before = before.substr(open + 7);
+      }
+      reasoning = StripChars(before, true, true, "\n");
+    }
+    out += "<|im_start|>assistant\n";
+    if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
+      out += "<think>\n" + reasoning + "\n</think>\n\n";
+    }
+    out += content + "<|im_end|>\n";
+  }
+  if (add_generation_prompt) out += "<|im_start|>assistant\n";
+  return out;
+}
+
 }  // namespace
 
 std::string_view ChatFormatName(ChatFormat format) {
@@ -75,7 +126,7 @@ StatusOr<ChatFormat> ChatFormatFromName(std::string_view name) {
 
 ChatFormat DetectChatFormat(std::string_view jinja) {
   auto has = [jinja](std::string_view marker) { return jinja.find(marker) != jinja.npos; };
-  if (has("<|im_start|>")) return ChatFormat::kChatMl;
+  if (has("<|im_start|>")) return has("<think>") ? ChatFormat::kQwen3 : ChatFormat::kChatMl;
   if (has("[INST]")) {
     if (has("content.strip()")) return ChatFormat::kLlama2SysStrip;
     if (has("bos_token + '[INST]")) return ChatFormat::kLlama2SysBos;
@@ -112,6 +163,9 @@ std::string ApplyChatTemplate(ChatFormat format, std::span<const ChatMessage> me
         out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
       }
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      break;
+    case ChatFormat::kQwen3:
+      out = FormatQwen3(messages, add_generation_prompt);
       break;
     case ChatFormat::kLlama2:
     case ChatFormat::kLlama2Sys:

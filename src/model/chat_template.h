@@ -15,6 +15,7 @@ namespace polychip::model {
 
 enum class ChatFormat {
   kChatMl,          // <|im_start|>role\n...<|im_end|>\n      (Qwen, many fine-tunes)
+  kQwen3,           //   ChatML whose assistant turns carry <think>...</think> (Qwen3)
   kLlama2,          // [INST] ... [/INST]                        (no system prompt support)
   kLlama2Sys,       // [INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST]
   kLlama2SysBos,    //   ... with <s> before each later [INST]
@@ -30,8 +31,8 @@ struct ChatMessage {
   std::string content;
 };
 
-// "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3", "phi3",
-// "gemma", "zephyr".
+// "chatml", "qwen3", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3",
+// "phi3", "gemma", "zephyr".
 std::string_view ChatFormatName(ChatFormat format);
 StatusOr<ChatFormat> ChatFormatFromName(std::string_view name);
 

@@ -13,6 +13,7 @@ const char* ArchName(Arch arch) {
   switch (arch) {
     case Arch::kLlama: return "llama";
     case Arch::kQwen2: return "qwen2";
+    case Arch::kQwen3: return "qwen3";
   }
   return "?";
 }
@@ -20,7 +21,8 @@ const char* ArchName(Arch arch) {
 StatusOr<Arch> ArchFromName(std::string_view name) {
   if (name == "llama") return Arch::kLlama;
   if (name == "qwen2") return Arch::kQwen2;
-  return Unimplemented(fmt::format("unsupported architecture {} (supported: llama, qwen2)",
+  if (name == "qwen3") return Arch::kQwen3;
+  return Unimplemented(fmt::format("unsupported architecture {} (supported: llama, qwen2, qwen3)",
                                    name.empty() ? "(none)" : name));
 }
 
@@ -47,8 +49,8 @@ std::string ModelConfig::Summary() const {
     s += fmt::format(" {} x{:g}", RopeScalingName(rope_scaling), rope_scaling_factor);
   }
   if (has_rope_freqs) s += " llama3-freqs";
-  return s + fmt::format(") eps={:g} {}{}", rms_eps, tied_output ? "tied" : "untied",
-                         has_qkv_bias ? " qkv-bias" : "");
+  return s + fmt::format(") eps={:g} {}{}{}", rms_eps, tied_output ? "tied" : "untied",
+                         has_qkv_bias ? " qkv-bias" : "", has_qk_norm ? " qk-norm" : "");
 }
 
 namespace {
@@ -135,11 +137,16 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   if (c.n_ctx_train <= 0) {
     return InvalidArgument(fmt::format("hyper-parameter '{}' is 0", key("context_length")));
   }
+  // A context of 0 used to become 4096 without a word; a file that says so is broken.
+  if (c.n_ctx_train <= 0) {
+    return InvalidArgument(fmt::format("hyper-parameter '{}' is 0", key("context_length")));
+  }
   if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0) {
     return InvalidArgument(fmt::format("invalid hyper-parameters: embd={} layers={} heads={} "
                                        "kv_heads={} ff={}",
                                        c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.n_ff));
   }
+  PC_RETURN_IF_ERROR(CheckLayerCount(f, c.n_layer, key("block_count")));
   PC_RETURN_IF_ERROR(CheckLayerCount(f, c.n_layer, key("block_count")));
   if (c.n_head % c.n_head_kv != 0) {
     return InvalidArgument(fmt::format("head_count {} is not a multiple of head_count_kv {}",
@@ -218,6 +225,7 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.has_output_bias = f.FindTensor("output.bias") != nullptr;
   c.has_qkv_bias = f.FindTensor(LayerTensorName(0, "attn_q.bias")) != nullptr;
   c.has_rope_freqs = f.FindTensor("rope_freqs.weight") != nullptr;
+  c.has_qk_norm = c.arch == Arch::kQwen3;
   if (f.FindTensor(LayerTensorName(0, "attn_qkv.weight")) != nullptr) {
     return Unimplemented("fused attn_qkv weights are not supported (separate q/k/v expected)");
   }

@@ -12,9 +12,9 @@
 
 namespace polychip::model {
 
-enum class Arch { kLlama, kQwen2 };
-const char* ArchName(Arch arch);  // "llama", "qwen2"
-// Unimplemented "unsupported architecture X (supported: llama, qwen2)" for anything else.
+enum class Arch { kLlama, kQwen2, kQwen3 };
+const char* ArchName(Arch arch);  // "llama", "qwen2", "qwen3"
+// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3)" for anything else.
 StatusOr<Arch> ArchFromName(std::string_view name);
 
 enum class RopeScaling { kNone, kLinear, kYarn };
@@ -35,7 +35,8 @@ struct ModelConfig {
   int64_t head_dim_v = 0;  // per-head size of v (attention.value_length or head_dim)
   float rms_eps = 1e-5f;
 
-  // RoPE (NeoX-style for qwen2, normal for llama; the architecture decides, not the file).
+  // RoPE (NeoX-style for qwen2 and qwen3, normal for llama; the architecture decides, not the
+  // file).
   int64_t n_rot = 0;                // rotated dims per head (rope.dimension_count or head_dim)
   float rope_freq_base = 10000.0f;  // rope.freq_base
   RopeScaling rope_scaling = RopeScaling::kNone;
@@ -47,6 +48,9 @@ struct ModelConfig {
   bool tied_output = false;    // no output.weight: the logits reuse token_embd.weight
   bool has_qkv_bias = false;   // blk.N.attn_{q,k,v}.bias present (qwen2)
   bool has_output_bias = false;  // output.bias present
+  // blk.N.attn_{q,k}_norm.weight [head_dim]: every head of q and k is RMS-normed before RoPE
+  // (qwen3; the architecture decides, not the file).
+  bool has_qk_norm = false;
 
   int64_t q_dim() const { return n_head * head_dim; }      // rows of attn_q
   int64_t kv_dim() const { return n_head_kv * head_dim; }  // rows of attn_k

@@ -182,6 +182,10 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     auto name = [l](const char* suffix) { return LayerTensorName(l, suffix); };
     PC_ASSIGN_OR_RETURN(L.attn_norm, up.Vector(name("attn_norm.weight"), c.n_embd));
     PC_ASSIGN_OR_RETURN(L.ffn_norm, up.Vector(name("ffn_norm.weight"), c.n_embd));
+    if (c.has_qk_norm) {  // one weight for every head: a tensor-parallel rank takes it whole
+      PC_ASSIGN_OR_RETURN(L.q_norm, up.Vector(name("attn_q_norm.weight"), c.head_dim));
+      PC_ASSIGN_OR_RETURN(L.k_norm, up.Vector(name("attn_k_norm.weight"), c.head_dim));
+    }
     if (shard_size == 1) {
       PC_ASSIGN_OR_RETURN(L.wq, up.Matrix(name("attn_q.weight")));
       PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(name("attn_k.weight")));

@@ -23,6 +23,10 @@ std::vector<TensorSpec> ArchTensors(const ModelConfig& c) {
       t.push_back({n("attn_v.bias"), {c.v_dim()}, TensorRole::kBias});
     }
     t.push_back({n("attn_output.weight"), {c.n_head * c.head_dim_v, c.n_embd}, TensorRole::kMatrix});
+    if (c.has_qk_norm) {
+      t.push_back({n("attn_q_norm.weight"), {c.head_dim}, TensorRole::kNorm});
+      t.push_back({n("attn_k_norm.weight"), {c.head_dim}, TensorRole::kNorm});
+    }
     t.push_back({n("ffn_norm.weight"), {c.n_embd}, TensorRole::kNorm});
     t.push_back({n("ffn_gate.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
     t.push_back({n("ffn_up.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
@@ -56,7 +60,7 @@ ModelConfig Make(Arch arch, int64_t layers, int64_t embd, int64_t heads, int64_t
 }  // namespace
 
 std::vector<std::string> ShapePresetNames() {
-  return {"qwen2.5-0.5b", "llama-3.2-1b", "tinyllama-1.1b", "tiny"};
+  return {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b", "tinyllama-1.1b", "tiny", "qwen3-tiny"};
 }
 
 StatusOr<ModelConfig> ShapePreset(std::string_view name) {
@@ -65,6 +69,12 @@ StatusOr<ModelConfig> ShapePreset(std::string_view name) {
     // Qwen/Qwen2.5-0.5B config.json
     c = Make(Arch::kQwen2, 24, 896, 14, 2, 4864, 32768, 1e6f, 1e-6f, /*tied=*/true);
     c.has_qkv_bias = true;
+  } else if (name == "qwen3-0.6b") {
+    // Qwen/Qwen3-0.6B config.json: head_dim 128 with 16 heads, so q is 2048 wide over a
+    // hidden size of 1024.
+    c = Make(Arch::kQwen3, 28, 1024, 16, 8, 3072, 40960, 1e6f, 1e-6f, /*tied=*/true);
+    c.head_dim = c.head_dim_v = c.n_rot = 128;
+    c.has_qk_norm = true;
   } else if (name == "llama-3.2-1b") {
     // meta-llama/Llama-3.2-1B config.json: rope_scaling llama3, factor 32, original ctx 8192
     c = Make(Arch::kLlama, 16, 2048, 32, 8, 8192, 131072, 500000.0f, 1e-5f, /*tied=*/true);
@@ -75,6 +85,12 @@ StatusOr<ModelConfig> ShapePreset(std::string_view name) {
   } else if (name == "tiny") {
     // For tests: small enough to run anywhere, GQA, untied, rows of 128 and 256.
     c = Make(Arch::kLlama, 2, 128, 4, 2, 256, 2048, 10000.0f, 1e-5f, /*tied=*/false);
+  } else if (name == "qwen3-tiny") {
+    // For tests: qwen3's decoupled head size (4 heads of 128 over a width of 256), every row a
+    // multiple of 256 so that the K-quants apply to every matrix (no fallback types).
+    c = Make(Arch::kQwen3, 2, 256, 4, 2, 512, 2048, 1e6f, 1e-6f, /*tied=*/false);
+    c.head_dim = c.head_dim_v = c.n_rot = 128;
+    c.has_qk_norm = true;
   } else {
     std::string names;
     for (const std::string& n : ShapePresetNames()) names += (names.empty() ? "" : ", ") + n;

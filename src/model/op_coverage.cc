@@ -57,6 +57,7 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType
 
   add(Op::kEmbedding, {dtype_of("token_embd.weight")}, "token_embd.weight");
   add(Op::kRmsNorm, {}, "blk.*.attn_norm, blk.*.ffn_norm, output_norm");
+  if (c.has_qk_norm) add(Op::kRmsNorm, {}, "blk.*.attn_q_norm, blk.*.attn_k_norm (per head)");
   // Layer weights may mix dtypes (the _M quantization mixes keep some tensors at a higher
   // precision, and vary them between layers): one row per dtype actually present.
   static const char* kMatrices[] = {"attn_q", "attn_k", "attn_v", "attn_output",

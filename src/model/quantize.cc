@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -30,6 +31,96 @@ DType Fallback(DType t) {
     default: return DType::kF16;
   }
 }
+struct MixInfo {
+  QuantMix mix;
+  const char* name;
+  DType base;
+  uint32_t file_type;  // enum llama_ftype
+};
+constexpr MixInfo kMixes[] = {
+    {QuantMix::kQ3_K_S, "Q3_K_S", DType::kQ3_K, 11},
+    {QuantMix::kQ3_K_M, "Q3_K_M", DType::kQ3_K, 12},
+    {QuantMix::kQ3_K_L, "Q3_K_L", DType::kQ3_K, 13},
+    {QuantMix::kQ4_K_S, "Q4_K_S", DType::kQ4_K, 14},
+    {QuantMix::kQ4_K_M, "Q4_K_M", DType::kQ4_K, 15},
+    {QuantMix::kQ5_K_S, "Q5_K_S", DType::kQ5_K, 16},
+    {QuantMix::kQ5_K_M, "Q5_K_M", DType::kQ5_K, 17},
+};
+
+const MixInfo* FindMix(QuantMix mix) {
+  for (const MixInfo& m : kMixes) {
+    if (m.mix == mix) return &m;
+  }
+  return nullptr;
+}
+
+// llama-quantize's "use more bits" layers: the first and last eighth, and every third between.
+bool MoreBitsLayer(int64_t i, int64_t n) {
+  return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+// "blk.12.ffn_down.weight" -> layer 12 and "ffn_down"; layer -1 outside the blocks.
+int64_t SplitLayerName(const std::string& name, std::string* base) {
+  *base = name;
+  if (const size_t dot = base->rfind(".weight"); dot != std::string::npos) base->resize(dot);
+  if (name.rfind("blk.", 0) != 0) return -1;
+  const size_t end = name.find('.', 4);
+  if (end == std::string::npos) return -1;
+  int64_t layer = 0;
+  for (size_t i = 4; i < end; ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    layer = layer * 10 + (name[i] - '0');
+  }
+  *base = base->substr(end + 1);
+  return layer;
+}
+
+// The mixture's type for a matrix, before the row-length fallbacks.
+DType MixTensorType(const std::string& name, const std::vector<int64_t>& dims, QuantMix mix,
+                    DType base, const MixModel& model) {
+  if (mix == QuantMix::kUniform) return base;
+  std::string role;
+  const int64_t layer = SplitLayerName(name, &role);
+  const int64_t n = model.n_layer;
+  const bool output =
+      name == "output.weight" || (model.tied_embeddings && name == "token_embd.weight");
+  if (output) {
+    // Q6_K where its rows fit the base type's super-block, else Q8_0.
+    return dims[0] % BlockElems(base) == 0 ? DType::kQ6_K : DType::kQ8_0;
+  }
+  if (layer < 0) return base;
+  using M = QuantMix;
+  if (role == "attn_v") {
+    switch (mix) {
+      case M::kQ3_K_M: return layer < 2 ? DType::kQ5_K : DType::kQ4_K;
+      case M::kQ3_K_L: return DType::kQ5_K;
+      case M::kQ4_K_M: case M::kQ5_K_M: return MoreBitsLayer(layer, n) ? DType::kQ6_K : base;
+      case M::kQ4_K_S: return layer < 4 ? DType::kQ5_K : base;
+      default: return base;
+    }
+  }
+  if (role == "ffn_down") {
+    switch (mix) {
+      case M::kQ3_K_M: return layer < n / 16 ? DType::kQ5_K : DType::kQ4_K;
+      case M::kQ3_K_L: return DType::kQ5_K;
+      case M::kQ4_K_M: case M::kQ5_K_M: return MoreBitsLayer(layer, n) ? DType::kQ6_K : base;
+      case M::kQ4_K_S: return layer < n / 8 ? DType::kQ5_K : base;
+      default: return base;
+    }
+  }
+  if (role == "attn_output") {
+    if (mix == M::kQ3_K_M) return DType::kQ4_K;
+    if (mix == M::kQ3_K_L) return DType::kQ5_K;
+    return base;
+  }
+  if (role == "attn_qkv") {  // fused q/k/v (phi3)
+    if (mix == M::kQ3_K_M || mix == M::kQ3_K_L) return DType::kQ4_K;
+    if (mix == M::kQ4_K_M) return DType::kQ5_K;
+    if (mix == M::kQ5_K_M) return DType::kQ6_K;
+  }
+  return base;
+}
+
 }  // namespace
 
 bool IsQuantizeTarget(DType type) {
@@ -44,11 +135,17 @@ std::string QuantizeTargetNames() {
 
 DType ChooseTensorType(const std::string& name, const std::vector<int64_t>& dims, DType target,
                        std::string* warning) {
+  return ChooseTensorType(name, dims, QuantScheme{target, QuantMix::kUniform}, MixModel{},
+                          warning);
+}
+
+DType ChooseTensorType(const std::string& name, const std::vector<int64_t>& dims,
+                       const QuantScheme& scheme, const MixModel& model, std::string* warning) {
   size_t real_dims = dims.size();
   while (real_dims > 1 && dims[real_dims - 1] == 1) --real_dims;  // [n, 1] is still a vector
   if (real_dims <= 1 || name == "rope_freqs.weight") return DType::kF32;
   int64_t row = dims[0];
-  DType t = target;
+  DType t = MixTensorType(name, dims, scheme.mix, scheme.type, model);
   while (RowBytes(t, row) < 0) {
     DType next = Fallback(t);
     if (warning) {
@@ -58,6 +155,39 @@ DType ChooseTensorType(const std::string& name, const std::vector<int64_t>& dims
     t = next;
   }
   return t;
+}
+
+StatusOr<QuantScheme> ParseQuantScheme(std::string_view name) {
+  for (const MixInfo& m : kMixes) {
+    if (name.size() == std::strlen(m.name) &&
+        std::equal(name.begin(), name.end(), m.name, [](char a, char b) {
+          return std::toupper(static_cast<unsigned char>(a)) == b;
+        })) {
+      return QuantScheme{m.base, m.mix};
+    }
+  }
+  auto type = DTypeFromName(name);
+  if (!type || !IsQuantizeTarget(*type)) {
+    return InvalidArgument(fmt::format("unsupported type '{}' (supported: {})", name,
+                                       QuantSchemeNames()));
+  }
+  return QuantScheme{*type, QuantMix::kUniform};
+}
+
+std::string QuantSchemeName(const QuantScheme& scheme) {
+  const MixInfo* m = FindMix(scheme.mix);
+  return m != nullptr ? m->name : DTypeName(scheme.type);
+}
+
+std::string QuantSchemeNames() {
+  std::string s = QuantizeTargetNames();
+  for (const MixInfo& m : kMixes) s += std::string(", ") + m.name;
+  return s;
+}
+
+uint32_t LlamaFileType(const QuantScheme& scheme) {
+  const MixInfo* m = FindMix(scheme.mix);
+  return m != nullptr ? m->file_type : LlamaFileType(scheme.type);
 }
 
 uint32_t LlamaFileType(DType target) {
@@ -144,16 +274,34 @@ Status ConvertRows(DType src_type, const uint8_t* src, DType dst_type, uint8_t* 
   return s;
 }
 
+namespace {
+
+// The model facts a mixture's rules read, from a file's metadata and tensor names.
+MixModel MixModelOf(const GgufFile& f) {
+  MixModel m;
+  const std::string arch = f.GetString("general.architecture", "");
+  m.n_layer = f.GetI64(arch + ".block_count", 0);
+  const int64_t heads = f.GetI64(arch + ".attention.head_count", 1);
+  const int64_t kv_heads = f.GetI64(arch + ".attention.head_count_kv", heads);
+  m.n_gqa = kv_heads > 0 ? heads / kv_heads : 1;
+  m.tied_embeddings = f.FindTensor("output.weight") == nullptr;
+  return m;
+}
+
+}  // namespace
+
 Status QuantizeFile(const std::string& in, const std::string& out, const QuantizeOptions& opts) {
   if (!IsQuantizeTarget(opts.type)) {
     return InvalidArgument(fmt::format("unsupported target type {} (supported: {})",
                                        DTypeName(opts.type), QuantizeTargetNames()));
   }
+  const QuantScheme scheme{opts.type, opts.mix};
   PC_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> src, GgufFile::Open(in));
+  const MixModel model = MixModelOf(*src);
   GgufWriter w;
   for (const auto& [key, value] : src->metadata()) w.SetValue(key, value);
   if (src->Has("general.alignment")) w.SetAlignment(static_cast<uint32_t>(src->alignment()));
-  w.SetU32("general.file_type", LlamaFileType(opts.type));
+  w.SetU32("general.file_type", LlamaFileType(scheme));
   if (IsQuantized(opts.type)) w.SetU32("general.quantization_version", 2);
 
   const int threads = ResolveThreads(opts.threads);
@@ -162,7 +310,7 @@ Status QuantizeFile(const std::string& in, const std::string& out, const Quantiz
   for (size_t i = 0; i < n; ++i) {
     const GgufTensor& t = src->tensors()[i];
     std::string warning;
-    chosen[i] = ChooseTensorType(t.name, t.dims, opts.type, &warning);
+    chosen[i] = ChooseTensorType(t.name, t.dims, scheme, model, &warning);
     if (!warning.empty()) std::fprintf(stderr, "warning: %s\n", warning.c_str());
     PC_RETURN_IF_ERROR(w.AddTensor(
         t.name, t.dims.empty() ? std::vector<int64_t>{1} : t.dims, chosen[i],
@@ -187,7 +335,8 @@ Status QuantizeFile(const std::string& in, const std::string& out, const Quantiz
   PC_RETURN_IF_ERROR(w.Write(out, progress));
   if (opts.progress) {
     std::fprintf(stderr, "quantized %zu tensors: %.1f MiB -> %.1f MiB (%s, %d threads)\n", n,
-                 in_bytes / 1048576.0, out_bytes / 1048576.0, DTypeName(opts.type), threads);
+                 in_bytes / 1048576.0, out_bytes / 1048576.0, QuantSchemeName(scheme).c_str(),
+                 threads);
   }
   return Status::Ok();
 }

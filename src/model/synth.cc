@@ -39,12 +39,13 @@ void FillNormal(uint64_t key, float mean, float std, float* out, int64_t n) {
   }
 }
 
-void SetHyperParameters(const ModelConfig& c, DType type, GgufWriter& w) {
+void SetHyperParameters(const ModelConfig& c, const QuantScheme& scheme, GgufWriter& w) {
+  const DType type = scheme.type;
   const std::string a = ArchName(c.arch);
   auto key = [&a](std::string_view k) { return fmt::format("{}.{}", a, k); };
   w.SetString("general.architecture", a);
   w.SetString("general.name", c.name.empty() ? "polychip synthetic " + a : "synthetic " + c.name);
-  w.SetU32("general.file_type", LlamaFileType(type));
+  w.SetU32("general.file_type", LlamaFileType(scheme));
   if (IsQuantized(type)) w.SetU32("general.quantization_version", 2);
   w.SetU32(key("vocab_size"), static_cast<uint32_t>(c.n_vocab));
   w.SetU32(key("context_length"), static_cast<uint32_t>(c.n_ctx_train));
@@ -94,7 +95,9 @@ Status SynthesizeModel(const SynthOptions& opts, const std::string& out) {
   if (c.n_ctx_train <= 0) c.n_ctx_train = 2048;
 
   GgufWriter w;
-  SetHyperParameters(c, opts.type, w);
+  const QuantScheme scheme{opts.type, opts.mix};
+  const MixModel mix_model{c.n_layer, c.n_head / c.n_head_kv, c.tied_output};
+  SetHyperParameters(c, scheme, w);
   for (const auto& [key, value] : vocab->metadata()) {
     if (key.rfind("tokenizer.", 0) == 0) w.SetValue(key, value);
   }
@@ -107,7 +110,7 @@ Status SynthesizeModel(const SynthOptions& opts, const std::string& out) {
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& spec = specs[i];
     std::string warning;
-    types[i] = ChooseTensorType(spec.name, spec.dims, opts.type, &warning);
+    types[i] = ChooseTensorType(spec.name, spec.dims, scheme, mix_model, &warning);
     if (!warning.empty() && opts.progress) std::fprintf(stderr, "warning: %s\n", warning.c_str());
     int64_t row_len = spec.dims[0];
     int64_t n_rows = 1;
@@ -132,7 +135,7 @@ Status SynthesizeModel(const SynthOptions& opts, const std::string& out) {
 
   if (opts.progress) {
     std::fprintf(stderr, "synthesizing %s (%s) -> %s\n", c.Summary().c_str(),
-                 DTypeName(opts.type), out.c_str());
+                 QuantSchemeName(scheme).c_str(), out.c_str());
   }
   GgufWriter::Progress progress;
   if (opts.progress) {

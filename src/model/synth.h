@@ -7,6 +7,7 @@
 
 #include "model/model_config.h"
 #include "model/model_shapes.h"
+#include "model/quantize.h"
 #include "runtime/dtype.h"
 #include "util/status.h"
 
@@ -16,6 +17,7 @@ struct SynthOptions {
   std::string vocab_path;  // a GGUF with tokenizer.* metadata (e.g. ggml-vocab-qwen2.gguf)
   ModelConfig config;      // the shape; n_vocab is taken from the vocabulary
   DType type = DType::kF16;  // weight type (policy of quantize.h)
+  QuantMix mix = QuantMix::kUniform;  // a llama-quantize mixture over `type` (Q4_K_M: Q4_K)
   uint64_t seed = 42;
   float weight_std = 0.02f;  // matrices and biases ~ N(0, std); norms ~ 1 + N(0, std)
   Llama3RopeScaling llama3;  // used when config.has_rope_freqs (llama-3.2-1b: factor 32)

@@ -11,6 +11,8 @@ ArchTraits TraitsFor(Arch arch) {
   switch (arch) {
     case Arch::kQwen2:
       return Qwen2Traits();
+    case Arch::kQwen3:
+      return Qwen3Traits();
     case Arch::kLlama:
     default:
       return LlamaTraits();
@@ -74,6 +76,19 @@ Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positio
   return Launch(stream, a);
 }
 
+Status Transformer::HeadNorm(const runtime::Stream& stream, DevPtr x, DevPtr weight,
+                             int64_t n_tokens, int64_t n_heads) const {
+  // The rows of the norm are the heads: [n_tokens * n_heads, head_dim].
+  runtime::RmsNormArgs a;
+  a.x = x;
+  a.weight = weight;
+  a.out = x;
+  a.n_rows = n_tokens * n_heads;
+  a.dim = c_->head_dim;
+  a.eps = c_->rms_eps;
+  return Launch(stream, a);
+}
+
 Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
                            const StepBuffers& b, const KvCacheView& kv) const {
   const ModelConfig& c = *c_;
@@ -113,6 +128,8 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wq, L.bq, b.q, T, false));  // [T, n_head*hd]
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wk, L.bk, b.k, T, false));  // [T, n_head_kv*hd]
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wv, L.bv, b.v, T, false));  // [T, n_head_kv*hd]
+    if (L.q_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(stream, b.q, L.q_norm, T, c.n_head));
+    if (L.k_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(stream, b.k, L.k_norm, T, c.n_head_kv));
     PC_RETURN_IF_ERROR(Rope(stream, b.q, in.positions, T, c.n_head));
     PC_RETURN_IF_ERROR(Rope(stream, b.k, in.positions, T, c.n_head_kv));
 

@@ -1,9 +1,11 @@
-// The decoder-only transformer shared by the llama family (llama, qwen2): the forward pass of
-// one step written as op launches on a runtime stream. What differs between architectures is
-// described by ArchTraits, defined in one file per architecture (llama.cc, qwen2.cc).
+// The decoder-only transformer shared by the llama family (llama, qwen2, qwen3): the forward
+// pass of one step written as op launches on a runtime stream. What differs between
+// architectures is described by ArchTraits, defined in one file per architecture (llama.cc,
+// qwen2.cc, qwen3.cc), and by the optional weights the file carries.
 //
 // Per step:   x = embedding(tokens)
-//   per layer: xn = rms_norm(x) ; q,k,v = xn W^T (+ bias) ; rope(q), rope(k)
+//   per layer: xn = rms_norm(x) ; q,k,v = xn W^T (+ bias)
+//              (qwen3: q,k = rms_norm per head) ; rope(q), rope(k)
 //              kv_store(k, v) ; a = paged_attention(q) ; x += a Wo^T
 //              xn = rms_norm(x) ; g = silu(xn Wg^T) * (xn Wu^T) ; x += g Wd^T
 //   logits:    h = rms_norm(gather(x, rows)) ; logits = h Wout^T (+ bias)
@@ -27,6 +29,7 @@ struct ArchTraits {
 };
 ArchTraits LlamaTraits();  // llama.cc
 ArchTraits Qwen2Traits();  // qwen2.cc
+ArchTraits Qwen3Traits();  // qwen3.cc
 ArchTraits TraitsFor(Arch arch);
 
 // The paged KV cache: per layer one K and one V buffer of
@@ -94,6 +97,9 @@ class Transformer {
                 runtime::DevPtr bias, runtime::DevPtr out, int64_t m, bool accumulate) const;
   Status Rope(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr positions,
               int64_t n_tokens, int64_t n_heads) const;
+  // RMSNorm of every head of x [n_tokens, n_heads, head_dim] in place, by `weight` [head_dim].
+  Status HeadNorm(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr weight,
+                  int64_t n_tokens, int64_t n_heads) const;
   // x += all_reduce(in W^T + bias) over the tensor-parallel ranks; scratch [m, n_embd].
   Status ReducedResidual(const runtime::Stream& stream, runtime::DevPtr in, const MatrixRef& w,
                          runtime::DevPtr bias, runtime::DevPtr scratch, runtime::DevPtr x,

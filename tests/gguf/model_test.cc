@@ -110,6 +110,52 @@ TEST(ModelConfigTest, Qwen2ShapeHasBiasesAndTiedOutput) {
   EXPECT_EQ((*f)->FindTensor("blk.1.attn_k.weight")->dtype, DType::kF16);
 }
 
+TEST(ModelConfigTest, Qwen3HeadSizeAndQkNorms) {
+  POLYCHIP_REQUIRE_VOCAB(VocabDir() / "ggml-vocab-qwen2.gguf");
+  auto preset = ShapePreset("qwen3-0.6b");
+  ASSERT_TRUE(preset.ok());
+  EXPECT_EQ(preset->arch, Arch::kQwen3);
+  EXPECT_TRUE(preset->tied_output);
+  EXPECT_FALSE(preset->has_qkv_bias);
+  EXPECT_EQ(preset->head_dim, 128);
+  EXPECT_EQ(preset->q_dim(), 2048);  // wider than the hidden size
+  std::string path = Synth("ggml-vocab-qwen2.gguf", "qwen3-tiny", DType::kF16, "qwen3.gguf", 3);
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->GetI64("qwen3.attention.key_length", 0), 128);
+  auto c = ModelConfig::FromGguf(**f);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->arch, Arch::kQwen3);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->q_dim(), 512);
+  EXPECT_TRUE(c->has_qk_norm);
+  EXPECT_FALSE(c->has_qkv_bias);
+  EXPECT_FALSE(c->tied_output);
+  EXPECT_EQ((*f)->tensors().size(), 3u + 2 * 11);
+  EXPECT_EQ((*f)->FindTensor("blk.1.attn_q_norm.weight")->dims, (std::vector<int64_t>{128}));
+  EXPECT_EQ((*f)->FindTensor("blk.1.attn_k_norm.weight")->dtype, DType::kF32);
+  EXPECT_EQ((*f)->FindTensor("blk.1.attn_output.weight")->dims,
+            (std::vector<int64_t>{512, 256}));
+
+  // A qwen3 file without the per-head norms is refused by name.
+  c->has_qk_norm = false;
+  GgufWriter w;
+  for (const auto& [key, value] : (*f)->metadata()) w.SetValue(key, value);
+  for (const TensorSpec& spec : ArchTensors(*c)) {
+    const GgufTensor* t = (*f)->FindTensor(spec.name);
+    ASSERT_NE(t, nullptr) << spec.name;
+    ASSERT_TRUE(w.AddTensor(spec.name, t->dims, t->dtype, t->data).ok());
+  }
+  const std::string broken = (TempDir() / "qwen3-no-norms.gguf").string();
+  ASSERT_TRUE(w.Write(broken).ok());
+  auto g = GgufFile::Open(broken);
+  ASSERT_TRUE(g.ok());
+  auto bad = ModelConfig::FromGguf(**g);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("attn_q_norm"), std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(ModelConfigTest, Llama3RopeFreqs) {
   auto preset = ShapePreset("llama-3.2-1b");
   ASSERT_TRUE(preset.ok());
@@ -136,7 +182,8 @@ TEST(ModelConfigTest, UnsupportedArchitectureAndBrokenModels) {
   auto c = ModelConfig::FromGguf(**f);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnimplemented);
-  EXPECT_EQ(c.status().message(), "unsupported architecture gpt2 (supported: llama, qwen2)");
+  EXPECT_EQ(c.status().message(),
+            "unsupported architecture gpt2 (supported: llama, qwen2, qwen3)");
 
   // A vocabulary-only file is not a model.
   auto vocab_path = VocabDir() / "ggml-vocab-qwen2.gguf";
@@ -202,6 +249,84 @@ TEST(QuantizeTest, Policy) {
   EXPECT_EQ(ChooseTensorType("w", {48, 8}, DType::kBF16, nullptr), DType::kBF16);
   EXPECT_TRUE(IsQuantizeTarget(DType::kQ5_1));
   EXPECT_FALSE(IsQuantizeTarget(DType::kI32));
+}
+
+TEST(QuantizeTest, MixturesGiveTheTensorsThatMatterMoreBits) {
+  // The qwen3-0.6b shape: 28 layers, GQA 2, tied embeddings; its rows are multiples of 256.
+  const MixModel qwen3{28, 2, true};
+  auto type = [&](const char* scheme, const std::string& name, int64_t row = 1024) {
+    auto s = ParseQuantScheme(scheme);
+    EXPECT_TRUE(s.ok()) << scheme;
+    return ChooseTensorType(name, {row, 2048}, *s, qwen3, nullptr);
+  };
+  // Q4_K_M: the tied embedding is the output (Q6_K); attn_v and ffn_down Q6_K on the layers
+  // that get more bits (the first and last eighth, every third between), Q4_K elsewhere.
+  EXPECT_EQ(type("Q4_K_M", "token_embd.weight"), DType::kQ6_K);
+  EXPECT_EQ(type("Q4_K_M", "blk.0.attn_v.weight"), DType::kQ6_K);
+  EXPECT_EQ(type("Q4_K_M", "blk.3.attn_v.weight"), DType::kQ4_K);
+  EXPECT_EQ(type("Q4_K_M", "blk.5.ffn_down.weight"), DType::kQ6_K);
+  EXPECT_EQ(type("Q4_K_M", "blk.6.ffn_down.weight"), DType::kQ4_K);
+  EXPECT_EQ(type("Q4_K_M", "blk.27.ffn_down.weight"), DType::kQ6_K);
+  EXPECT_EQ(type("Q4_K_M", "blk.5.attn_q.weight"), DType::kQ4_K);
+  EXPECT_EQ(type("Q4_K_M", "blk.5.ffn_gate.weight"), DType::kQ4_K);
+  EXPECT_EQ(type("Q5_K_M", "blk.0.attn_v.weight"), DType::kQ6_K);
+  EXPECT_EQ(type("Q5_K_M", "blk.4.attn_k.weight"), DType::kQ5_K);
+  // Q3_K_M: attn_v Q5_K on the first two layers then Q4_K, ffn_down Q5_K on the first
+  // sixteenth then Q4_K, attn_output Q4_K, the rest Q3_K.
+  EXPECT_EQ(type("Q3_K_M", "blk.1.attn_v.weight"), DType::kQ5_K);
+  EXPECT_EQ(type("Q3_K_M", "blk.2.attn_v.weight"), DType::kQ4_K);
+  EXPECT_EQ(type("Q3_K_M", "blk.0.ffn_down.weight"), DType::kQ5_K);
+  EXPECT_EQ(type("Q3_K_M", "blk.1.ffn_down.weight"), DType::kQ4_K);
+  EXPECT_EQ(type("Q3_K_M", "blk.9.attn_output.weight"), DType::kQ4_K);
+  EXPECT_EQ(type("Q3_K_M", "blk.9.ffn_up.weight"), DType::kQ3_K);
+  EXPECT_EQ(type("Q3_K_S", "blk.0.attn_v.weight"), DType::kQ3_K);
+  EXPECT_EQ(type("Q3_K_S", "token_embd.weight"), DType::kQ6_K);
+  // An untied model's embedding keeps the base type; its output matrix is Q6_K.
+  const MixModel untied{28, 2, false};
+  auto q4km = *ParseQuantScheme("q4_k_m");  // names are case-insensitive
+  EXPECT_EQ(ChooseTensorType("token_embd.weight", {1024, 9}, q4km, untied, nullptr), DType::kQ4_K);
+  EXPECT_EQ(ChooseTensorType("output.weight", {1024, 9}, q4km, untied, nullptr), DType::kQ6_K);
+  // Rows that do not fit a super-block: the output takes Q8_0, the others fall back as usual.
+  EXPECT_EQ(type("Q4_K_M", "token_embd.weight", 896), DType::kQ8_0);
+  EXPECT_EQ(type("Q4_K_M", "blk.0.attn_v.weight", 896), DType::kQ8_0);  // Q6_K's fallback
+  EXPECT_EQ(type("Q4_K_M", "blk.3.attn_v.weight", 896), DType::kQ5_0);  // Q4_K's
+  // Plain type names stay uniform; the mixtures carry llama.cpp's file types.
+  auto q4k = ParseQuantScheme("Q4_K");
+  ASSERT_TRUE(q4k.ok());
+  EXPECT_EQ(q4k->mix, QuantMix::kUniform);
+  EXPECT_EQ(ChooseTensorType("token_embd.weight", {1024, 9}, *q4k, qwen3, nullptr), DType::kQ4_K);
+  EXPECT_EQ(LlamaFileType(q4km), 15u);
+  EXPECT_EQ(LlamaFileType(*ParseQuantScheme("Q5_K_M")), 17u);
+  EXPECT_EQ(LlamaFileType(*ParseQuantScheme("Q3_K_M")), 12u);
+  EXPECT_EQ(QuantSchemeName(q4km), "Q4_K_M");
+  auto bad = ParseQuantScheme("Q7_K_M");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("Q4_K_M"), std::string::npos) << bad.status().message();
+}
+
+TEST(QuantizeTest, QuantizesAFileToAMixture) {
+  POLYCHIP_REQUIRE_VOCAB(VocabDir() / "ggml-vocab-qwen2.gguf");
+  const std::string f16 =
+      Synth("ggml-vocab-qwen2.gguf", "qwen3-tiny", DType::kF16, "mix-src.gguf", 4);
+  const std::string out = (TempDir() / "mix-q4km.gguf").string();
+  QuantizeOptions o;
+  o.type = DType::kQ4_K;
+  o.mix = QuantMix::kQ4_K_M;
+  o.threads = 2;
+  o.progress = false;
+  ASSERT_TRUE(QuantizeFile(f16, out, o).ok());
+  auto f = GgufFile::Open(out);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->GetU32("general.file_type", 0), 15u);
+  // Two layers: layer 1 is in the last eighth (more bits), layer 0 is not.
+  EXPECT_EQ((*f)->FindTensor("output.weight")->dtype, DType::kQ6_K);
+  EXPECT_EQ((*f)->FindTensor("token_embd.weight")->dtype, DType::kQ4_K);
+  EXPECT_EQ((*f)->FindTensor("blk.0.attn_v.weight")->dtype, DType::kQ4_K);
+  EXPECT_EQ((*f)->FindTensor("blk.1.attn_v.weight")->dtype, DType::kQ6_K);
+  EXPECT_EQ((*f)->FindTensor("blk.1.ffn_down.weight")->dtype, DType::kQ6_K);
+  EXPECT_EQ((*f)->FindTensor("blk.1.attn_q.weight")->dtype, DType::kQ4_K);
+  EXPECT_EQ((*f)->FindTensor("blk.1.attn_q_norm.weight")->dtype, DType::kF32);
+  EXPECT_TRUE(ModelConfig::FromGguf(**f).ok());
 }
 
 TEST(QuantizeTest, ConvertRowsAcrossThreads) {

@@ -25,6 +25,35 @@ TEST(ChatTemplate, ChatMl) {
             "<|im_start|>user\nHi<|im_end|>\n");
 }
 
+TEST(ChatTemplate, Qwen3KeepsTheReasoningOnlyAfterTheLastQuestion) {
+  const std::vector<ChatMessage> chat = {
+      {"system", "Be brief."},
+      {"user", "2+2?"},
+      {"assistant", "<think>\nadd them\n</think>\n\n4"},
+      {"user", "3+3?"},
+  };
+  // An answered turn keeps its answer only; the generation prompt opens the assistant's turn
+  // and leaves the <think> block to the model (whose output passes it through).
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kQwen3, chat, true),
+            "<|im_start|>system\nBe brief.<|im_end|>\n"
+            "<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n4<|im_end|>\n"
+            "<|im_start|>user\n3+3?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  // After the last question (a turn being continued) the reasoning stays, re-wrapped.
+  const std::vector<ChatMessage> open = {{"user", "3+3?"}, {"assistant", "<think>sum</think>6"}};
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kQwen3, open, false),
+            "<|im_start|>user\n3+3?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nsum\n</think>\n\n6<|im_end|>\n");
+  // Without a question, or without think tags, it is plain ChatML.
+  EXPECT_EQ(ApplyChatTemplate(ChatFormat::kQwen3, kChat, true),
+            ApplyChatTemplate(ChatFormat::kChatMl, kChat, true));
+  EXPECT_EQ(DetectChatFormat("{{'<|im_start|>' + message.role}}{% if '</think>' in content %}"
+                             "{{ '<think>\\n' }}"),
+            ChatFormat::kQwen3);
+  EXPECT_EQ(*ChatFormatFromName("qwen3"), ChatFormat::kQwen3);
+}
+
 TEST(ChatTemplate, Llama2) {
   EXPECT_EQ(ApplyChatTemplate(ChatFormat::kLlama2Sys, kChat, true),
             "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST]Hello.</s>[INST]  Bye  [/INST]");

@@ -230,6 +230,26 @@ TEST(TokenizerSpecial, ChatMarkersOfRealVocabularies) {
   }
 }
 
+// The families of real chat templates (llama.cpp's models/templates, the files' Jinja): Qwen3's
+// reasoning template is told apart from Qwen2.5's plain ChatML by its <think> handling.
+TEST(ChatTemplateFiles, DetectsRealTemplates) {
+  struct Expect {
+    const char* file;
+    ChatFormat format;
+  };
+  for (const Expect& e : {Expect{"Qwen-Qwen3-0.6B.jinja", ChatFormat::kQwen3},
+                          Expect{"Qwen-Qwen2.5-7B-Instruct.jinja", ChatFormat::kChatMl},
+                          Expect{"microsoft-Phi-3.5-mini-instruct.jinja", ChatFormat::kPhi3},
+                          Expect{"google-gemma-2-2b-it.jinja", ChatFormat::kGemma}}) {
+    const fs::path path = ModelsDir() / "templates" / e.file;
+    if (!fs::exists(path)) GTEST_SKIP() << kHowToFetch;
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_EQ(DetectChatFormat(text.str()), e.format) << e.file;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Vocabs, VocabVectors, testing::ValuesIn(VocabsWithVectors()),
                          [](const testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param.substr(strlen("ggml-vocab-"));
