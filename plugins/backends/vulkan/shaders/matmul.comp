@@ -42,11 +42,13 @@ void main() {
   for (uint c = lid; c < p.k / 32u; c += 64u) {
     float v[32];
     Chunk(rb, c, v);
-    [[unroll]] for (uint r = 0u; r < NR; ++r) {
-      if (r < nr) {
+    // Not unrolled: eight copies of the 32-term dot product made lavapipe's compile of each
+    // variant take many seconds; GPU compilers unroll it themselves.
+    [[dont_unroll]] for (uint r = 0u; r < nr; ++r) {
+      {
         uint xr = xb + r * p.x_stride + c * 32u;
         float s = 0.0;
-        [[unroll]] for (uint e = 0u; e < 32u; ++e) s += v[e] * x[xr + e];
+        for (uint e = 0u; e < 32u; ++e) s += v[e] * x[xr + e];
         acc[r] += s;
       }
     }
