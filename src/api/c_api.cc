@@ -1,0 +1,497 @@
+// include/polychip/polychip.h over the framework: the same building blocks as `polychip run`
+// and `polychip serve` (model::OpenModelFile, dist::CreateRunner, engine::Engine), behind C
+// entry points that never let an exception out.
+#include "polychip/polychip.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/plugin_listing.h"
+#include "dist/parallel.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "model/runner.h"
+#include "model/runner_setup.h"
+#include "model/tokenizer.h"
+#include "runtime/config.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/plugin_loader.h"
+#include "util/status.h"
+
+struct polychip_error {
+  polychip_code_t code;
+  std::string message;
+};
+
+struct polychip_model {
+  polychip::model::ModelFile file;
+  std::unique_ptr<polychip::engine::ModelRunner> runner;
+  std::unique_ptr<polychip::engine::Engine> engine;  // after the runner it drives: freed first
+  std::string description;
+  std::atomic<int64_t> next_request{0};
+};
+
+namespace polychip::api {
+namespace {
+
+// StatusCode and polychip_code_t list the same codes in the same order (as pc_code_t does).
+static_assert(static_cast<int>(StatusCode::kInternal) == POLYCHIP_CODE_INTERNAL);
+static_assert(static_cast<int>(StatusCode::kResourceExhausted) ==
+              POLYCHIP_CODE_RESOURCE_EXHAUSTED);
+
+polychip_error_t* ToError(const Status& status) {
+  if (status.ok()) return nullptr;
+  return new polychip_error{static_cast<polychip_code_t>(status.code()), status.message()};
+}
+
+// Runs an entry point's body; an exception (a bug, or std::bad_alloc) becomes INTERNAL.
+template <typename Body>
+polychip_error_t* Guard(Body&& body) noexcept {
+  try {
+    return ToError(body());
+  } catch (const std::exception& e) {
+    return ToError(Internal(std::string("polychip: ") + e.what()));
+  } catch (...) {
+    return ToError(Internal("polychip: unknown exception"));
+  }
+}
+
+// Members beyond the caller's struct_size are absent: the caller was built against an older
+// header, and the member keeps its default.
+#define POLYCHIP_HAS_MEMBER(s, type, member) \
+  ((s) != nullptr && (s)->struct_size >= offsetof(type, member) + sizeof(((type*)0)->member))
+
+runtime::PluginParams ToParams(const polychip_param_t* params, size_t n) {
+  runtime::PluginParams out;
+  for (size_t i = 0; i < n; ++i) {
+    out.emplace_back(params[i].key ? params[i].key : "", params[i].value ? params[i].value : "");
+  }
+  return out;
+}
+
+// <the folder of libpolychip.so>/polychip: where `cmake --install` puts the plugins, so an
+// embedding program finds them wherever it lives (the loader's own default is relative to the
+// executable, which for an embedding program is not polychip's).
+std::vector<std::string> LibrarySearchDirs() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&polychip_api_version), &info) == 0 || !info.dli_fname) {
+    return {};
+  }
+  std::error_code ec;
+  const auto lib = std::filesystem::canonical(info.dli_fname, ec);
+  if (ec) return {};
+  return {(lib.parent_path() / "polychip").string()};
+}
+
+Status CheckNotNull(const void* p, const char* what) {
+  return p ? Status::Ok() : InvalidArgument(std::string(what) + " is NULL");
+}
+
+StatusOr<int64_t> ParseInteger(const std::string& key, const std::string& value) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(value, &used);
+    if (used == value.size()) return static_cast<int64_t>(v);
+  } catch (const std::exception&) {
+  }
+  return InvalidArgument("model parameter " + key + " must be an integer, got '" + value + "'");
+}
+
+// The polychip_model_params_t settings, spelled and defaulted as `polychip serve`'s flags.
+struct ModelSettings {
+  std::string device;
+  std::string config_path;
+  int threads = 0;
+  int64_t context_length = 0;
+  int64_t max_total_tokens = 0;
+  DType kv_dtype = DType::kF16;
+  int32_t max_running_requests = 256;
+  int32_t chunked_prefill_size = 512;
+  int64_t page_size = 16;
+  bool disable_radix_cache = false;
+};
+
+StatusOr<ModelSettings> ReadSettings(const polychip_model_params_t* p) {
+  ModelSettings s;
+  if (p == nullptr) return s;
+  if (POLYCHIP_HAS_MEMBER(p, polychip_model_params_t, device) && p->device) s.device = p->device;
+  if (POLYCHIP_HAS_MEMBER(p, polychip_model_params_t, config_path) && p->config_path) {
+    s.config_path = p->config_path;
+  }
+  if (!POLYCHIP_HAS_MEMBER(p, polychip_model_params_t, n_params) || p->params == nullptr) return s;
+  for (const auto& [key, value] : ToParams(p->params, p->n_params)) {
+    if (key == "kv_cache_dtype") {
+      auto type = DTypeFromName(value);
+      if (!type) return InvalidArgument("unknown KV cache type " + value);
+      s.kv_dtype = *type;
+      continue;
+    }
+    PC_ASSIGN_OR_RETURN(int64_t v, ParseInteger(key, value));
+    if (key == "threads") {
+      s.threads = static_cast<int>(v);
+    } else if (key == "context_length") {
+      s.context_length = v;
+    } else if (key == "max_total_tokens") {
+      s.max_total_tokens = v;
+    } else if (key == "max_running_requests") {
+      s.max_running_requests = static_cast<int32_t>(std::max<int64_t>(v, 1));
+    } else if (key == "chunked_prefill_size") {
+      s.chunked_prefill_size = static_cast<int32_t>(v);
+    } else if (key == "page_size") {
+      s.page_size = std::max<int64_t>(v, 1);
+    } else if (key == "disable_radix_cache") {
+      s.disable_radix_cache = v != 0;
+    } else {
+      return InvalidArgument("unknown model parameter '" + key +
+                             "' (known: threads, context_length, max_total_tokens, "
+                             "kv_cache_dtype, max_running_requests, chunked_prefill_size, "
+                             "page_size, disable_radix_cache)");
+    }
+  }
+  return s;
+}
+
+// Loads the backend the settings select (or the best one discovered) with the library's own
+// plugin folder on the search path, so that the runner's device lookup below finds it loaded.
+// Returns the --device value naming it.
+StatusOr<std::string> SelectBackend(const ModelSettings& s) {
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
+                      runtime::ResolveRuntimeConfig(s.config_path, s.device));
+  for (std::string& dir : LibrarySearchDirs()) config.extra_search_path.push_back(dir);
+  if (s.threads > 0 && config.backend) {
+    config.backend->params.emplace_back("threads", std::to_string(s.threads));
+  }
+  PC_ASSIGN_OR_RETURN(runtime::Selection selection,
+                      runtime::SelectPlugins(config, /*load_all_if_unset=*/true));
+  if (!selection.backend) {
+    return NotFound("no device backend found (pass a device, e.g. \"cpu:0\")");
+  }
+  return s.device.empty() && !config.backend ? selection.backend->name() : s.device;
+}
+
+Status LoadModel(const char* path, const polychip_model_params_t* params,
+                 polychip_model_t** out) {
+  PC_RETURN_IF_ERROR(CheckNotNull(path, "path"));
+  PC_RETURN_IF_ERROR(CheckNotNull(out, "model"));
+  *out = nullptr;
+  PC_ASSIGN_OR_RETURN(ModelSettings s, ReadSettings(params));
+  auto m = std::make_unique<polychip_model>();
+  PC_ASSIGN_OR_RETURN(m->file, model::OpenModelFile(path));
+  PC_ASSIGN_OR_RETURN(std::string device_flag, SelectBackend(s));
+  model::RunnerOptions ro;
+  ro.context_length = s.context_length;
+  ro.block_size = s.page_size;
+  ro.kv_dtype = s.kv_dtype;
+  ro.max_tokens_per_step = std::max(s.chunked_prefill_size, 64) + s.max_running_requests;
+  const int64_t n_ctx_train = m->file.config.n_ctx_train;
+  const int64_t ctx = s.context_length > 0
+                          ? s.context_length
+                          : std::min<int64_t>(n_ctx_train > 0 ? n_ctx_train : 4096, 4096);
+  ro.kv_tokens = std::max(s.max_total_tokens > 0 ? s.max_total_tokens : 65536, ctx);
+  // One rank: several ranks would start copies of the embedding program itself.
+  PC_ASSIGN_OR_RETURN(m->runner, dist::CreateRunner(m->file, s.config_path, device_flag,
+                                                    s.threads, ro, {1, 1}));
+  m->description = m->file.config.Summary() + " on " + dist::DescribeRunner(*m->runner);
+
+  engine::EngineOptions eo;
+  eo.max_running_requests = s.max_running_requests;
+  eo.chunked_prefill_size = s.chunked_prefill_size;
+  eo.context_length = static_cast<int32_t>(s.context_length);
+  eo.enable_prefix_cache = !s.disable_radix_cache;
+  const model::Tokenizer* tok = m->file.tokenizer.get();
+  m->engine = std::make_unique<engine::Engine>(
+      m->runner.get(), eo, [tok](int32_t t) { return tok->Piece(t); }, tok->eog_ids());
+  m->engine->Start();
+  *out = m.release();
+  return Status::Ok();
+}
+
+engine::SamplingParams ToSamplingParams(const polychip_sampling_t* in) {
+  polychip_sampling_t s;
+  polychip_sampling_init(&s);
+  if (in != nullptr) std::memcpy(&s, in, std::min(in->struct_size, sizeof(s)));
+  engine::SamplingParams p;
+  p.temperature = s.temperature;
+  p.top_k = s.top_k;
+  p.top_p = s.top_p;
+  p.min_p = s.min_p;
+  p.repetition_penalty = s.repetition_penalty;
+  p.frequency_penalty = s.frequency_penalty;
+  p.presence_penalty = s.presence_penalty;
+  if (s.seed >= 0) p.seed = static_cast<uint64_t>(s.seed);
+  p.max_tokens = s.max_tokens;
+  p.ignore_eos = s.ignore_eos != 0;
+  p.want_logprob = false;
+  for (size_t i = 0; s.stop != nullptr && i < s.n_stop; ++i) {
+    if (s.stop[i] != nullptr) p.stop.emplace_back(s.stop[i]);
+  }
+  return p;
+}
+
+Status Generate(polychip_model_t* m, const polychip_request_t* in, polychip_result_t* result) {
+  PC_RETURN_IF_ERROR(CheckNotNull(m, "model"));
+  PC_RETURN_IF_ERROR(CheckNotNull(in, "request"));
+  polychip_request_t r;
+  polychip_request_init(&r);
+  std::memcpy(&r, in, std::min(in->struct_size, sizeof(r)));
+
+  engine::GenerateInput input;
+  input.rid = "api-" + std::to_string(m->next_request.fetch_add(1));
+  if (r.prompt_tokens != nullptr) {
+    input.prompt.assign(r.prompt_tokens, r.prompt_tokens + r.n_prompt_tokens);
+  } else {
+    PC_RETURN_IF_ERROR(CheckNotNull(r.prompt, "request prompt"));
+    model::EncodeOptions enc;
+    enc.add_special = true;
+    enc.parse_special = true;  // as `polychip run`
+    input.prompt = m->file.tokenizer->Encode(std::string_view(r.prompt, r.prompt_len), enc);
+  }
+  if (input.prompt.empty()) return InvalidArgument("the prompt is empty after tokenization");
+  input.params = ToSamplingParams(r.sampling);
+  input.priority = r.priority;
+  PC_ASSIGN_OR_RETURN(auto stream, m->engine->Submit(std::move(input)));
+
+  bool cancelled = false;
+  auto deliver = [&](int32_t token, const std::string& text) {
+    if (cancelled || r.on_token == nullptr) return;
+    if (r.on_token(r.user_data, token, text.data(), text.size()) != 0) {
+      cancelled = true;
+      m->engine->Abort(stream);
+    }
+  };
+  for (;;) {
+    for (engine::StreamEvent& ev : stream->Pop(std::chrono::milliseconds(100))) {
+      // The event's text is what its tokens completed: it goes with the last of them.
+      for (size_t i = 0; i < ev.tokens.size(); ++i) {
+        deliver(ev.tokens[i], i + 1 == ev.tokens.size() ? ev.text : std::string());
+      }
+      if (ev.tokens.empty() && !ev.text.empty()) deliver(-1, ev.text);
+      if (!ev.finished) continue;
+      if (!ev.error.ok() && !(cancelled && ev.error.code() == StatusCode::kCancelled)) {
+        return ev.error;
+      }
+      if (result != nullptr) {
+        polychip_result_t out{};
+        out.struct_size = sizeof(out);
+        out.finish = cancelled                              ? POLYCHIP_FINISH_CANCELLED
+                     : ev.finish == engine::FinishReason::kLength ? POLYCHIP_FINISH_LENGTH
+                                                                  : POLYCHIP_FINISH_STOP;
+        out.prompt_tokens = ev.prompt_tokens;
+        out.completion_tokens = ev.completion_tokens;
+        out.cached_tokens = ev.cached_tokens;
+        std::memcpy(result, &out, std::min(result->struct_size, sizeof(out)));
+      }
+      return Status::Ok();
+    }
+  }
+}
+
+// The convention of polychip_tokenize/detokenize: report the size, copy only if it fits.
+template <typename T>
+Status CopyOut(const std::vector<T>& data, T* out, size_t capacity, size_t* size,
+               const char* what) {
+  PC_RETURN_IF_ERROR(CheckNotNull(size, what));
+  *size = data.size();
+  if (data.size() > capacity) {
+    return ResourceExhausted(std::string(what) + ": " + std::to_string(data.size()) +
+                             " needed, capacity " + std::to_string(capacity));
+  }
+  if (!data.empty()) std::memcpy(out, data.data(), data.size() * sizeof(T));
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace polychip::api
+
+using polychip::Status;
+using polychip::api::Guard;
+
+extern "C" {
+
+void polychip_api_version(uint32_t* major, uint32_t* minor) {
+  if (major) *major = POLYCHIP_API_MAJOR;
+  if (minor) *minor = POLYCHIP_API_MINOR;
+}
+
+polychip_code_t polychip_error_code(const polychip_error_t* error) {
+  return error ? error->code : POLYCHIP_CODE_OK;
+}
+const char* polychip_error_message(const polychip_error_t* error) {
+  return error ? error->message.c_str() : "";
+}
+void polychip_error_free(polychip_error_t* error) { delete error; }
+void polychip_string_free(char* text) { delete[] text; }
+
+polychip_error_t* polychip_register_backend_table(const struct pc_backend_iface* table,
+                                                  const polychip_param_t* params,
+                                                  size_t n_params) {
+  return Guard([&]() -> Status {
+    PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(table, "table"));
+    PC_ASSIGN_OR_RETURN(auto backend,
+                        polychip::runtime::PluginRegistry::Global().RegisterBackendTable(
+                            table, polychip::api::ToParams(params, n_params)));
+    polychip::api::MarkRegisteredByProgram(polychip::runtime::PluginKind::kBackend,
+                                           backend->name());
+    return Status::Ok();
+  });
+}
+
+polychip_error_t* polychip_register_backend_path(const char* path, const polychip_param_t* params,
+                                                 size_t n_params) {
+  return Guard([&]() -> Status {
+    PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(path, "path"));
+    PC_ASSIGN_OR_RETURN(auto backend,
+                        polychip::runtime::LoadBackendFromPath(
+                            path, polychip::api::ToParams(params, n_params)));
+    polychip::api::MarkRegisteredByProgram(polychip::runtime::PluginKind::kBackend,
+                                           backend->name());
+    return Status::Ok();
+  });
+}
+
+polychip_error_t* polychip_register_comm_table(const struct pc_comm_iface* table,
+                                               const polychip_param_t* params, size_t n_params) {
+  return Guard([&]() -> Status {
+    PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(table, "table"));
+    PC_ASSIGN_OR_RETURN(auto comm, polychip::runtime::PluginRegistry::Global().RegisterCommTable(
+                                       table, polychip::api::ToParams(params, n_params)));
+    polychip::api::MarkRegisteredByProgram(polychip::runtime::PluginKind::kComm, comm->name());
+    return Status::Ok();
+  });
+}
+
+polychip_error_t* polychip_register_comm_path(const char* path, const polychip_param_t* params,
+                                              size_t n_params) {
+  return Guard([&]() -> Status {
+    PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(path, "path"));
+    PC_ASSIGN_OR_RETURN(auto comm, polychip::runtime::LoadCommFromPath(
+                                       path, polychip::api::ToParams(params, n_params)));
+    polychip::api::MarkRegisteredByProgram(polychip::runtime::PluginKind::kComm, comm->name());
+    return Status::Ok();
+  });
+}
+
+polychip_error_t* polychip_list_plugins(uint32_t flags, char** text) {
+  return Guard([&]() -> Status {
+    PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(text, "text"));
+    *text = nullptr;
+    polychip::runtime::RuntimeConfig config;
+    config.extra_search_path = polychip::api::LibrarySearchDirs();
+    PC_ASSIGN_OR_RETURN(auto listing,
+                        polychip::api::ListPlugins(
+                            config, (flags & POLYCHIP_LIST_DISCOVER)
+                                        ? polychip::api::ListingScope::kDiscovered
+                                        : polychip::api::ListingScope::kLoaded));
+    const std::string s = (flags & POLYCHIP_LIST_JSON)
+                              ? listing.dump(2)
+                              : polychip::api::RenderPluginListing(listing);
+    *text = new char[s.size() + 1];
+    std::memcpy(*text, s.c_str(), s.size() + 1);
+    return Status::Ok();
+  });
+}
+
+void polychip_model_params_init(polychip_model_params_t* params) {
+  if (params == nullptr) return;
+  *params = polychip_model_params_t{};
+  params->struct_size = sizeof(*params);
+}
+
+polychip_error_t* polychip_model_load(const char* path, const polychip_model_params_t* params,
+                                      polychip_model_t** model) {
+  return Guard([&] { return polychip::api::LoadModel(path, params, model); });
+}
+
+void polychip_model_free(polychip_model_t* model) {
+  try {
+    if (model && model->engine) model->engine->Stop();
+    delete model;
+  } catch (...) {
+    // Nothing can be reported from here; the model is gone either way.
+  }
+}
+
+int32_t polychip_model_vocab_size(const polychip_model_t* model) {
+  return model ? static_cast<int32_t>(model->runner->vocab_size()) : 0;
+}
+
+int64_t polychip_model_context_length(const polychip_model_t* model) {
+  return model ? model->engine->context_length() : 0;
+}
+
+const char* polychip_model_describe(const polychip_model_t* model) {
+  return model ? model->description.c_str() : "";
+}
+
+polychip_error_t* polychip_tokenize(const polychip_model_t* model, const char* text,
+                                    size_t text_len, int32_t add_special, int32_t parse_special,
+                                    int32_t* tokens, size_t capacity, size_t* n_tokens) {
+  return Guard([&]() -> Status {
+    PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(model, "model"));
+    if (text_len > 0) PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(text, "text"));
+    polychip::model::EncodeOptions enc;
+    enc.add_special = add_special != 0;
+    enc.parse_special = parse_special != 0;
+    const std::vector<int32_t> ids =
+        model->file.tokenizer->Encode(std::string_view(text, text_len), enc);
+    return polychip::api::CopyOut(ids, tokens, capacity, n_tokens, "tokens");
+  });
+}
+
+polychip_error_t* polychip_detokenize(const polychip_model_t* model, const int32_t* tokens,
+                                      size_t n_tokens, int32_t render_special, char* text,
+                                      size_t capacity, size_t* text_len) {
+  return Guard([&]() -> Status {
+    PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(model, "model"));
+    if (n_tokens > 0) PC_RETURN_IF_ERROR(polychip::api::CheckNotNull(tokens, "tokens"));
+    const int32_t n_vocab = model->file.tokenizer->n_vocab();
+    for (size_t i = 0; i < n_tokens; ++i) {
+      if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+        return polychip::InvalidArgument("token " + std::to_string(tokens[i]) +
+                                         " is outside the vocabulary (" +
+                                         std::to_string(n_vocab) + " tokens)");
+      }
+    }
+    polychip::model::DecodeOptions dec;
+    dec.render_special = render_special != 0;
+    const std::string s = model->file.tokenizer->Decode({tokens, n_tokens}, dec);
+    return polychip::api::CopyOut(std::vector<char>(s.begin(), s.end()), text, capacity,
+                                  text_len, "text");
+  });
+}
+
+void polychip_sampling_init(polychip_sampling_t* sampling) {
+  if (sampling == nullptr) return;
+  *sampling = polychip_sampling_t{};
+  sampling->struct_size = sizeof(*sampling);
+  sampling->temperature = 0.f;
+  sampling->top_p = 1.f;
+  sampling->repetition_penalty = 1.f;
+  sampling->seed = -1;
+  sampling->max_tokens = 128;
+}
+
+void polychip_request_init(polychip_request_t* request) {
+  if (request == nullptr) return;
+  *request = polychip_request_t{};
+  request->struct_size = sizeof(*request);
+}
+
+polychip_error_t* polychip_generate(polychip_model_t* model, const polychip_request_t* request,
+                                    polychip_result_t* result) {
+  return Guard([&] { return polychip::api::Generate(model, request, result); });
+}
+
+}  // extern "C"
