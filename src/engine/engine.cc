@@ -507,6 +507,11 @@ void Engine::ProcessResults(const std::vector<Planned>& plan,
     s->got_first_token = true;
     s->last_token_time = now;
     FinishReason finish = st.finish;
+    if (finish == FinishReason::kNone && s->sampler->matcher() && s->sampler->matcher()->Done()) {
+      // A structured output is complete: nothing but the end token could follow.
+      ev.text += s->stop->Flush();
+      finish = FinishReason::kStop;
+    }
     if (finish == FinishReason::kNone &&
         static_cast<int32_t>(s->tokens.size()) >= s->max_total) {
       ev.text += s->stop->Flush();

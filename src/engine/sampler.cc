@@ -59,6 +59,7 @@ Sampler::Sampler(SamplingParams params, int64_t vocab_size, std::vector<int32_t>
   for (int32_t t : params_.stop_token_ids) masked_until_min_.push_back(t);
   seed_ = params_.seed ? *params_.seed : std::random_device{}();
   rng_.seed(seed_);
+  if (params_.grammar) matcher_.emplace(params_.grammar);
 }
 
 void Sampler::Accept(int32_t token) {
@@ -72,6 +73,9 @@ double Sampler::NextUniform() {
 }
 
 void Sampler::ApplyPenalties(std::vector<float>& logits) const {
+  for (const auto& [token, bias] : params_.logit_bias) {
+    if (token >= 0 && token < vocab_size_) logits[token] += bias;
+  }
   const bool repetition = params_.repetition_penalty != 1.f;
   const bool freq_presence = params_.frequency_penalty != 0.f || params_.presence_penalty != 0.f;
   if (!repetition && !freq_presence) return;
@@ -162,7 +166,8 @@ SampleResult Sampler::Sample(std::span<const float> raw) {
   const bool need_lse = params_.want_logprob || params_.top_logprobs > 0;
   const double lse = need_lse ? LogSumExp(raw) : 0.0;
 
-  const bool plain_greedy = params_.temperature <= 0.f && params_.repetition_penalty == 1.f &&
+  const bool plain_greedy = !matcher_ && params_.logit_bias.empty() &&
+                            params_.temperature <= 0.f && params_.repetition_penalty == 1.f &&
                             params_.frequency_penalty == 0.f && params_.presence_penalty == 0.f &&
                             (n_generated_ >= params_.min_tokens || masked_until_min_.empty());
   if (plain_greedy) {
@@ -175,8 +180,18 @@ SampleResult Sampler::Sample(std::span<const float> raw) {
         if (t >= 0 && t < vocab_size_) logits[t] = kNegInf;
       }
     }
+    if (matcher_) {
+      matcher_->ApplyMask(logits);
+      if (MaxValue(logits) == kNegInf && n_generated_ < params_.min_tokens) {
+        // The grammar allows only the end, which min_tokens masked: the grammar wins.
+        logits.assign(raw.begin(), raw.end());
+        ApplyPenalties(logits);
+        matcher_->ApplyMask(logits);
+      }
+    }
     result.token = params_.temperature <= 0.f ? ArgMax(logits) : SampleTemperature(logits);
   }
+  if (matcher_) matcher_->Accept(result.token);
 
   if (need_lse) result.logprob = static_cast<float>(double(raw[result.token]) - lse);
   if (params_.top_logprobs > 0) {

@@ -2,7 +2,7 @@
 //
 // Sampler turns a row of logits into a token. The order of the transformations is fixed and
 // documented because it changes results:
-//   1. penalties: repetition (over prompt + generated tokens), frequency and presence (over
+//   1. penalties (then logit_bias): repetition (over prompt + generated tokens), frequency and presence (over
 //      generated tokens only, as the OpenAI API defines them), within the last
 //      `penalty_last_n` tokens;
 //   2. min_tokens: stop tokens are masked until min_tokens tokens were generated;
@@ -10,6 +10,9 @@
 //   4. logits / temperature, then top-k, top-p (nucleus), min-p filters;
 //   5. a draw from the remaining distribution with the sequence's own RNG (seeded: the same
 //      seed and the same logits give the same tokens).
+// A grammar (structured outputs) masks every token it does not allow after step 2, so it
+// combines with every sampler above; when min_tokens and a finished grammar leave nothing, the
+// grammar wins.
 // Logprobs are those of the model's distribution (log-softmax of the raw logits, before
 // penalties and temperature), as OpenAI-compatible servers report them.
 //
@@ -19,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -26,6 +30,8 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "grammar/matcher.h"
 
 namespace polychip::engine {
 
@@ -49,6 +55,11 @@ struct SamplingParams {
   bool ignore_eos = false;              // do not stop at the vocabulary's end-of-generation tokens
   std::vector<std::string> stop;        // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;  // extra stop tokens
+  // Added to the logits of these tokens after the penalties (OpenAI's logit_bias; -100 bans).
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // Constrained decoding (JSON Schema, regex, EBNF compiled by grammar::GrammarCache): null is
+  // unconstrained. Shared by every sequence with the same constraint; each has its own Matcher.
+  std::shared_ptr<grammar::CompiledGrammar> grammar;
 };
 
 struct TokenLogprob {
@@ -77,6 +88,8 @@ class Sampler {
 
   int32_t n_generated() const { return n_generated_; }
   const SamplingParams& params() const { return params_; }
+  // The grammar's position (null when unconstrained).
+  grammar::Matcher* matcher() { return matcher_ ? &*matcher_ : nullptr; }
   uint64_t seed() const { return seed_; }
 
  private:
@@ -93,6 +106,7 @@ class Sampler {
   int32_t n_generated_ = 0;
   uint64_t seed_ = 0;
   std::mt19937_64 rng_;
+  std::optional<grammar::Matcher> matcher_;
 };
 
 // Greedy argmax (lowest id wins ties). Exposed for tools that need no Sampler.

@@ -1,12 +1,12 @@
 // The EBNF parser: text -> Grammar (grammar.h). Character classes become UTF-8 byte sequences
 // here, and postfix repetition becomes right-recursive helper rules (which the matcher runs in
 // constant stack depth: a call in tail position does not push a return address).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <optional>
 #include <utility>
-
-#include <fmt/format.h>
 
 #include "grammar/grammar.h"
 
@@ -170,8 +170,8 @@ class Parser {
   }
 
   static bool IsNameChar(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
   }
 
   std::string Name() {
@@ -212,9 +212,7 @@ class Parser {
     return it->second;
   }
 
-  Element Bytes(const ByteSet& set) {
-    return {Element::Kind::kBytes, ByteSetId(set)};
-  }
+  Element Bytes(const ByteSet& set) { return {Element::Kind::kBytes, ByteSetId(set)}; }
   static Element Ref(int32_t rule) { return {Element::Kind::kRule, rule}; }
 
   // Parses alternatives into rule `id` (up to ')' when nested, else to the next rule).
@@ -307,32 +305,54 @@ class Parser {
         for (int k = 0; k < n; ++k) {
           const char h = text_[pos_++];
           v <<= 4;
-          if (h >= '0' && h <= '9') v |= h - '0';
-          else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
-          else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
-          else return Error("bad hex digit");
+          if (h >= '0' && h <= '9')
+            v |= h - '0';
+          else if (h >= 'a' && h <= 'f')
+            v |= h - 'a' + 10;
+          else if (h >= 'A' && h <= 'F')
+            v |= h - 'A' + 10;
+          else
+            return Error("bad hex digit");
         }
         *cp = v;
         return Status::Ok();
       };
       switch (e) {
-        case 'n': *cp = '\n'; return Status::Ok();
-        case 't': *cp = '\t'; return Status::Ok();
-        case 'r': *cp = '\r'; return Status::Ok();
-        case 'f': *cp = '\f'; return Status::Ok();
-        case 'v': *cp = '\v'; return Status::Ok();
-        case '0': *cp = 0; return Status::Ok();
-        case 'x': return hex(2);
-        case 'u': return hex(4);
-        case 'U': return hex(8);
-        default: *cp = static_cast<unsigned char>(e); return Status::Ok();
+        case 'n':
+          *cp = '\n';
+          return Status::Ok();
+        case 't':
+          *cp = '\t';
+          return Status::Ok();
+        case 'r':
+          *cp = '\r';
+          return Status::Ok();
+        case 'f':
+          *cp = '\f';
+          return Status::Ok();
+        case 'v':
+          *cp = '\v';
+          return Status::Ok();
+        case '0':
+          *cp = 0;
+          return Status::Ok();
+        case 'x':
+          return hex(2);
+        case 'u':
+          return hex(4);
+        case 'U':
+          return hex(8);
+        default:
+          *cp = static_cast<unsigned char>(e);
+          return Status::Ok();
       }
     }
     // A UTF-8 sequence in the grammar text.
     int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
     if (len == 0 || pos_ + len > text_.size()) return Error("invalid UTF-8 in the grammar");
     uint32_t v = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int k = 1; k < len; ++k) v = (v << 6) | (static_cast<unsigned char>(text_[pos_ + k]) & 0x3F);
+    for (int k = 1; k < len; ++k)
+      v = (v << 6) | (static_cast<unsigned char>(text_[pos_ + k]) & 0x3F);
     pos_ += len;
     *cp = v;
     return Status::Ok();
@@ -541,9 +561,10 @@ class Parser {
 std::string ByteSetText(const ByteSet& s) {
   if (s.count() == 1) {
     for (int b = 0; b < 256; ++b) {
-      if (s[b]) return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'
-                           ? fmt::format("\"{}\"", static_cast<char>(b))
-                           : fmt::format("\"\\x{:02X}\"", b);
+      if (s[b])
+        return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'
+                   ? fmt::format("\"{}\"", static_cast<char>(b))
+                   : fmt::format("\"\\x{:02X}\"", b);
     }
   }
   std::string out = "[";
@@ -572,7 +593,8 @@ std::string Grammar::ToString() const {
       for (int32_t p = rule_alts[r][a]; elements[p].kind != Element::Kind::kEnd; ++p) {
         const Element& e = elements[p];
         out += " ";
-        out += e.kind == Element::Kind::kRule ? rule_names[e.value] : ByteSetText(byte_sets[e.value]);
+        out +=
+            e.kind == Element::Kind::kRule ? rule_names[e.value] : ByteSetText(byte_sets[e.value]);
       }
       if (elements[rule_alts[r][a]].kind == Element::Kind::kEnd) out += " \"\"";
     }
@@ -599,8 +621,8 @@ std::string EbnfLiteral(std::string_view bytes) {
 std::string PrefixRuleNames(std::string_view ebnf, std::string_view prefix) {
   std::string out;
   auto is_name = [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
   };
   for (size_t i = 0; i < ebnf.size();) {
     const char c = ebnf[i];

@@ -2,14 +2,14 @@
 // arrays and $refs get named rules (a $ref's rule is named before its body is built, so
 // recursive schemas work). Lengths are bounded where JSON leaves them open (numbers, and
 // whitespace) so that a sampling model always reaches the end of the document.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "grammar/grammar.h"
 
@@ -137,7 +137,8 @@ class Converter {
   StatusOr<const json*> Resolve(const std::string& ref) {
     if (ref == "#") return &root_;
     if (ref.rfind("#/", 0) != 0) {
-      return Unimplemented("json_schema: only local $refs (#/...) are supported, got '" + ref + "'");
+      return Unimplemented("json_schema: only local $refs (#/...) are supported, got '" + ref +
+                           "'");
     }
     const json* node = &root_;
     size_t start = 2;
@@ -158,11 +159,23 @@ class Converter {
   }
 
   Status CheckSupported(const json& s) {
-    static const char* kUnsupported[] = {
-        "not", "if", "then", "else", "patternProperties", "dependentRequired",
-        "dependentSchemas", "multipleOf", "contains", "minProperties", "maxProperties",
-        "propertyNames", "unevaluatedProperties", "unevaluatedItems", "minContains",
-        "maxContains", "dependencies"};
+    static const char* kUnsupported[] = {"not",
+                                         "if",
+                                         "then",
+                                         "else",
+                                         "patternProperties",
+                                         "dependentRequired",
+                                         "dependentSchemas",
+                                         "multipleOf",
+                                         "contains",
+                                         "minProperties",
+                                         "maxProperties",
+                                         "propertyNames",
+                                         "unevaluatedProperties",
+                                         "unevaluatedItems",
+                                         "minContains",
+                                         "maxContains",
+                                         "dependencies"};
     for (const char* k : kUnsupported) {
       if (s.contains(k)) return Unimplemented(fmt::format("json_schema: '{}' is not supported", k));
     }
@@ -336,17 +349,15 @@ class Converter {
     const std::string extra_kv = extra.empty() ? "" : "string ws \":\" ws " + extra;
     const std::string base = NewRule(hint + "-obj", "");
     std::vector<std::string> rest(n + 1), first(n + 1);
-    rest[n] = NewRule(base + "-rest",
-                      extra.empty() ? "\"\"" : "(\",\" ws " + extra_kv + " ws)*");
-    first[n] = NewRule(base + "-first",
-                       extra.empty() ? "\"\"" : "(" + extra_kv + " ws " + rest[n] + ")?");
+    rest[n] = NewRule(base + "-rest", extra.empty() ? "\"\"" : "(\",\" ws " + extra_kv + " ws)*");
+    first[n] =
+        NewRule(base + "-first", extra.empty() ? "\"\"" : "(" + extra_kv + " ws " + rest[n] + ")?");
     for (size_t k = n; k-- > 0;) {
-      rest[k] = NewRule(base + "-rest", req[k]
-                            ? "\",\" ws " + kvs[k] + " ws " + rest[k + 1]
-                            : "(\",\" ws " + kvs[k] + " ws)? " + rest[k + 1]);
-      first[k] = NewRule(base + "-first",
-                         req[k] ? kvs[k] + " ws " + rest[k + 1]
-                                : kvs[k] + " ws " + rest[k + 1] + " | " + first[k + 1]);
+      rest[k] = NewRule(base + "-rest", req[k] ? "\",\" ws " + kvs[k] + " ws " + rest[k + 1]
+                                               : "(\",\" ws " + kvs[k] + " ws)? " + rest[k + 1]);
+      first[k] =
+          NewRule(base + "-first", req[k] ? kvs[k] + " ws " + rest[k + 1]
+                                          : kvs[k] + " ws " + rest[k + 1] + " | " + first[k + 1]);
     }
     rules_[base] = "\"{\" ws " + first[0] + " \"}\"";
     return base;
@@ -386,9 +397,9 @@ class Converter {
       body = "\"[\" ws \"]\"";
     } else {
       const std::string more =
-          max_items < 0 ? fmt::format("{{{},}}", std::max<int64_t>(min_items - 1, 0))
-                        : fmt::format("{{{},{}}}", std::max<int64_t>(min_items - 1, 0),
-                                      max_items - 1);
+          max_items < 0
+              ? fmt::format("{{{},}}", std::max<int64_t>(min_items - 1, 0))
+              : fmt::format("{{{},{}}}", std::max<int64_t>(min_items - 1, 0), max_items - 1);
       const std::string list = item + " ws (\",\" ws " + item + " ws)" + more;
       body = min_items == 0 ? "\"[\" ws (" + list + ")? \"]\"" : "\"[\" ws " + list + " \"]\"";
     }
@@ -419,7 +430,8 @@ class Converter {
         body = R"([0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12})";
       }
       if (f == "email") {
-        body = R"([a-zA-Z0-9_+-] [a-zA-Z0-9._+-]{0,30} "@" [a-zA-Z0-9] [a-zA-Z0-9-]{0,30} ("." [a-zA-Z] [a-zA-Z0-9-]{0,30}){1,3})";
+        body =
+            R"([a-zA-Z0-9_+-] [a-zA-Z0-9._+-]{0,30} "@" [a-zA-Z0-9] [a-zA-Z0-9-]{0,30} ("." [a-zA-Z] [a-zA-Z0-9-]{0,30}){1,3})";
       }
       if (f == "ipv4") {
         const std::string octet = IntRange(0, 255);
@@ -453,7 +465,8 @@ class Converter {
     auto read = [&](const char* key, bool lower, bool exclusive) -> Status {
       auto it = s.find(key);
       if (it == s.end() || it->is_boolean()) return Status::Ok();
-      if (!it->is_number()) return InvalidArgument(fmt::format("json_schema: '{}' must be a number", key));
+      if (!it->is_number())
+        return InvalidArgument(fmt::format("json_schema: '{}' must be a number", key));
       const double v = it->get<double>();
       *bounded = true;
       if (lower) {
@@ -493,7 +506,8 @@ class Converter {
     // An integer part k may take a fraction when the whole interval it opens stays inside
     // [lo, hi]: [k, k+1) for k >= 0, (-(k+1), -k] for "-k".
     std::vector<std::string> frac;
-    if (std::max<int64_t>(lo, 0) <= hi - 1) frac.push_back(IntRange(std::max<int64_t>(lo, 0), hi - 1));
+    if (std::max<int64_t>(lo, 0) <= hi - 1)
+      frac.push_back(IntRange(std::max<int64_t>(lo, 0), hi - 1));
     if (std::max<int64_t>(1, -hi) <= -lo - 1) {
       frac.push_back("\"-\" " + UnsignedRange(std::max<int64_t>(1, -hi), -lo - 1));
     }

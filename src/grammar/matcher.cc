@@ -75,7 +75,8 @@ TokenVocab::TokenVocab(std::vector<std::string> pieces, std::vector<int32_t> eog
       path.push_back(static_cast<int32_t>(nodes_.size()) - 1);
     }
     Node& node = nodes_[path.back()];
-    if (node.first_token == node.last_token) node.first_token = static_cast<int32_t>(tokens_.size());
+    if (node.first_token == node.last_token)
+      node.first_token = static_cast<int32_t>(tokens_.size());
     tokens_.push_back(id);
     node.last_token = static_cast<int32_t>(tokens_.size());
     max_depth_ = std::max<int32_t>(max_depth_, static_cast<int32_t>(p.size()));

@@ -70,10 +70,10 @@ class TokenVocab {
 
 // Process-wide counters (the server exports them in /metrics).
 struct GrammarCounters {
-  std::atomic<int64_t> masks{0};         // masks handed out
-  std::atomic<int64_t> masks_built{0};   // of which computed (not from the cache)
-  std::atomic<int64_t> mask_nanos{0};    // time spent building and applying masks
-  std::atomic<int64_t> build_nanos{0};   // of which building (the trie walks)
+  std::atomic<int64_t> masks{0};        // masks handed out
+  std::atomic<int64_t> masks_built{0};  // of which computed (not from the cache)
+  std::atomic<int64_t> mask_nanos{0};   // time spent building and applying masks
+  std::atomic<int64_t> build_nanos{0};  // of which building (the trie walks)
 };
 GrammarCounters& Counters();
 
@@ -81,8 +81,8 @@ class CompiledGrammar {
  public:
   static constexpr int32_t kDead = -1;
 
-  static StatusOr<std::shared_ptr<CompiledGrammar>> Create(
-      Grammar grammar, std::shared_ptr<const TokenVocab> vocab);
+  static StatusOr<std::shared_ptr<CompiledGrammar>> Create(Grammar grammar,
+                                                           std::shared_ptr<const TokenVocab> vocab);
 
   int32_t initial_state() const { return 0; }
   // The state after `bytes` (kDead when the grammar rejects them). Thread-safe, like all below.
@@ -126,7 +126,7 @@ class CompiledGrammar {
   std::unordered_map<uint64_t, int32_t> node_ids_;
   std::vector<State> states_;
   std::unordered_map<std::string, int32_t> state_ids_;
-  std::vector<int32_t> transitions_;  // [state * 256 + byte]; kUnknown until computed
+  std::vector<int32_t> transitions_;      // [state * 256 + byte]; kUnknown until computed
   std::unordered_set<uint64_t> visited_;  // Closure's guard against nullable cycles
   std::unordered_map<int32_t, std::shared_ptr<const TokenMask>> masks_;
   std::vector<int32_t> dfs_states_;  // BuildMask's per-depth states

@@ -1,10 +1,10 @@
 // Regular expressions -> EBNF text (grammar.h). A regex is regular, so its EBNF has no
 // recursion; the matcher needs no special case for it.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "grammar/grammar.h"
 
@@ -156,10 +156,14 @@ class RegexParser {
     for (int k = 0; k < n; ++k) {
       const char h = re_[pos_++];
       v <<= 4;
-      if (h >= '0' && h <= '9') v |= h - '0';
-      else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
-      else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
-      else return Error("bad hex digit");
+      if (h >= '0' && h <= '9')
+        v |= h - '0';
+      else if (h >= 'a' && h <= 'f')
+        v |= h - 'a' + 10;
+      else if (h >= 'A' && h <= 'F')
+        v |= h - 'A' + 10;
+      else
+        return Error("bad hex digit");
     }
     *cp = v;
     return Status::Ok();
@@ -172,26 +176,56 @@ class RegexParser {
     const char e = re_[pos_++];
     *is_set = true;
     switch (e) {
-      case 'd': *set = kDigit; return Status::Ok();
-      case 'D': *set = ComplementOf(kDigit); return Status::Ok();
-      case 'w': *set = kWord; return Status::Ok();
-      case 'W': *set = ComplementOf(kWord); return Status::Ok();
-      case 's': *set = kSpace; return Status::Ok();
-      case 'S': *set = ComplementOf(kSpace); return Status::Ok();
-      default: break;
+      case 'd':
+        *set = kDigit;
+        return Status::Ok();
+      case 'D':
+        *set = ComplementOf(kDigit);
+        return Status::Ok();
+      case 'w':
+        *set = kWord;
+        return Status::Ok();
+      case 'W':
+        *set = ComplementOf(kWord);
+        return Status::Ok();
+      case 's':
+        *set = kSpace;
+        return Status::Ok();
+      case 'S':
+        *set = ComplementOf(kSpace);
+        return Status::Ok();
+      default:
+        break;
     }
     *is_set = false;
     switch (e) {
-      case 'n': *cp = '\n'; return Status::Ok();
-      case 't': *cp = '\t'; return Status::Ok();
-      case 'r': *cp = '\r'; return Status::Ok();
-      case 'f': *cp = '\f'; return Status::Ok();
-      case 'v': *cp = '\v'; return Status::Ok();
-      case '0': *cp = 0; return Status::Ok();
-      case 'x': return Hex(2, cp);
-      case 'u': return Hex(4, cp);
-      case 'b': case 'B': return Unsupported("a word boundary \\b");
-      default: break;
+      case 'n':
+        *cp = '\n';
+        return Status::Ok();
+      case 't':
+        *cp = '\t';
+        return Status::Ok();
+      case 'r':
+        *cp = '\r';
+        return Status::Ok();
+      case 'f':
+        *cp = '\f';
+        return Status::Ok();
+      case 'v':
+        *cp = '\v';
+        return Status::Ok();
+      case '0':
+        *cp = 0;
+        return Status::Ok();
+      case 'x':
+        return Hex(2, cp);
+      case 'u':
+        return Hex(4, cp);
+      case 'b':
+      case 'B':
+        return Unsupported("a word boundary \\b");
+      default:
+        break;
     }
     if (e >= '1' && e <= '9') return Unsupported("a backreference");
     if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z')) {

@@ -1,6 +1,10 @@
 #include "server/api.h"
 
+#include <cstdlib>
 #include <limits>
+
+#include "grammar/cache.h"
+#include "server/tools.h"
 
 namespace polychip::server {
 namespace {
@@ -146,6 +150,20 @@ std::optional<ApiError> ParseSampling(const json& j, bool sglang, const ParseLim
     }
     if (p->stop.size() > 16) return Bad("stop", "at most 16 stop strings");
   }
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return Bad("logit_bias", "'logit_bias' must map token ids to numbers");
+    for (const auto& [key, bias] : it->items()) {
+      char* end = nullptr;
+      const long id = std::strtol(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id > std::numeric_limits<int32_t>::max()) {
+        return Bad("logit_bias", "'logit_bias' keys must be token ids, got '" + key + "'");
+      }
+      if (!bias.is_number() || bias.get<double>() < -100 || bias.get<double>() > 100) {
+        return Bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+      }
+      p->logit_bias.push_back({static_cast<int32_t>(id), bias.get<float>()});
+    }
+  }
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     PC_API_TRY(GetTokenIds(*it, "stop_token_ids", std::numeric_limits<int32_t>::max(),
                            &p->stop_token_ids));
@@ -169,7 +187,7 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
     msg.role = role->get<std::string>();
     if (msg.role == "developer") msg.role = "system";
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
-        msg.role != "tool") {
+        msg.role != "tool" && msg.role != "ipython") {
       return Bad("messages", "unknown role '" + msg.role + "'");
     }
     auto content = m.find("content");
@@ -190,6 +208,123 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
     }
     out->push_back(std::move(msg));
   }
+  return std::nullopt;
+}
+
+// Parameters that would change the output and that this server does not implement: a 400
+// naming the parameter, never a silently different answer. Parameters that change nothing
+// (user, metadata, store, service_tier, ...) are accepted.
+std::optional<ApiError> RejectUnimplemented(ApiKind kind, const json& body) {
+  auto present = [&](const char* key) {
+    auto it = body.find(key);
+    return it != body.end() && !it->is_null();
+  };
+  for (const char* key : {"functions", "function_call", "audio",
+                          "prediction", "web_search_options", "reasoning_effort"}) {
+    if (present(key)) {
+      return Bad(key, std::string("'") + key + "' is not supported by this server");
+    }
+  }
+  if (present("modalities")) {
+    const json& m = body["modalities"];
+    if (!(m.is_array() && m.size() == 1 && m[0] == "text")) {
+      return Bad("modalities", "only the 'text' modality is supported");
+    }
+  }
+  if (kind == ApiKind::kCompletion) {
+    if (present("suffix") && !(body["suffix"].is_string() && body["suffix"].get<std::string>().empty())) {
+      return Bad("suffix", "'suffix' (insertion) is not supported by this server");
+    }
+    if (present("best_of") && !(body["best_of"].is_number_integer() && body["best_of"].get<int64_t>() == 1)) {
+      return Bad("best_of", "'best_of' other than 1 is not supported by this server");
+    }
+  }
+  return std::nullopt;
+}
+
+// The schema at `path` in the raw body, as text with its keys in their original order.
+std::string OrderedSchemaText(const ParseLimits& limits, const std::vector<std::string>& path,
+                              const json& fallback) {
+  auto raw = nlohmann::ordered_json::parse(limits.raw_body, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::ordered_json* node = &raw;
+  for (const auto& key : path) {
+    if (!node->is_object() || !node->contains(key)) return fallback.dump();
+    node = &(*node)[key];
+  }
+  return node->dump();
+}
+
+// Structured outputs: at most one constraint per request, compiled (or found in the cache) here
+// so that a bad schema is a 400 before anything runs. OpenAI bodies carry response_format
+// (and, as SGLang and llama-server accept, regex / ebnf / grammar / json_schema); /generate
+// carries them in sampling_params (`json_schema` as a string, SGLang's shape).
+std::optional<ApiError> ParseConstraint(ApiKind kind, const json& body, const json& sp,
+                                        const ParseLimits& limits, engine::SamplingParams* p) {
+  struct Found {
+    grammar::ConstraintKind kind;
+    std::string text;
+    std::string param;
+  };
+  std::vector<Found> found;
+  const json& src = kind == ApiKind::kGenerate ? sp : body;
+  const std::string prefix = kind == ApiKind::kGenerate ? "sampling_params." : "";
+  if (kind != ApiKind::kGenerate) {
+    if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+      if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string()) {
+        return Bad("response_format", "'response_format' must be an object with a 'type'");
+      }
+      const std::string type = (*it)["type"].get<std::string>();
+      if (type == "json_object") {
+        found.push_back({grammar::ConstraintKind::kJsonObject, "", "response_format"});
+      } else if (type == "json_schema") {
+        auto js = it->find("json_schema");
+        if (js == it->end() || !js->is_object()) {
+          return Bad("response_format", "'response_format.json_schema' must be an object");
+        }
+        auto schema = js->find("schema");
+        if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+          return Bad("response_format",
+                     "'response_format.json_schema.schema' must be a JSON Schema object");
+        }
+        found.push_back({grammar::ConstraintKind::kJsonSchema,
+                         OrderedSchemaText(limits, {"response_format", "json_schema", "schema"},
+                                           *schema),
+                         "response_format"});
+      } else if (type != "text") {
+        return Bad("response_format", "unknown response_format type '" + type +
+                                          "' (text, json_object or json_schema)");
+      }
+    }
+    if (auto it = body.find("json_schema"); it != body.end() && !it->is_null()) {
+      if (!it->is_object()) return Bad("json_schema", "'json_schema' must be an object");
+      found.push_back({grammar::ConstraintKind::kJsonSchema,
+                       OrderedSchemaText(limits, {"json_schema"}, *it), "json_schema"});
+    }
+  } else if (auto it = sp.find("json_schema"); it != sp.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      return Bad("sampling_params.json_schema", "'json_schema' must be a string (a JSON schema)");
+    }
+    found.push_back({grammar::ConstraintKind::kJsonSchema, it->get<std::string>(),
+                     "sampling_params.json_schema"});
+  }
+  for (const auto& [key, ck] : {std::pair{"regex", grammar::ConstraintKind::kRegex},
+                               std::pair{"ebnf", grammar::ConstraintKind::kEbnf},
+                               std::pair{"grammar", grammar::ConstraintKind::kEbnf}}) {
+    auto it = src.find(key);
+    if (it == src.end() || it->is_null()) continue;
+    if (!it->is_string()) return Bad(prefix + key, "'" + std::string(key) + "' must be a string");
+    found.push_back({ck, it->get<std::string>(), prefix + key});
+  }
+  if (found.empty()) return std::nullopt;
+  if (found.size() > 1) {
+    return Bad(found[1].param, "only one of response_format, json_schema, regex, ebnf and "
+                               "grammar may be given");
+  }
+  grammar::GrammarCache* cache = limits.grammars ? limits.grammars() : nullptr;
+  if (!cache) return Bad(found[0].param, "structured outputs are not available on this server");
+  auto g = cache->Get(found[0].kind, found[0].text);
+  if (!g.ok()) return Bad(found[0].param, g.status().message());
+  p->grammar = *g;
   return std::nullopt;
 }
 
@@ -243,6 +378,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
   if (!body.is_object()) return Bad("", "the request body must be a JSON object");
   out->kind = kind;
   const bool sglang = kind == ApiKind::kGenerate;
+  if (!sglang) PC_API_TRY(RejectUnimplemented(kind, body));
   PC_API_TRY(GetString(body, "model", &out->model));
   PC_API_TRY(GetBool(body, "stream", &out->stream));
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
@@ -258,10 +394,35 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
   engine::SamplingParams params;
   const int64_t vocab = codec.vocab_size();
   if (kind == ApiKind::kChat) {
+    auto tools = std::make_shared<ToolRequest>();
+    PC_API_TRY(ParseTools(body, limits.raw_body, tools.get()));
+    out->chat_format = codec.chat_format();
     std::vector<model::ChatMessage> messages;
-    PC_API_TRY(ParseMessages(body, &messages));
+    if (auto it = body.find("messages"); it != body.end() && it->is_array()) {
+      // Tool lists, assistant tool_calls and tool results as the family's text.
+      json rendered = {{"messages", RenderToolMessages(out->chat_format, *tools, *it)}};
+      PC_API_TRY(ParseMessages(rendered, &messages));
+    } else {
+      PC_API_TRY(ParseMessages(body, &messages));
+    }
     prompts.push_back(codec.EncodeChat(messages));
     PC_API_TRY(ParseSampling(body, false, limits, /*default_max_tokens=*/0, &params));
+    PC_API_TRY(ParseConstraint(kind, body, json::object(), limits, &params));
+    if (tools->active()) {
+      auto forced = ToolCallGrammar(out->chat_format, *tools);
+      if (!forced.ok()) return Bad("tools", forced.status().message());
+      if (forced->has_value()) {
+        if (params.grammar) {
+          return Bad("tool_choice", "a forced tool call cannot be combined with response_format");
+        }
+        grammar::GrammarCache* cache = limits.grammars ? limits.grammars() : nullptr;
+        if (!cache) return Bad("tool_choice", "constrained tool calls are not available here");
+        auto g = cache->Get(grammar::ConstraintKind::kEbnf, **forced);
+        if (!g.ok()) return Bad("tools", g.status().message());
+        params.grammar = *g;
+      }
+      out->tools = tools;
+    }
     PC_API_TRY(GetBool(body, "logprobs", &out->chat_logprobs));
     int64_t top = 0;
     PC_API_TRY(GetInt(body, "top_logprobs", 0, 20, &top));
@@ -291,6 +452,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
       return Bad("prompt", "'prompt' must be a string, an array of strings or of token ids");
     }
     PC_API_TRY(ParseSampling(body, false, limits, /*default_max_tokens=*/16, &params));
+    PC_API_TRY(ParseConstraint(kind, body, json::object(), limits, &params));
     int64_t lp = -1;
     PC_API_TRY(GetInt(body, "logprobs", 0, 20, &lp));
     out->logprobs = static_cast<int>(lp);
@@ -315,6 +477,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
       sp = *it;
     }
     PC_API_TRY(ParseSampling(sp, sglang, limits, /*default_max_tokens=*/128, &params));
+    PC_API_TRY(ParseConstraint(kind, body, sp, limits, &params));
     bool return_logprob = false;
     PC_API_TRY(GetBool(body, "return_logprob", &return_logprob));
     int64_t top = 0;

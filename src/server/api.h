@@ -2,8 +2,11 @@
 // in, GenerateInputs out, or an ApiError carrying the HTTP status and OpenAI's error fields.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -11,7 +14,13 @@
 #include "engine/request.h"
 #include "server/text_codec.h"
 
+namespace polychip::grammar {
+class GrammarCache;
+}
+
 namespace polychip::server {
+
+struct ToolRequest;  // server/tools.h
 
 struct ApiError {
   int status = 400;
@@ -34,12 +43,21 @@ struct ApiRequest {
   int logprobs = -1;  // completions: number of top logprobs (-1: off); chat: top_logprobs
   bool chat_logprobs = false;
   std::string rid;
+  // Chat with tools (tool_choice not none): the answer is parsed for calls. Null otherwise.
+  std::shared_ptr<const ToolRequest> tools;
+  std::string chat_format;  // the codec's, for rendering and parsing tool calls
   std::vector<engine::GenerateInput> inputs;  // choice i = inputs[i]
   std::vector<std::string> prompt_texts;      // for echo (per prompt)
 };
 
 struct ParseLimits {
   int64_t context_length = 0;  // max_tokens above it is an error
+  // The compiler of structured-output constraints (response_format, regex, ebnf, ...); unset:
+  // such a request is a 400.
+  std::function<grammar::GrammarCache*()> grammars;
+  // The body as received: a JSON schema is read again from it with its properties in their
+  // order (nlohmann::json sorts keys, and the order of the keys is the order of the output).
+  std::string_view raw_body;
 };
 
 // Parses a body of /v1/completions, /v1/chat/completions or /generate.

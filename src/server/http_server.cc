@@ -5,11 +5,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "grammar/cache.h"
 #include "server/api.h"
+#include "server/chat_page.h"
 #include "server/http_transport.h"
 #include "server/job.h"
 #include "server/response_util.h"
@@ -101,6 +104,11 @@ class HttpServer::Impl {
   }
 
   void Routes() {
+    // The chat page: public like /health (it asks for the API key itself when the server
+    // has one).
+    svr_.Get("/", Guard([](const auto&, auto& res) {
+               res.set_content(std::string(ChatPageHtml()), "text/html; charset=utf-8");
+             }, false));
     svr_.Get("/health", Guard([](const auto&, auto& res) { SendJson(res, 200, json::object()); },
                               false));
     svr_.Get("/health_generate", Guard([this](const auto&, auto& res) { HealthGenerate(res); },
@@ -122,9 +130,13 @@ class HttpServer::Impl {
       svr_.Post(path, h);
       svr_.Get(path, h);
     }
-    svr_.Post("/tokenize", Guard([this](const auto& req, auto& res) { Tokenize(req, res); }, true));
-    svr_.Post("/detokenize",
-              Guard([this](const auto& req, auto& res) { Detokenize(req, res); }, true));
+    // SGLang serves both spellings with the same shapes.
+    for (const char* path : {"/tokenize", "/v1/tokenize"}) {
+      svr_.Post(path, Guard([this](const auto& req, auto& res) { Tokenize(req, res); }, true));
+    }
+    for (const char* path : {"/detokenize", "/v1/detokenize"}) {
+      svr_.Post(path, Guard([this](const auto& req, auto& res) { Detokenize(req, res); }, true));
+    }
     svr_.Post("/v1/completions", Guard([this](const auto& req, auto& res) {
                 Generate(ApiKind::kCompletion, req, res);
               }, true));
@@ -189,6 +201,19 @@ class HttpServer::Impl {
           "# TYPE polychip_device_memory_total_bytes gauge\npolychip_device_memory_total_bytes {}\n",
           m.in_use_bytes, m.peak_bytes, m.total_bytes);
     }
+    const auto& g = grammar::Counters();
+    out += fmt::format(
+        "# HELP polychip_grammar_masks_total Token masks applied for structured outputs.\n"
+        "# TYPE polychip_grammar_masks_total counter\npolychip_grammar_masks_total {}\n"
+        "# HELP polychip_grammar_masks_built_total Token masks computed (not from the cache).\n"
+        "# TYPE polychip_grammar_masks_built_total counter\npolychip_grammar_masks_built_total {}\n"
+        "# HELP polychip_grammar_mask_seconds_total Time spent computing and applying masks.\n"
+        "# TYPE polychip_grammar_mask_seconds_total counter\npolychip_grammar_mask_seconds_total {}\n"
+        "# HELP polychip_grammar_mask_build_seconds_total Of which computing masks.\n"
+        "# TYPE polychip_grammar_mask_build_seconds_total counter\n"
+        "polychip_grammar_mask_build_seconds_total {}\n",
+        g.masks.load(), g.masks_built.load(), g.mask_nanos.load() * 1e-9,
+        g.build_nanos.load() * 1e-9);
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
@@ -254,6 +279,8 @@ class HttpServer::Impl {
     auto job = std::make_shared<Job>();
     ParseLimits limits;
     limits.context_length = engine_->context_length();
+    limits.grammars = [this] { return Grammars(); };
+    limits.raw_body = req.body;
     if (auto e = ParseApiRequest(kind, body, *codec_, limits, &job->req)) return SendError(res, *e);
     job->writer = MakeResponseWriter(kind, codec_, options_.model_name);
     if (!KnownModel(job->req.model)) {
@@ -303,6 +330,18 @@ class HttpServer::Impl {
 
   void Abort(Job& job) { AbortJob(*engine_, job); }
 
+  // The structured-output compiler, built on first use: its token trie reads every token's
+  // bytes once (a tenth of a second at a 152k vocabulary).
+  grammar::GrammarCache* Grammars() {
+    std::call_once(grammars_once_, [this] {
+      std::vector<std::string> pieces(codec_->vocab_size());
+      for (size_t i = 0; i < pieces.size(); ++i) pieces[i] = codec_->Piece(static_cast<int32_t>(i));
+      grammars_ = std::make_unique<grammar::GrammarCache>(
+          std::make_shared<grammar::TokenVocab>(std::move(pieces), codec_->EogTokens()));
+    });
+    return grammars_.get();
+  }
+
   bool Pump(const std::shared_ptr<Job>& job, httplib::DataSink& sink) {
     try {
       if (job->done_sent) {
@@ -339,6 +378,8 @@ class HttpServer::Impl {
   httplib::Server& svr_;  // transport_'s, where the routes go
   std::atomic<bool> stopping_{false};
   int64_t started_ = UnixTime();
+  std::once_flag grammars_once_;
+  std::unique_ptr<grammar::GrammarCache> grammars_;
 };
 
 HttpServer::HttpServer(ServerOptions options, engine::Engine* engine, const TextCodec* codec)

@@ -5,6 +5,7 @@
 
 #include "server/job.h"
 #include "server/response_writer.h"
+#include "server/tools.h"
 
 namespace polychip::server {
 namespace {
@@ -31,6 +32,7 @@ class OpenAiWriter : public ResponseWriter {
       if (!c.final.stop_matched.empty()) ch["matched_stop"] = c.final.stop_matched;
       if (chat_) {
         ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+        if (r.tools) AddToolCalls(r, c.text, /*delta=*/false, &ch, &ch["message"]);
         ch["logprobs"] = r.chat_logprobs ? ChatLogprobs(c, 0, c.tokens.size()) : json(nullptr);
       } else {
         std::string text = c.text;
@@ -60,7 +62,16 @@ class OpenAiWriter : public ResponseWriter {
         delta["role"] = "assistant";
         c.sent_role = true;
       }
-      if (!ev.text.empty() || !ev.finished) delta["content"] = ev.text;
+      if (r.tools) {
+        // With tools the answer is parsed once it is complete: calls (or the text) come in
+        // the final chunk.
+        if (ev.finished) {
+          delta["content"] = c.text;
+          AddToolCalls(r, c.text, /*delta=*/true, &ch, &delta);
+        }
+      } else if (!ev.text.empty() || !ev.finished) {
+        delta["content"] = ev.text;
+      }
       ch["delta"] = delta;
       ch["logprobs"] = r.chat_logprobs ? ChatLogprobs(c, first, to) : json(nullptr);
     } else {
@@ -87,6 +98,26 @@ class OpenAiWriter : public ResponseWriter {
   }
 
  private:
+  // The calls in a chat answer: message (or delta) content without them, tool_calls with ids
+  // (a delta's entries carry their index), finish_reason "tool_calls".
+  static void AddToolCalls(const ApiRequest& r, const std::string& text, bool delta, json* choice,
+                           json* message) {
+    std::string content;
+    const auto calls = ParseToolCalls(r.chat_format, *r.tools, text, &content);
+    if (calls.empty()) return;
+    json list = json::array();
+    for (size_t k = 0; k < calls.size(); ++k) {
+      json call = {{"id", calls[k].id},
+                   {"type", "function"},
+                   {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+      if (delta) call["index"] = k;
+      list.push_back(call);
+    }
+    (*message)["content"] = content.empty() ? json(nullptr) : json(content);
+    (*message)["tool_calls"] = list;
+    if ((*choice)["finish_reason"] == "stop") (*choice)["finish_reason"] = "tool_calls";
+  }
+
   const char* ChunkObject() const { return chat_ ? "chat.completion.chunk" : "text_completion"; }
 
   json CompletionLogprobs(const Choice& c, size_t from, size_t to) const {

@@ -27,6 +27,7 @@ class TokenizerCodec : public TextCodec {
   std::string Piece(int32_t token) const override { return tokenizer_->Piece(token); }
   std::vector<int32_t> EogTokens() const override { return tokenizer_->eog_ids(); }
   int64_t vocab_size() const override { return tokenizer_->n_vocab(); }
+  std::string chat_format() const override { return std::string(model::ChatFormatName(format_)); }
 
  private:
   const model::Tokenizer* tokenizer_;

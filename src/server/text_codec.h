@@ -31,6 +31,8 @@ class TextCodec {
   virtual std::string Piece(int32_t token) const = 0;
   virtual std::vector<int32_t> EogTokens() const = 0;
   virtual int64_t vocab_size() const = 0;
+  // The chat format's name (model::ChatFormatName), which decides how tool calls are written.
+  virtual std::string chat_format() const { return "chatml"; }
 };
 
 // `chat_format`: an explicit chat format name ("chatml", "llama3", ...) or "" to detect it from

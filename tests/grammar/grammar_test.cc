@@ -1,12 +1,13 @@
 // The grammar engine on its own: EBNF, regex and JSON Schema compiled to the byte automaton,
 // strings accepted and rejected, and token masks over a toy vocabulary whose tokens span
 // several symbols or split UTF-8 characters.
+#include "grammar/grammar.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "grammar/cache.h"
-#include "grammar/grammar.h"
 #include "grammar/matcher.h"
 
 namespace polychip::grammar {
@@ -114,13 +115,16 @@ TEST(JsonSchema, ObjectsArraysEnumsRefs) {
   auto g = Compile(ConstraintKind::kJsonSchema, schema.dump());
   ASSERT_TRUE(g);
   EXPECT_TRUE(Matches(*g, R"({"name":"bob","kind":"a","at":{"x":1,"y":-2}})"));
-  EXPECT_TRUE(Matches(*g, R"({ "name": "", "kind": 3, "tags": [true, false], "at": {"x": 0, "y": 0}, "note": null })"));
+  EXPECT_TRUE(Matches(
+      *g,
+      R"({ "name": "", "kind": 3, "tags": [true, false], "at": {"x": 0, "y": 0}, "note": null })"));
   EXPECT_FALSE(Matches(*g, R"({"name":"toolong","kind":"a","at":{"x":1,"y":2}})"));
   EXPECT_FALSE(Matches(*g, R"({"name":"bob","kind":"c","at":{"x":1,"y":2}})"));
-  EXPECT_FALSE(Matches(*g, R"({"name":"bob","at":{"x":1,"y":2}})"));                 // required
-  EXPECT_FALSE(Matches(*g, R"({"name":"b","kind":"a","at":{"x":1}})"));               // nested
+  EXPECT_FALSE(Matches(*g, R"({"name":"bob","at":{"x":1,"y":2}})"));     // required
+  EXPECT_FALSE(Matches(*g, R"({"name":"b","kind":"a","at":{"x":1}})"));  // nested
   EXPECT_FALSE(Matches(*g, R"({"name":"b","kind":"a","tags":[1],"at":{"x":1,"y":2}})"));
-  EXPECT_FALSE(Matches(*g, R"({"name":"b","kind":"a","tags":[true,true,true],"at":{"x":1,"y":2}})"));
+  EXPECT_FALSE(
+      Matches(*g, R"({"name":"b","kind":"a","tags":[true,true,true],"at":{"x":1,"y":2}})"));
   EXPECT_FALSE(Matches(*g, R"({"name":"b","kind":"a","at":{"x":1,"y":2},"other":1})"));
 }
 
@@ -140,7 +144,8 @@ TEST(JsonSchema, NumbersStringsFormats) {
   auto any_num = Compile(ConstraintKind::kJsonSchema, R"({"type":"number"})");
   EXPECT_TRUE(Matches(*any_num, "-0.5e+10"));
   EXPECT_FALSE(Matches(*any_num, "01"));
-  auto str = Compile(ConstraintKind::kJsonSchema, R"({"type":"string","minLength":2,"maxLength":3})");
+  auto str =
+      Compile(ConstraintKind::kJsonSchema, R"({"type":"string","minLength":2,"maxLength":3})");
   EXPECT_TRUE(Matches(*str, R"("ab")"));
   EXPECT_TRUE(Matches(*str, R"("\"é\n")"));  // lengths in characters, escapes are one
   EXPECT_FALSE(Matches(*str, R"("a")"));
@@ -154,8 +159,9 @@ TEST(JsonSchema, NumbersStringsFormats) {
   EXPECT_FALSE(Matches(*date, R"("2026-13-01T09:30:00Z")"));
   auto uuid = Compile(ConstraintKind::kJsonSchema, R"({"type":"string","format":"uuid"})");
   EXPECT_TRUE(Matches(*uuid, R"("123e4567-e89b-12d3-a456-426614174000")"));
-  auto either = Compile(ConstraintKind::kJsonSchema,
-                        R"({"anyOf":[{"type":"string","const":"x"},{"type":"array","items":{"type":"integer"},"minItems":1}]})");
+  auto either = Compile(
+      ConstraintKind::kJsonSchema,
+      R"({"anyOf":[{"type":"string","const":"x"},{"type":"array","items":{"type":"integer"},"minItems":1}]})");
   EXPECT_TRUE(Matches(*either, R"("x")"));
   EXPECT_TRUE(Matches(*either, "[1, 2]"));
   EXPECT_FALSE(Matches(*either, "[]"));
@@ -189,9 +195,9 @@ TEST(Mask, MultiSymbolTokensAndPartialUtf8) {
   auto vocab = ToyVocab({"{\"a\":", "\xC3", "\xA9", "\"}", "x\x01", " \"a\""});
   const int32_t kKey = 256, kLead = 257, kTrail = 258, kClose = 259, kBad = 260, kSpaceKey = 261;
   const int32_t eog = vocab->size() - 1;
-  auto g = Compile(ConstraintKind::kJsonSchema,
-                   R"({"type":"object","properties":{"a":{"type":"string"}},"required":["a"]})",
-                   vocab);
+  auto g =
+      Compile(ConstraintKind::kJsonSchema,
+              R"({"type":"object","properties":{"a":{"type":"string"}},"required":["a"]})", vocab);
   Matcher m(g);
   auto mask = g->Mask(m.state());
   EXPECT_TRUE(Allowed(*mask, kKey));
@@ -224,9 +230,10 @@ TEST(Mask, ApplyMaskMatchesAccept) {
   // Every token the mask allows is accepted and every other one refused, at each step of a
   // walk through a document.
   auto vocab = ToyVocab({"true", "tr", "ue,", "[1", ", 2", "]", "\"x\"", "nul", "l]"});
-  auto g = Compile(ConstraintKind::kJsonSchema,
-                   R"({"type":"array","items":{"anyOf":[{"type":"integer"},{"type":"boolean"},{"type":"null"}]}})",
-                   vocab);
+  auto g = Compile(
+      ConstraintKind::kJsonSchema,
+      R"({"type":"array","items":{"anyOf":[{"type":"integer"},{"type":"boolean"},{"type":"null"}]}})",
+      vocab);
   const std::vector<int32_t> walk = {259, 260, ',', ' ', 256, ',', 257, 258, ' ', 263, 264};
   Matcher m(g);
   for (int32_t next : walk) {

@@ -1,0 +1,198 @@
+#include "server/chat_page.h"
+
+namespace polychip::server {
+namespace {
+
+// Kept in one literal so that the binary carries the page; the element ids (#input, #send,
+// #stop, #stats, .msg.assistant) are what tests/server/chat_page_test.mjs drives.
+constexpr std::string_view kPage = R"html(<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>polychip chat</title>
+<style>
+  :root { --bg: #f6f7f9; --fg: #1d232b; --muted: #6a7380; --accent: #2f6fdd; --card: #fff; }
+  * { box-sizing: border-box; }
+  body { margin: 0; font: 15px/1.5 system-ui, sans-serif; background: var(--bg); color: var(--fg);
+         display: grid; grid-template-columns: 280px 1fr; height: 100vh; }
+  aside { padding: 16px; border-right: 1px solid #dde1e6; background: var(--card); overflow: auto; }
+  aside h1 { font-size: 18px; margin: 0 0 12px; }
+  label { display: block; font-size: 12px; color: var(--muted); margin: 12px 0 4px; }
+  textarea, input { width: 100%; font: inherit; padding: 6px 8px; border: 1px solid #cfd5dc;
+                    border-radius: 6px; background: #fff; }
+  main { display: flex; flex-direction: column; height: 100vh; }
+  #log { flex: 1; overflow: auto; padding: 16px 24px; }
+  .msg { max-width: 760px; margin: 0 0 12px; padding: 10px 14px; border-radius: 10px;
+         white-space: pre-wrap; word-break: break-word; background: var(--card);
+         box-shadow: 0 1px 2px rgba(0,0,0,.06); }
+  .msg.user { background: #e4edfc; margin-left: auto; }
+  .msg .role { display: block; font-size: 11px; color: var(--muted); text-transform: uppercase; }
+  .msg.error { background: #fde8e8; color: #8a1c1c; }
+  form { display: flex; gap: 8px; padding: 12px 24px; border-top: 1px solid #dde1e6;
+         background: var(--card); }
+  form textarea { flex: 1; height: 60px; resize: vertical; }
+  button { font: inherit; padding: 0 18px; border: 0; border-radius: 6px; color: #fff;
+           background: var(--accent); cursor: pointer; }
+  button:disabled { opacity: .45; cursor: default; }
+  #stop { background: #b23b3b; }
+  #stats { font-size: 12px; color: var(--muted); padding: 0 24px 8px; background: var(--card); }
+</style>
+</head>
+<body>
+<aside>
+  <h1>polychip</h1>
+  <div id="model">model: …</div>
+  <label for="system">System prompt</label>
+  <textarea id="system" rows="4" placeholder="You are a helpful assistant."></textarea>
+  <label for="temperature">Temperature</label>
+  <input id="temperature" type="number" min="0" max="2" step="0.1" value="0.7">
+  <label for="max_tokens">Max tokens</label>
+  <input id="max_tokens" type="number" min="1" step="1" value="256">
+  <label for="api_key">API key (if the server wants one)</label>
+  <input id="api_key" type="password" autocomplete="off">
+  <label><button id="clear" type="button">New conversation</button></label>
+</aside>
+<main>
+  <div id="log"></div>
+  <div id="stats"></div>
+  <form id="form">
+    <textarea id="input" placeholder="Type a message (Enter sends, Shift+Enter: new line)"></textarea>
+    <button id="send" type="submit">Send</button>
+    <button id="stop" type="button" disabled>Stop</button>
+  </form>
+</main>
+<script>
+"use strict";
+const $ = (id) => document.getElementById(id);
+const history = [];
+let controller = null;
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api_key").value.trim();
+  if (key) h["Authorization"] = "Bearer " + key;
+  return h;
+}
+
+function addMessage(role, text) {
+  const div = document.createElement("div");
+  div.className = "msg " + role;
+  const r = document.createElement("span");
+  r.className = "role";
+  r.textContent = role;
+  const body = document.createElement("span");
+  body.className = "content";
+  body.textContent = text;
+  div.append(r, body);
+  $("log").append(div);
+  $("log").scrollTop = $("log").scrollHeight;
+  return body;
+}
+
+async function loadModel() {
+  try {
+    const r = await fetch("/v1/models", { headers: headers() });
+    const j = await r.json();
+    $("model").textContent = "model: " + (j.data?.[0]?.id ?? "?");
+  } catch (e) { $("model").textContent = "model: unavailable"; }
+}
+
+async function send(text) {
+  history.push({ role: "user", content: text });
+  addMessage("user", text);
+  const out = addMessage("assistant", "");
+  const messages = [];
+  const system = $("system").value.trim();
+  if (system) messages.push({ role: "system", content: system });
+  messages.push(...history);
+  controller = new AbortController();
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  const start = performance.now();
+  let first = 0, tokens = 0, answer = "";
+  try {
+    const r = await fetch("/v1/chat/completions", {
+      method: "POST", headers: headers(), signal: controller.signal,
+      body: JSON.stringify({
+        messages, stream: true, stream_options: { include_usage: true },
+        temperature: Number($("temperature").value), max_tokens: Number($("max_tokens").value),
+      }),
+    });
+    if (!r.ok) throw new Error((await r.json()).error?.message ?? ("HTTP " + r.status));
+    const reader = r.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const event = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        for (const line of event.split("\n")) {
+          if (!line.startsWith("data: ")) continue;
+          const data = line.slice(6);
+          if (data === "[DONE]") continue;
+          const j = JSON.parse(data);
+          if (j.error) throw new Error(j.error.message);
+          if (j.usage) tokens = j.usage.completion_tokens;
+          const delta = j.choices?.[0]?.delta?.content;
+          if (delta) {
+            if (!first) first = performance.now();
+            answer += delta;
+            out.textContent = answer;
+            ++tokens;
+            $("log").scrollTop = $("log").scrollHeight;
+          }
+        }
+      }
+      const secs = ((performance.now() - (first || start)) / 1000) || 1e-9;
+      $("stats").textContent = tokens + " tokens, " + (tokens / secs).toFixed(1) + " tokens/s";
+    }
+    const total = (performance.now() - start) / 1000;
+    const gen = first ? (performance.now() - first) / 1000 : total;
+    $("stats").textContent = tokens + " tokens in " + total.toFixed(2) + " s, " +
+        (tokens / Math.max(gen, 1e-3)).toFixed(1) + " tokens/s" +
+        (first ? ", first token after " + ((first - start) / 1000).toFixed(2) + " s" : "");
+  } catch (e) {
+    if (e.name !== "AbortError") {
+      out.parentElement.classList.add("error");
+      out.textContent = answer + (answer ? "\n" : "") + "error: " + e.message;
+    } else {
+      $("stats").textContent += " (stopped)";
+    }
+  } finally {
+    history.push({ role: "assistant", content: answer });
+    out.parentElement.dataset.done = "1";
+    controller = null;
+    $("send").disabled = false;
+    $("stop").disabled = true;
+  }
+}
+
+$("form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const text = $("input").value.trim();
+  if (!text || controller) return;
+  $("input").value = "";
+  send(text);
+});
+$("input").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("form").requestSubmit(); }
+});
+$("stop").addEventListener("click", () => controller?.abort());
+$("api_key").addEventListener("change", loadModel);
+$("clear").addEventListener("click", () => { history.length = 0; $("log").textContent = ""; $("stats").textContent = ""; });
+loadModel();
+</script>
+</body>
+</html>
+)html";
+
+}  // namespace
+
+std::string_view ChatPageHtml() { return kPage; }
+
+}  // namespace polychip::server
