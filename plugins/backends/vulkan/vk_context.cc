@@ -511,6 +511,7 @@ VkResult StreamState::Flush() {
   if (r != VK_SUCCESS) return r;
   submitted = value;
   open->value = value;
+  open->waited = std::move(wait_owners);
   in_flight.push_back(open);
   open = nullptr;
   waits.clear();
@@ -535,6 +536,7 @@ VkResult StreamState::Retire(bool wait_all) {
       std::memcpy(c.dst, staging.mapped + c.staging_offset, c.n);
     }
     b->host_copies.clear();
+    b->waited.clear();
     spare.push_back(b);
   }
   return VK_SUCCESS;

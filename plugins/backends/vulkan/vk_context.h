@@ -111,6 +111,7 @@ struct HostBuffer {
 // One command buffer's worth of work: recorded, submitted with a timeline value, recycled when
 // the semaphore reaches it. Device-to-host copies land in staging and are copied out to the
 // caller's memory when the batch is retired.
+struct StreamState;
 struct Batch {
   VkCommandBuffer cb = VK_NULL_HANDLE;
   VkDescriptorPool pool = VK_NULL_HANDLE;
@@ -122,6 +123,8 @@ struct Batch {
     uint64_t staging_offset, n;
   };
   std::vector<HostCopy> host_copies;
+  // Streams whose timelines this batch waits on: alive until it has run.
+  std::vector<std::shared_ptr<StreamState>> waited;
 };
 
 struct StreamState {
