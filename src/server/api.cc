@@ -76,8 +76,13 @@ std::optional<ApiError> GetString(const json& j, const char* key, std::string* o
 }
 
 std::optional<ApiError> GetTokenIds(const json& v, const char* key, int64_t vocab,
-                                    std::vector<int32_t>* out) {
+                                    std::vector<int32_t>* out, int64_t max_len = 0) {
   if (!v.is_array()) return Bad(key, std::string("'") + key + "' must be an array of token ids");
+  // Before a copy: a prompt longer than the context can never run.
+  if (max_len > 0 && static_cast<int64_t>(v.size()) > max_len) {
+    return Bad(key, std::string("'") + key + "' has " + std::to_string(v.size()) +
+                        " tokens, more than the context length " + std::to_string(max_len));
+  }
   for (const auto& t : v) {
     if (!t.is_number_integer()) return Bad(key, std::string("'") + key + "' must hold integers");
     const int64_t id = t.get<int64_t>();
@@ -88,6 +93,14 @@ std::optional<ApiError> GetTokenIds(const json& v, const char* key, int64_t voca
     out->push_back(static_cast<int32_t>(id));
   }
   return std::nullopt;
+}
+
+// prompts x n: each is one engine request (OpenAI allows n <= 128; a batch of prompts counts).
+constexpr size_t kMaxInputsPerRequest = 256;
+
+ApiError TooManyInputs(size_t prompts, int n) {
+  return Bad("n", std::to_string(prompts) + " prompts x n = " + std::to_string(n) + " is more " +
+                       "than " + std::to_string(kMaxInputsPerRequest) + " generations in one request");
 }
 
 #define PC_API_TRY(expr)              \
@@ -435,16 +448,17 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
       prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
     } else if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
       prompts.emplace_back();
-      PC_API_TRY(GetTokenIds(*it, "prompt", vocab, &prompts.back()));
+      PC_API_TRY(GetTokenIds(*it, "prompt", vocab, &prompts.back(), limits.context_length));
       out->prompt_texts.push_back(codec.Decode(prompts.back()));
     } else if (it->is_array() && !it->empty()) {
+      if (it->size() * out->n > kMaxInputsPerRequest) return TooManyInputs(it->size(), out->n);
       for (const auto& p : *it) {
         if (p.is_string()) {
           out->prompt_texts.push_back(p.get<std::string>());
           prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
         } else {
           prompts.emplace_back();
-          PC_API_TRY(GetTokenIds(p, "prompt", vocab, &prompts.back()));
+          PC_API_TRY(GetTokenIds(p, "prompt", vocab, &prompts.back(), limits.context_length));
           out->prompt_texts.push_back(codec.Decode(prompts.back()));
         }
       }
@@ -461,13 +475,16 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
     PC_API_TRY(GetString(body, "rid", &out->rid));
     auto text = body.find("text");
     auto ids = body.find("input_ids");
+    if (text != body.end() && !text->is_null() && ids != body.end() && !ids->is_null()) {
+      return Bad("input_ids", "give one of 'text' or 'input_ids', not both");
+    }
     if (text != body.end() && !text->is_null()) {
       if (!text->is_string()) return Bad("text", "'text' must be a string");
       out->prompt_texts.push_back(text->get<std::string>());
       prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
     } else if (ids != body.end() && !ids->is_null()) {
       prompts.emplace_back();
-      PC_API_TRY(GetTokenIds(*ids, "input_ids", vocab, &prompts.back()));
+      PC_API_TRY(GetTokenIds(*ids, "input_ids", vocab, &prompts.back(), limits.context_length));
     } else {
       return Bad("text", "one of 'text' or 'input_ids' is required");
     }
@@ -487,6 +504,16 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
   if (out->logprobs > 0) params.top_logprobs = out->logprobs;
   params.want_logprob = out->logprobs >= 0;  // otherwise nobody reads it
 
+  // Every prompt is copied n times below: bound the product first ({"prompt": [5] * 4000000,
+  // "n": 64} used to take 1.1 GB before the engine refused it).
+  if (prompts.size() * out->n > kMaxInputsPerRequest) return TooManyInputs(prompts.size(), out->n);
+  for (const auto& prompt : prompts) {
+    if (limits.context_length > 0 && static_cast<int64_t>(prompt.size()) > limits.context_length) {
+      return Bad("prompt", "the prompt has " + std::to_string(prompt.size()) +
+                               " tokens, more than the context length " +
+                               std::to_string(limits.context_length));
+    }
+  }
   for (size_t p = 0; p < prompts.size(); ++p) {
     if (prompts[p].empty()) return Bad("prompt", "the prompt is empty");
     for (int i = 0; i < out->n; ++i) {

@@ -111,9 +111,11 @@ class HttpServer::Impl {
              }, false));
     svr_.Get("/health", Guard([](const auto&, auto& res) { SendJson(res, 200, json::object()); },
                               false));
+    // /health_generate runs the model and /metrics tells the load: behind the key like the
+    // rest (an open /health_generate let anyone generate at full speed).
     svr_.Get("/health_generate", Guard([this](const auto&, auto& res) { HealthGenerate(res); },
-                                       false));
-    svr_.Get("/metrics", Guard([this](const auto&, auto& res) { Metrics(res); }, false));
+                                       true));
+    svr_.Get("/metrics", Guard([this](const auto&, auto& res) { Metrics(res); }, true));
     svr_.Get("/v1/models", Guard([this](const auto&, auto& res) { Models(res); }, true));
     svr_.Get("/get_model_info", Guard([this](const auto&, auto& res) {
                SendJson(res, 200, {{"model_path", options_.model_name}, {"is_generation", true}});
@@ -228,7 +230,14 @@ class HttpServer::Impl {
       if (!it->is_string()) return SendError(res, Error(400, std::string("'") + key + "' must be a string", "invalid_request_error", key));
       text = it->get<std::string>();
     }
-    bool add_special = body.value("add_special_tokens", true);
+    bool add_special = true;
+    if (auto it = body.find("add_special_tokens"); it != body.end() && !it->is_null()) {
+      if (!it->is_boolean()) {
+        return SendError(res, Error(400, "'add_special_tokens' must be a boolean",
+                                    "invalid_request_error", "add_special_tokens"));
+      }
+      add_special = it->get<bool>();
+    }
     auto tokens = codec_->Encode(text, add_special);
     SendJson(res, 200, {{"tokens", tokens}, {"count", tokens.size()},
                         {"max_model_len", engine_->context_length()}});

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "common/fake_runner.h"
@@ -277,6 +279,81 @@ TEST(HttpServer, ApiKey) {
   auto right = s.client->Get("/v1/models", {{"Authorization", "Bearer sekret"}});
   EXPECT_EQ(right->status, 200);
   EXPECT_EQ(s.client->Get("/health")->status, 200);  // probes need no key
+}
+
+// Issue 16: every route but /health behind the key (/health_generate ran the model for anyone).
+TEST(HttpServer, ApiKeyGuardsEveryRouteButHealth) {
+  TestServer s(256, "sekret");
+  const httplib::Headers key = {{"Authorization", "Bearer sekret"}};
+  for (const char* path : {"/health_generate", "/metrics", "/get_server_info", "/v1/models"}) {
+    auto none = s.client->Get(path);
+    ASSERT_TRUE(none) << path;
+    EXPECT_EQ(none->status, 401) << path;
+    auto right = s.client->Get(path, key);
+    ASSERT_TRUE(right) << path;
+    EXPECT_EQ(right->status, 200) << path << ": " << right->body;
+  }
+  EXPECT_EQ(s.client->Get("/health")->status, 200);
+}
+
+// Issue 16: wrong-typed or contradictory fields are a 400, never a 500 or a silent choice.
+TEST(HttpServer, AmbiguousOrWrongTypedFieldsGet400) {
+  TestServer s(256, "", /*context=*/256);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/tokenize", R"({"text":"hi","add_special_tokens":"yes"})"},
+      {"/tokenize", R"({"text":"hi","add_special_tokens":1})"},
+      {"/generate", R"({"text":"hi","input_ids":[5,6]})"},
+      {"/generate", R"({"input_ids":[5)" + [] {  // 301 tokens, more than the context
+         std::string more;
+         for (int i = 0; i < 300; ++i) more += ",5";
+         return more;
+       }() + "]}"},
+      {"/v1/completions", R"({"prompt":["a","b","c","d","e"],"n":64})"},
+  };
+  for (const auto& [path, body] : cases) {
+    auto r = s.client->Post(path.c_str(), body, "application/json");
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, 400) << path << " " << body.substr(0, 80) << " -> " << r->body;
+  }
+  int status = 0;
+  json t = s.Post("/tokenize", {{"text", "hi"}, {"add_special_tokens", false}}, &status);
+  EXPECT_EQ(status, 200) << t.dump();
+}
+
+long MaxRssKb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss;
+}
+
+// Issue 16: {"prompt": [5] * 4000000, "n": 64} (8 MB) peaked at 1.13 GB before its 400; the
+// sizes are now checked before any copy. The body's own JSON tree is ~100 MB.
+TEST(HttpServer, HugePromptTimesNIsRefusedBeforeCopying) {
+  TestServer s(256, "", /*context=*/1024);
+  std::string body = R"({"n":64,"prompt":[5)";
+  body.reserve(8000100);
+  for (int i = 1; i < 4000000; ++i) body += ",5";
+  body += "]}";
+  const long before = MaxRssKb();
+  auto r = s.client->Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("more than the context length 1024"), std::string::npos) << r->body;
+  EXPECT_LT(MaxRssKb() - before, 400 * 1024) << "KB more at peak";
+}
+
+// Issue 16: ids from the kernel's CSPRNG, 128 bits.
+TEST(HttpServer, ResponseIdsAre128RandomBits) {
+  TestServer s;
+  std::set<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    json r = s.Post("/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"max_tokens", 1}});
+    const std::string id = r.value("id", "");
+    EXPECT_TRUE(std::regex_match(id, std::regex("chatcmpl-[0-9a-f]{32}"))) << id;
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 2u);
 }
 
 TEST(HttpServer, DisconnectMidStreamFreesBlocks) {
