@@ -260,10 +260,12 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
   const char* suffix = WeightSuffix(a.w_dtype);
   if (!suffix || a.w_layout != PC_LAYOUT_GGUF)
     return MakeError(PC_CODE_UNIMPLEMENTED, "matmul: weight dtype/layout not supported");
-  // One row of x (decode): the shuffle-reduced matrix-vector kernel, 8 columns a workgroup.
-  const bool matvec = a.m == 1 && L.device().info.subgroup_shuffle;
+  // Tiles of 8 columns x 8 rows reduced by shuffles (matvec.comp) where the subgroups allow,
+  // else one column x 8 rows reduced through shared memory (matmul.comp).
+  const bool matvec = L.device().info.subgroup_shuffle;
+  const char* kind = !matvec ? "matmul_" : a.m == 1 ? "matvec_" : "mattile_";
   Kernel* k = nullptr;
-  PCV_TRY(GetKernel(L.device(), std::string(matvec ? "matvec_" : "matmul_") + suffix, 4, &k));
+  PCV_TRY(GetKernel(L.device(), std::string(kind) + suffix, 4, &k));
   const uint64_t row_bytes = sdk::RowBytes(a.w_dtype, a.k);
   const uint64_t max = L.MaxBytes();
   // Tiles of [mc rows of x/out] x [nc rows of W] whose windows each fit one binding.
@@ -287,7 +289,7 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
       } push{w[0].first / 4, w[1].first, w[2].first / 4, w[3].first / 4, U32(mm), U32(nn),
              U32(a.k), U32(a.x_stride), U32(a.out_stride), U32(row_bytes), a.bias ? 1u : 0u,
              a.accumulate ? 1u : 0u};
-      PCV_TRY(L.Dispatch(*k, w, &push, sizeof(push), matvec ? Ceil(nn, 8) : nn * Ceil(mm, 8)));
+      PCV_TRY(L.Dispatch(*k, w, &push, sizeof(push), (matvec ? Ceil(nn, 8) : nn) * (a.m == 1 && matvec ? mm : Ceil(mm, 8))));
     }
   }
   return nullptr;
