@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Perplexity of the Vulkan plugin against llama.cpp's CPU build on synthesized models (the
 # issue's "within 0.5%" check), one line per model:
-#   plugins/backends/vulkan/check_perplexity.sh [BUILD_DIR] [TYPES...]
+#   [ARCHS="llama qwen2 qwen3"] plugins/backends/vulkan/check_perplexity.sh [BUILD_DIR] [TYPES...]
 # BUILD_DIR (default build) holds bin/polychip and the plugins; llama.cpp's tools come from
 # tests/setup/fetch-llama-cpp.sh (POLYCHIP_LLAMA_CPP_DIR, default ~/.cache/polychip/llama.cpp).
 # Lavapipe is slow: the models are the `tiny` shapes and the text is the 5 KB lighthouse file.
@@ -19,6 +19,7 @@ ppl() { grep -o "Final estimate: PPL = [0-9.]*" | awk "{print \$NF}" | tail -1 |
 printf '%-22s %12s %12s %9s\n' model llama.cpp vulkan diff
 for case in "llama-spm llama tiny" "qwen2 qwen2 tiny" "qwen2 qwen3 qwen3-tiny"; do
   read -r vocab arch shape <<<"$case"
+  [ -n "${ARCHS:-}" ] && [[ " $ARCHS " != *" $arch "* ]] && continue  # ARCHS="qwen2 qwen3"
   for type in "${types[@]}"; do
     model=$out/${arch}_$type.gguf
     if ! "$build/bin/polychip" gguf synth --vocab "$llama/models/ggml-vocab-$vocab.gguf" \
