@@ -57,13 +57,16 @@ pc_error_t* VkError(const std::string& what, VkResult r) {
 
 // The devices this process sees (env, then `devices`), usable ones only; *why otherwise.
 bool Enumerate(const pv::Vk& vk, VkInstance instance, const std::string& param,
-               std::vector<pv::PhysicalInfo>* out, std::string* why) {
+               std::vector<pv::PhysicalInfo>* out, std::string* why, bool* bad_list = nullptr) {
   uint32_t n = 0;
   vk.vkEnumeratePhysicalDevices(instance, &n, nullptr);
   std::vector<VkPhysicalDevice> all(n);
   if (n) vk.vkEnumeratePhysicalDevices(instance, &n, all.data());
   std::vector<VkPhysicalDevice> picked;
-  if (!pv::SelectDevices(all, std::getenv(kEnv), param, &picked, why)) return false;
+  if (!pv::SelectDevices(all, std::getenv(kEnv), param, &picked, why)) {
+    if (bad_list) *bad_list = true;
+    return false;
+  }
   out->clear();
   std::string skipped;
   for (VkPhysicalDevice pd : picked) {
@@ -109,8 +112,9 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     if (!s.vk.library && !pv::OpenLoader(&s.vk, &why)) return MakeError(PC_CODE_UNAVAILABLE, why);
     if (s.instance == VK_NULL_HANDLE && !pv::CreateInstance(&s.vk, &s.instance, &why))
       return MakeError(PC_CODE_UNAVAILABLE, why);
-    if (!Enumerate(s.vk, s.instance, devices_param, &s.devices, &why))
-      return MakeError(PC_CODE_UNAVAILABLE, why);
+    bool bad_list = false;
+    if (!Enumerate(s.vk, s.instance, devices_param, &s.devices, &why, &bad_list))
+      return MakeError(bad_list ? PC_CODE_INVALID_ARGUMENT : PC_CODE_UNAVAILABLE, why);
     std::lock_guard<std::mutex> lock(s.mu);
     s.open.assign(s.devices.size(), nullptr);
     for (size_t i = 0; i < s.devices.size(); ++i) {
