@@ -176,7 +176,9 @@ int Serve(CLI::App& app, ServeOptions& o) {
   };
   so.server_info = {{"model_path", o.model_path}, {"schedule_policy", o.schedule_policy},
                     {"device", Globals().device}, {"threads", o.threads},
-                    {"kv_cache_dtype", o.kv_cache_dtype}};
+                    {"kv_cache_dtype", o.kv_cache_dtype}, {"tp_size", o.tp_size},
+                    {"pp_size", o.pp_size}, {"nnodes", dist::GlobalLaunchFlags().nnodes},
+                    {"comm_groups", dist::DescribeComms(**runner)}};
   server::HttpServer http(so, &engine, text);
   if (Status s = http.Bind(); !s.ok()) return Fail(s);
 

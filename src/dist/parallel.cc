@@ -1,11 +1,17 @@
 #include "dist/parallel.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dist/tcp_store.h"
 #include "runtime/comm.h"
 #include "runtime/config.h"
 #include "runtime/host_services.h"
@@ -31,14 +38,130 @@ using runtime::Communicator;
 
 constexpr char kRankEnv[] = "POLYCHIP_DIST_RANK";
 constexpr char kSizeEnv[] = "POLYCHIP_DIST_SIZE";
-constexpr char kKvEnv[] = "POLYCHIP_DIST_KV";
+constexpr char kStoreEnv[] = "POLYCHIP_DIST_STORE";      // node 0's store, HOST:PORT
+constexpr char kTokenEnv[] = "POLYCHIP_DIST_TOKEN";      // also the user's --dist-token default
+constexpr char kNodeEnv[] = "POLYCHIP_DIST_NODE";        // node rank, nnodes
+constexpr char kLocalEnv[] = "POLYCHIP_DIST_LOCAL_RANK";  // index into this node's --device
+
+// What every rank tells the others about itself (published as "rank/<r>").
+struct RankInfo {
+  int32_t node = 0;
+  std::string host;  // the host identity the topology uses (POLYCHIP_HOST_ID, else hostname)
+  int64_t pid = 0;
+  std::string Encode() const {
+    return std::to_string(node) + "\t" + host + "\t" + std::to_string(pid);
+  }
+  static RankInfo Decode(const std::string& s) {
+    RankInfo r;
+    const size_t a = s.find('\t'), b = s.rfind('\t');
+    r.node = std::atoi(s.substr(0, a).c_str());
+    r.host = s.substr(a + 1, b - a - 1);
+    r.pid = std::atoll(s.substr(b + 1).c_str());
+    return r;
+  }
+};
+
+std::string HostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Simulated hosts on one machine share its hostname: POLYCHIP_HOST_ID tells them apart.
+std::string HostIdentity() {
+  const char* id = std::getenv("POLYCHIP_HOST_ID");
+  return id != nullptr && *id != '\0' ? id : HostName();
+}
+
+// "rank 3 (pid 123)\thost-b": how a rank names itself to the store; Died() makes the line.
+std::string Who(int32_t rank, int64_t pid, const std::string& host) {
+  return "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")\t" + host;
+}
+std::string Died(const std::string& who) {
+  const size_t tab = who.find('\t');
+  if (tab == std::string::npos) return who + " died";
+  return who.substr(0, tab) + " died on host " + who.substr(tab + 1);
+}
+
+// Every rank watches the store on its own connection: the first rank that vanished without
+// leaving (killed, crashed) or the loss of node 0's store ends this rank, naming the culprit,
+// within a fraction of a second, wherever it was blocked (a collective over TCP may otherwise
+// wait for its timeout).
+class Watchdog {
+ public:
+  Watchdog(std::unique_ptr<TcpKvStore> kv, int32_t rank, std::string store_owner)
+      : kv_(std::move(kv)), rank_(rank), store_owner_(std::move(store_owner)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Watchdog() { Stop(); }
+  void Stop() {
+    if (stop_.exchange(true)) return;
+    thread_.join();
+    kv_->Leave();
+  }
+
+ private:
+  void Run() {
+    while (!stop_.load()) {
+      StatusOr<std::string> dead = kv_->Get(kDeadKey, 300);
+      if (stop_.load()) return;
+      if (dead.ok()) {
+        End("dist: " + Died(*dead) + " (its connection to the job's store closed); ending rank " +
+            std::to_string(rank_));
+      }
+      if (kv_->lost()) {
+        End("dist: lost the job's store at " + kv_->address() + ": " + Died(store_owner_) +
+            " or its host is unreachable; ending rank " + std::to_string(rank_));
+      }
+    }
+  }
+  void End(const std::string& message) {
+    runtime::Log().error("{}", message);
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  std::unique_ptr<TcpKvStore> kv_;
+  int32_t rank_;
+  std::string store_owner_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 struct World {
   int32_t rank = 0;
   int32_t size = 1;
-  std::string kv_dir;
-  std::vector<pid_t> children;  // rank 0 only
+  int32_t node = 0, n_nodes = 1;
+  int32_t local_rank = 0;      // index into this node's --device list
+  bool mpirun = false;
+  std::vector<pid_t> children;  // the ranks this process started
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  StoreAddress store;                      // node 0's store
+  std::string token;                       // the job's token
+  std::shared_ptr<TcpKvStore> kv;          // this rank's connection, also the host KV store
+  std::unique_ptr<Watchdog> watchdog;
+  std::vector<RankInfo> ranks;                       // every rank's, by world rank
+  std::unique_ptr<Communicator> mpi_bootstrap;       // under mpirun: the world over mpi
+
+  // Leaves the job cleanly: the store will not report this rank as dead.
+  void Leave() {
+    if (watchdog) watchdog->Stop();
+    if (kv) kv->Leave();
+  }
 };
+
+// The rank's store and the bootstrap timeout (the flag overrides the caller's default).
+int64_t BootstrapTimeout(const ParallelOptions& parallel) {
+  const LaunchFlags& f = GlobalLaunchFlags();
+  return f.dist_timeout_ms > 0 ? f.dist_timeout_ms : parallel.timeout_ms;
+}
+
+std::string TokenFromFlags() {
+  const LaunchFlags& f = GlobalLaunchFlags();
+  if (!f.dist_token.empty()) return f.dist_token;
+  const char* env = std::getenv(kTokenEnv);
+  return env != nullptr ? env : "";
+}
 
 StatusOr<std::vector<std::string>> OwnCommandLine() {
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
@@ -50,16 +173,14 @@ StatusOr<std::vector<std::string>> OwnCommandLine() {
   return args;
 }
 
-// Rank 0: starts ranks 1..size-1 as copies of this process. A child dies with its parent
-// (PR_SET_PDEATHSIG), so a killed rank 0 never leaves orphans computing.
-StatusOr<World> StartWorld(int32_t size) {
-  World w;
-  w.size = size;
-  char dir[] = "/tmp/polychip-dist-XXXXXX";
-  if (mkdtemp(dir) == nullptr) return Unavailable("cannot create a directory in /tmp");
-  w.kv_dir = dir;
+// Starts this node's other ranks (global ranks first+1 .. first+n_local-1) as copies of this
+// process. A child dies with its parent (PR_SET_PDEATHSIG), so a killed node leader never
+// leaves orphans computing.
+Status StartLocalRanks(World& w, int32_t n_local, const std::string& store,
+                       const std::string& token) {
   PC_ASSIGN_OR_RETURN(std::vector<std::string> args, OwnCommandLine());
-  for (int32_t r = 1; r < size; ++r) {
+  for (int32_t l = 1; l < n_local; ++l) {
+    const int32_t r = w.rank + l;
     const pid_t pid = fork();
     if (pid < 0) return Unavailable("fork failed starting rank " + std::to_string(r));
     if (pid == 0) {
@@ -67,8 +188,11 @@ StatusOr<World> StartWorld(int32_t size) {
       // Ctrl-C reaches the whole process group: rank 0 alone decides when the job ends.
       signal(SIGINT, SIG_IGN);
       setenv(kRankEnv, std::to_string(r).c_str(), 1);
-      setenv(kSizeEnv, std::to_string(size).c_str(), 1);
-      setenv(kKvEnv, w.kv_dir.c_str(), 1);
+      setenv(kSizeEnv, std::to_string(w.size).c_str(), 1);
+      setenv(kStoreEnv, store.c_str(), 1);
+      setenv(kTokenEnv, token.c_str(), 1);
+      setenv(kNodeEnv, (std::to_string(w.node) + "," + std::to_string(w.n_nodes)).c_str(), 1);
+      setenv(kLocalEnv, std::to_string(l).c_str(), 1);
       const int devnull = open("/dev/null", O_WRONLY);
       if (devnull >= 0) dup2(devnull, STDOUT_FILENO);  // rank 0 alone writes results
       std::vector<char*> argv;
@@ -80,47 +204,257 @@ StatusOr<World> StartWorld(int32_t size) {
     }
     w.children.push_back(pid);
   }
-  runtime::Log().info("dist: started {} more rank(s) (pids{}), bootstrap in {}", size - 1,
-                      [&] {
-                        std::string s;
-                        for (pid_t p : w.children) s += " " + std::to_string(p);
-                        return s;
-                      }(),
-                      w.kv_dir);
-  return w;
+  if (n_local > 1) {
+    std::string pids;
+    for (pid_t p : w.children) pids += " " + std::to_string(p);
+    runtime::Log().info("dist: node {} started {} more rank(s) (pids{}), store {}", w.node,
+                        n_local - 1, pids, store);
+  }
+  return Status::Ok();
 }
 
-// Under mpirun (Open MPI's environment) the ranks are mpirun's processes: nothing is started,
-// and the bootstrap directory is named after mpirun's job (ranks on one host; across hosts use
-// a comm plugin whose ids need no exchange, such as mpi, with a shared /tmp or one host).
-std::optional<World> MpirunWorld() {
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (rank == nullptr || size == nullptr) return std::nullopt;
-  const char* job = std::getenv("OMPI_MCA_ess_base_jobid");
+// The ranks this node runs: its --device list with several nodes; all of them on one host.
+StatusOr<int32_t> LocalRankCount(const std::string& device_flag, int32_t nnodes,
+                                 int32_t n_ranks) {
+  if (nnodes == 1) return n_ranks;
+  PC_ASSIGN_OR_RETURN(runtime::DeviceSelection sel, runtime::ParseDeviceFlag(device_flag));
+  if (sel.physical.empty()) {
+    return InvalidArgument("--nnodes " + std::to_string(nnodes) +
+                           ": --device must list this node's devices, one per rank on it "
+                           "(e.g. --device " + sel.backend + ":0,1)");
+  }
+  return int32_t(sel.physical.size());
+}
+
+// A node leader (the process the user started on each node; on one host, rank 0): serves the
+// store on node 0, registers its rank count, learns where its ranks sit in the world, and
+// starts them.
+StatusOr<World> StartNode(const std::string& device_flag, int32_t n_ranks,
+                          const ParallelOptions& parallel) {
+  const LaunchFlags& f = GlobalLaunchFlags();
+  const int64_t timeout = BootstrapTimeout(parallel);
   World w;
-  w.rank = std::atoi(rank);
-  w.size = std::atoi(size);
-  w.kv_dir = std::string("/tmp/polychip-dist-mpirun-") + (job != nullptr ? job : "0");
+  w.size = n_ranks;
+  w.node = f.node_rank;
+  w.n_nodes = std::max(1, f.nnodes);
+  if (w.node < 0 || w.node >= w.n_nodes) {
+    return InvalidArgument("--node-rank " + std::to_string(w.node) + " is not in 0.." +
+                           std::to_string(w.n_nodes - 1));
+  }
+  PC_ASSIGN_OR_RETURN(const int32_t n_local, LocalRankCount(device_flag, w.n_nodes, n_ranks));
+  std::string token = TokenFromFlags();
+  StoreAddress address;
+  if (w.n_nodes == 1) {
+    // One host: loopback at a free port, with a fresh token (the ranks get it from us).
+    if (token.empty()) token = RandomToken();
+    PC_ASSIGN_OR_RETURN(w.server, TcpStoreServer::Start("127.0.0.1", 0, token));
+    address.hosts = {"127.0.0.1"};
+    address.port = w.server->port();
+  } else {
+    if (f.dist_init_addr.empty()) {
+      return InvalidArgument("--nnodes " + std::to_string(w.n_nodes) +
+                             " needs --dist-init-addr HOST:PORT (node 0's address)");
+    }
+    PC_ASSIGN_OR_RETURN(address, ParseStoreAddress(f.dist_init_addr));
+    if (token.empty()) {
+      runtime::Log().warn("dist: no --dist-token (or {}): any process that reaches {} can join "
+                          "this job", kTokenEnv, address.ToString());
+    }
+    if (w.node == 0) {
+      PC_ASSIGN_OR_RETURN(w.server, TcpStoreServer::Start("", address.port, token));
+      runtime::Log().info("dist: node 0 serves the job's store on port {} ({} nodes)",
+                          w.server->port(), w.n_nodes);
+    }
+  }
+  const std::string self = "node " + std::to_string(w.node);
+  PC_ASSIGN_OR_RETURN(std::unique_ptr<TcpKvStore> kv,
+                      TcpKvStore::Connect(address, token, timeout, self));
+  w.kv = std::move(kv);
+  PC_RETURN_IF_ERROR(
+      w.kv->Set("node/" + std::to_string(w.node), std::to_string(n_local) + "\t" + HostName()));
+  // Every node's rank count, in node order: node n's ranks follow node n-1's.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout);
+  std::vector<int32_t> counts(w.n_nodes, 0);
+  std::string missing;
+  for (int32_t n = 0; n < w.n_nodes; ++n) {
+    const int64_t left = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(
+               deadline - std::chrono::steady_clock::now()).count());
+    StatusOr<std::string> v = w.kv->Get("node/" + std::to_string(n), left);
+    if (!v.ok()) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+      continue;
+    }
+    counts[n] = std::atoi(v->c_str());
+  }
+  if (!missing.empty()) {
+    return Unavailable(self + ": node(s) " + missing + " of " + std::to_string(w.n_nodes) +
+                       " never arrived at the store at " + address.ToString() + " within " +
+                       std::to_string(timeout) + " ms (started with the same --nnodes, "
+                       "--dist-init-addr and --dist-token?)");
+  }
+  int32_t total = 0;
+  std::string layout;
+  for (int32_t n = 0; n < w.n_nodes; ++n) {
+    if (n == w.node) w.rank = total;
+    total += counts[n];
+    layout += (layout.empty() ? "" : ", ") + std::string("node ") + std::to_string(n) + ": " +
+              std::to_string(counts[n]);
+  }
+  if (total != n_ranks) {
+    return InvalidArgument("the nodes' --device lists hold " + std::to_string(total) +
+                           " rank(s) (" + layout + "), --tp-size x --pp-size needs " +
+                           std::to_string(n_ranks));
+  }
+  PC_RETURN_IF_ERROR(StartLocalRanks(w, n_local, address.ToString(), token));
+  w.store = address;
+  w.token = token;
   return w;
 }
 
-StatusOr<World> FollowerWorld() {
+// A rank started by a node leader.
+StatusOr<World> FollowerWorld(const ParallelOptions& parallel) {
   World w;
   w.rank = std::atoi(std::getenv(kRankEnv));
   const char* size = std::getenv(kSizeEnv);
-  const char* kv = std::getenv(kKvEnv);
-  if (size == nullptr || kv == nullptr) {
-    return InvalidArgument(std::string(kRankEnv) + " is set but " + kSizeEnv + "/" + kKvEnv +
-                           " are not");
+  const char* store = std::getenv(kStoreEnv);
+  const char* node = std::getenv(kNodeEnv);
+  const char* local = std::getenv(kLocalEnv);
+  if (size == nullptr || store == nullptr || node == nullptr || local == nullptr) {
+    return InvalidArgument(std::string(kRankEnv) + " is set but " + kSizeEnv + "/" + kStoreEnv +
+                           "/" + kNodeEnv + "/" + kLocalEnv + " are not");
   }
   w.size = std::atoi(size);
-  w.kv_dir = kv;
+  std::sscanf(node, "%d,%d", &w.node, &w.n_nodes);
+  w.local_rank = std::atoi(local);
+  PC_ASSIGN_OR_RETURN(StoreAddress address, ParseStoreAddress(store));
+  PC_ASSIGN_OR_RETURN(std::unique_ptr<TcpKvStore> kv,
+                      TcpKvStore::Connect(address, TokenFromFlags(), BootstrapTimeout(parallel),
+                                          "rank " + std::to_string(w.rank)));
+  w.kv = std::move(kv);
+  w.store = address;
+  w.token = TokenFromFlags();
   return w;
 }
 
-// Waits for the other ranks to exit, at most `patience`; then kills them.
-void ReapChildren(const World& world, std::chrono::seconds patience) {
+// This machine's IPv4 addresses, the others first: what rank 0 advertises under mpirun.
+std::vector<std::string> LocalAddresses() {
+  std::vector<std::string> out, loopback;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                sizeof(text));
+      ((a->ifa_flags & IFF_LOOPBACK) ? loopback : out).push_back(text);
+    }
+    freeifaddrs(list);
+  }
+  out.insert(out.end(), loopback.begin(), loopback.end());
+  if (out.empty()) out.push_back("127.0.0.1");
+  return out;
+}
+
+// Under mpirun (Open MPI's environment) the ranks are mpirun's processes: nothing is started.
+// MPI itself carries the bootstrap: over the mpi plugin's world (whose ids need no exchange)
+// rank 0 broadcasts its store's address and token, and every rank joins the store.
+std::optional<World> MpirunWorldShape() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (rank == nullptr || size == nullptr) return std::nullopt;
+  World w;
+  w.mpirun = true;
+  w.rank = std::atoi(rank);
+  w.size = std::atoi(size);
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  w.local_rank = local != nullptr ? std::atoi(local) : w.rank;
+  return w;
+}
+
+StatusOr<World> MpirunWorld(World w, const std::string& config_path,
+                            const ParallelOptions& parallel) {
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
+                      runtime::ResolveRuntimeConfig(config_path, ""));
+  PC_ASSIGN_OR_RETURN(auto mpi, runtime::PluginRegistry::Global().LoadComm(
+                                    "mpi", runtime::PluginSearchPath(config.extra_search_path), {}));
+  runtime::InProcessKvStore own;
+  PC_ASSIGN_OR_RETURN(std::string id, mpi->UniqueId());
+  PC_RETURN_IF_ERROR(own.Set("world", id));
+  const int64_t timeout = BootstrapTimeout(parallel);
+  PC_ASSIGN_OR_RETURN(w.mpi_bootstrap,
+                      Communicator::Create(mpi, own, "world", w.size, w.rank, timeout));
+  char message[2048] = {};  // "HOST[,HOST...]:PORT\nTOKEN"
+  if (w.rank == 0) {
+    const LaunchFlags& f = GlobalLaunchFlags();
+    StoreAddress address;
+    if (!f.dist_init_addr.empty()) {
+      PC_ASSIGN_OR_RETURN(address, ParseStoreAddress(f.dist_init_addr));
+    } else {
+      address.hosts = LocalAddresses();
+    }
+    std::string token = TokenFromFlags();
+    if (token.empty()) token = RandomToken();
+    PC_ASSIGN_OR_RETURN(w.server, TcpStoreServer::Start("", address.port, token));
+    address.port = w.server->port();
+    std::snprintf(message, sizeof(message), "%s\n%s", address.ToString().c_str(), token.c_str());
+  }
+  PC_RETURN_IF_ERROR(
+      w.mpi_bootstrap->Broadcast(message, message, sizeof(message), DType::kI8, 0));
+  const std::string text(message);
+  const size_t nl = text.find('\n');
+  PC_ASSIGN_OR_RETURN(StoreAddress address, ParseStoreAddress(text.substr(0, nl)));
+  PC_ASSIGN_OR_RETURN(std::unique_ptr<TcpKvStore> kv,
+                      TcpKvStore::Connect(address, text.substr(nl + 1), timeout,
+                                          "rank " + std::to_string(w.rank)));
+  w.kv = std::move(kv);
+  w.store = address;
+  w.token = text.substr(nl + 1);
+  return w;
+}
+
+// Every rank: registers with the store (so that its death is reported), publishes where it
+// runs, learns where the others run, starts its watchdog, and lends the store to the plugins.
+Status JoinWorld(World& w, const ParallelOptions& parallel) {
+  const int64_t timeout = BootstrapTimeout(parallel);
+  const RankInfo me{w.node, HostIdentity(), int64_t(getpid())};
+  PC_RETURN_IF_ERROR(w.kv->Register(Who(w.rank, me.pid, me.host)));
+  PC_RETURN_IF_ERROR(w.kv->Set("rank/" + std::to_string(w.rank), me.Encode()));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout);
+  std::string missing;
+  w.ranks.assign(w.size, RankInfo{});
+  for (int32_t r = 0; r < w.size; ++r) {
+    const int64_t left = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(
+               deadline - std::chrono::steady_clock::now()).count());
+    StatusOr<std::string> v = w.kv->Get("rank/" + std::to_string(r), left);
+    if (!v.ok()) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      continue;
+    }
+    w.ranks[r] = RankInfo::Decode(*v);
+  }
+  if (!missing.empty()) {
+    return Unavailable("rank " + std::to_string(w.rank) + ": rank(s) " + missing + " of " +
+                       std::to_string(w.size) + " never joined the job's store at " +
+                       w.kv->address() + " within " + std::to_string(timeout) + " ms");
+  }
+  const std::string owner = Who(0, w.ranks[0].pid, w.ranks[0].host);
+  PC_ASSIGN_OR_RETURN(std::unique_ptr<TcpKvStore> watch,
+                      TcpKvStore::Connect(w.store, w.token,
+                                          timeout, "rank " + std::to_string(w.rank)));
+  w.watchdog = std::make_unique<Watchdog>(std::move(watch), w.rank, owner);
+  runtime::SetHostKvStore(w.kv);
+  // For a network plugin choosing the address it listens on (gloo): the one node 0 reached us by.
+  if (const std::string local = w.kv->local_address(); !local.empty()) {
+    setenv("POLYCHIP_DIST_LOCAL_ADDR", local.c_str(), 1);
+  }
+  return Status::Ok();
+}
+
+// Waits for the other ranks to exit, at most `patience`; then kills them. Node 0's rank 0 then
+// waits (as long) for the other nodes' ranks to leave its store before it closes it.
+void ReapChildren(World& world, std::chrono::seconds patience) {
   const auto deadline = std::chrono::steady_clock::now() + patience;
   for (pid_t pid : world.children) {
     int status = 0;
@@ -133,8 +467,16 @@ void ReapChildren(const World& world, std::chrono::seconds patience) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  std::error_code ec;
-  std::filesystem::remove_all(world.kv_dir, ec);
+  world.children.clear();
+  world.Leave();
+  if (world.server) {
+    const int64_t left = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(
+               deadline - std::chrono::steady_clock::now()).count());
+    world.server->WaitRanksGone(left);
+  }
+  runtime::SetHostKvStore(nullptr);
+  world.server.reset();
 }
 
 }  // namespace
@@ -157,6 +499,158 @@ StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& confi
   runtime::Log().info("comm plugin '{}' {} selected by {}", comm->name(), comm->version(), source);
   return comm;
 }
+
+namespace {
+
+// Transports whose ranks must share a host (shared memory). A group that spans hosts and is
+// pinned to one of these gets a warning: its creation fails or waits for its timeout.
+bool HostOnly(const std::string& plugin) { return plugin == "shm"; }
+
+// The comm plugin of one group of ranks, and why it was chosen.
+struct GroupComm {
+  std::string group;            // "world", "tp", "pp"
+  std::vector<int32_t> ranks;   // world ranks, in group order
+  runtime::PluginSpec spec;
+  std::string why;
+  std::vector<std::string> hosts;  // distinct, in rank order
+};
+
+std::string Join(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+GroupComm ChooseGroupComm(const std::string& group, std::vector<int32_t> ranks,
+                          const World& w, const runtime::RuntimeConfig& config) {
+  GroupComm g;
+  g.group = group;
+  g.ranks = std::move(ranks);
+  for (int32_t r : g.ranks) {
+    const std::string& h = w.ranks[r].host;
+    if (std::find(g.hosts.begin(), g.hosts.end(), h) == g.hosts.end()) g.hosts.push_back(h);
+  }
+  const LaunchFlags& f = GlobalLaunchFlags();
+  const std::string& flag = group == "tp" ? f.comm_tp : group == "pp" ? f.comm_pp : f.comm_world;
+  if (!flag.empty()) {
+    g.spec = runtime::PluginSpec{flag, "", {}};
+    if (config.comm && config.comm->name == flag) g.spec.params = config.comm->params;
+    g.why = "pinned by --comm-" + group;
+  } else if (auto it = config.comm_groups.find(group); it != config.comm_groups.end()) {
+    g.spec = it->second;
+    g.why = "pinned by " + config.comm_source + " (comm." + group + ")";
+  } else if (config.comm) {
+    g.spec = *config.comm;
+    g.why = "pinned by " + config.comm_source;
+  } else if (g.hosts.size() == 1) {
+    g.spec = runtime::PluginSpec{"shm", "", {}};
+    g.why = "default: every rank on host " + g.hosts[0];
+  } else {
+    g.spec = runtime::PluginSpec{w.mpirun ? "mpi" : "gloo", "", {}};
+    g.why = "default: ranks on " + std::to_string(g.hosts.size()) + " hosts, " +
+            (w.mpirun ? "launched by mpirun" : "launched with --nnodes");
+  }
+  return g;
+}
+
+std::string DescribeGroup(const GroupComm& g, int32_t index) {
+  std::string hosts;
+  for (const std::string& h : g.hosts) hosts += (hosts.empty() ? "" : ", ") + h;
+  std::string name = g.spec.name.empty() ? g.spec.path : g.spec.name;
+  return g.group + (g.group == "world" ? "" : " group " + std::to_string(index)) + " (ranks " +
+         Join(g.ranks) + " on " + (g.hosts.size() == 1 ? "host " : "hosts ") + hosts +
+         "): comm '" + name + "', " + g.why;
+}
+
+// Loads a group's plugin (the registry keeps one per name, so groups share it).
+StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadSpec(const runtime::PluginSpec& spec,
+                                                       const runtime::RuntimeConfig& config,
+                                                       const std::string& why) {
+  std::shared_ptr<runtime::CommPlugin> comm;
+  if (!spec.path.empty()) {
+    PC_ASSIGN_OR_RETURN(comm, runtime::LoadCommFromPath(spec.path, spec.params));
+  } else {
+    PC_ASSIGN_OR_RETURN(comm, runtime::PluginRegistry::Global().LoadComm(
+                                  spec.name, runtime::PluginSearchPath(config.extra_search_path),
+                                  spec.params));
+  }
+  runtime::Log().info("comm plugin '{}' {} selected by {}", comm->name(), comm->version(), why);
+  return comm;
+}
+
+// Every group of the job: the world, the tensor group of each stage, the pipeline group of
+// each tensor position. Logged by rank 0 (all of them) and checked for host-only transports
+// across hosts.
+struct JobComms {
+  GroupComm world;
+  std::vector<GroupComm> tp, pp;  // by stage; by tensor rank
+  std::vector<std::string> Describe() const {
+    std::vector<std::string> lines{DescribeGroup(world, 0)};
+    for (size_t i = 0; i < tp.size(); ++i) lines.push_back(DescribeGroup(tp[i], int32_t(i)));
+    for (size_t i = 0; i < pp.size(); ++i) lines.push_back(DescribeGroup(pp[i], int32_t(i)));
+    return lines;
+  }
+};
+
+JobComms ChooseJobComms(const World& w, int32_t tp, int32_t pp,
+                        const runtime::RuntimeConfig& config) {
+  JobComms j;
+  std::vector<int32_t> all(w.size);
+  for (int32_t r = 0; r < w.size; ++r) all[r] = r;
+  j.world = ChooseGroupComm("world", all, w, config);
+  for (int32_t s = 0; s < pp && tp > 1; ++s) {
+    std::vector<int32_t> ranks;
+    for (int32_t t = 0; t < tp; ++t) ranks.push_back(s * tp + t);
+    j.tp.push_back(ChooseGroupComm("tp", ranks, w, config));
+  }
+  for (int32_t t = 0; t < tp && pp > 1; ++t) {
+    std::vector<int32_t> ranks;
+    for (int32_t s = 0; s < pp; ++s) ranks.push_back(s * tp + t);
+    j.pp.push_back(ChooseGroupComm("pp", ranks, w, config));
+  }
+  if (w.rank == 0) {
+    auto report = [](const GroupComm& g, int32_t i) {
+      runtime::Log().info("dist: {}", DescribeGroup(g, i));
+      if (g.hosts.size() > 1 && HostOnly(g.spec.name)) {
+        runtime::Log().warn("dist: {} group {} spans {} hosts but its comm '{}' ({}) reaches only "
+                            "the ranks of one host: creating it will fail",
+                            g.group, Join(g.ranks), g.hosts.size(), g.spec.name, g.why);
+      }
+    };
+    report(j.world, 0);
+    for (size_t i = 0; i < j.tp.size(); ++i) report(j.tp[i], int32_t(i));
+    for (size_t i = 0; i < j.pp.size(); ++i) report(j.pp[i], int32_t(i));
+  }
+  return j;
+}
+
+// This rank's communicator of group `g` (key: the group's name in the store). A group on the
+// world's plugin is split from the world (mpi can only make communicators that way); another
+// is created through the store, its id published by the group's first rank.
+bool OnWorldPlugin(const GroupComm& g, const Communicator& world) {
+  return g.spec.path.empty() && g.spec.name == world.plugin().name();
+}
+
+// Splitting is collective over the world, so either every group of a kind is split or none.
+bool SplitAll(const std::vector<GroupComm>& groups, const Communicator& world) {
+  return std::all_of(groups.begin(), groups.end(),
+                     [&](const GroupComm& g) { return OnWorldPlugin(g, world); });
+}
+
+StatusOr<std::unique_ptr<Communicator>> CreateGroup(const GroupComm& g, bool split,
+                                                    const std::string& key, int32_t color,
+                                                    Communicator& world,
+                                                    const runtime::RuntimeConfig& config,
+                                                    runtime::KvStore& kv, int64_t timeout) {
+  const int32_t me = world.rank();
+  const int32_t index =
+      int32_t(std::find(g.ranks.begin(), g.ranks.end(), me) - g.ranks.begin());
+  if (split) return world.Split(color, index);
+  PC_ASSIGN_OR_RETURN(auto plugin, LoadSpec(g.spec, config, g.why + " for the " + g.group + " group"));
+  return Communicator::Create(plugin, kv, key, int32_t(g.ranks.size()), index, timeout);
+}
+
+}  // namespace
 
 namespace {
 
@@ -278,8 +772,9 @@ Status ShareLogits(Groups& g, std::vector<float>* logits) {
 class TpRunner : public engine::ModelRunner {
  public:
   TpRunner(World world, std::unique_ptr<Groups> groups,
-           std::unique_ptr<model::TransformerRunner> local)
-      : world_(std::move(world)),
+           std::unique_ptr<model::TransformerRunner> local, std::vector<std::string> comms)
+      : comms_(std::move(comms)),
+        world_(std::move(world)),
         groups_(std::move(groups)),
         comm_(groups_->world.get()),
         local_(std::move(local)) {}
@@ -322,8 +817,10 @@ class TpRunner : public engine::ModelRunner {
   const model::TransformerRunner& local() const { return *local_; }
   int32_t tp() const { return groups_->tp; }
   int32_t pp() const { return groups_->pp; }
+  const std::vector<std::string>& comms() const { return comms_; }
 
  private:
+  std::vector<std::string> comms_;  // every group's comm plugin and why (DescribeComms)
   World world_;
   std::unique_ptr<Groups> groups_;
   Communicator* comm_;  // groups_->world
@@ -355,10 +852,21 @@ Status FollowSteps(Groups& g, model::TransformerRunner& runner) {
 
 }  // namespace
 
+LaunchFlags& GlobalLaunchFlags() {
+  static LaunchFlags* flags = new LaunchFlags();
+  return *flags;
+}
+
 bool IsFollowerRank() {
   if (std::getenv(kRankEnv) != nullptr) return true;
+  if (GlobalLaunchFlags().nnodes > 1 && GlobalLaunchFlags().node_rank != 0) return true;
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   return mpi_rank != nullptr && std::atoi(mpi_rank) != 0;
+}
+
+std::vector<std::string> DescribeComms(const engine::ModelRunner& runner) {
+  if (auto* tp = dynamic_cast<const TpRunner*>(&runner)) return tp->comms();
+  return {};
 }
 
 std::string DescribeRunner(const engine::ModelRunner& runner) {
@@ -396,33 +904,68 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     return InvalidArgument("--pp-size " + std::to_string(pp) + " exceeds the model's " +
                            std::to_string(file.config.n_layer) + " layers");
   }
-  PC_RETURN_IF_ERROR(RankDeviceFlag(device_flag, 0, n_ranks).status());
-  PC_ASSIGN_OR_RETURN(auto plugin, LoadComm(config_path, device_flag));
+  const LaunchFlags& flags = GlobalLaunchFlags();
+  if (flags.nnodes <= 1) PC_RETURN_IF_ERROR(RankDeviceFlag(device_flag, 0, n_ranks).status());
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
+                      runtime::ResolveRuntimeConfig(config_path, device_flag));
+  const int64_t timeout = BootstrapTimeout(parallel);
 
   World world;
-  if (auto mpirun = MpirunWorld()) {
-    world = *mpirun;
+  if (auto mpirun = MpirunWorldShape()) {
+    PC_ASSIGN_OR_RETURN(world, MpirunWorld(std::move(*mpirun), config_path, parallel));
+  } else if (std::getenv(kRankEnv) != nullptr) {
+    PC_ASSIGN_OR_RETURN(world, FollowerWorld(parallel));
   } else {
-    PC_ASSIGN_OR_RETURN(world, follower ? FollowerWorld() : StartWorld(n_ranks));
+    PC_ASSIGN_OR_RETURN(world, StartNode(device_flag, n_ranks, parallel));
   }
-  if (follower && world.size != n_ranks) {
+  if (world.size != n_ranks) {
     return InvalidArgument("rank " + std::to_string(world.rank) + ": started for " +
                            std::to_string(world.size) + " ranks, --tp-size x --pp-size says " +
                            std::to_string(n_ranks));
   }
-  runtime::FileKvStore kv(world.kv_dir);
+  // From here on a failure must not leave other processes waiting: every error path leaves the
+  // store cleanly (an error is not a death) and reaps this node's ranks.
+  auto fail = [&](Status s) -> Status {
+    if (follower) {
+      std::fprintf(stderr, "rank %d: %s\n", world.rank, s.ToString().c_str());
+      world.Leave();
+      std::exit(1);
+    }
+    ReapChildren(world, std::chrono::seconds(5));
+    return s;
+  };
+  if (Status s = JoinWorld(world, parallel); !s.ok()) return fail(s);
   // Rank r is tensor rank r % tp of pipeline stage r / tp.
+  const int32_t stage = world.rank / tp, tp_rank = world.rank % tp;
+  const JobComms comms = ChooseJobComms(world, tp, pp, config);
   auto g = std::make_unique<Groups>();
   g->tp = tp;
   g->pp = pp;
-  PC_ASSIGN_OR_RETURN(g->world, Communicator::Create(plugin, kv, "world", world.size, world.rank,
-                                                     parallel.timeout_ms));
-  const int32_t stage = world.rank / tp, tp_rank = world.rank % tp;
-  if (tp > 1) {
-    PC_ASSIGN_OR_RETURN(g->tp_comm, g->world->Split(stage, tp_rank));
-  }
-  if (pp > 1) {
-    PC_ASSIGN_OR_RETURN(g->pp_comm, g->world->Split(tp_rank, stage));
+  auto create = [&]() -> Status {
+    if (world.mpi_bootstrap && comms.world.spec.name == "mpi" && comms.world.spec.path.empty()) {
+      g->world = std::move(world.mpi_bootstrap);  // MPI's world is already there
+      runtime::Log().info("comm plugin 'mpi' {} selected by {}", g->world->plugin().version(),
+                          comms.world.why);
+    } else {
+      PC_ASSIGN_OR_RETURN(auto plugin, LoadSpec(comms.world.spec, config, comms.world.why));
+      PC_ASSIGN_OR_RETURN(g->world, Communicator::Create(plugin, *world.kv, "world", world.size,
+                                                         world.rank, timeout));
+    }
+    if (tp > 1) {
+      PC_ASSIGN_OR_RETURN(g->tp_comm, CreateGroup(comms.tp[stage], SplitAll(comms.tp, *g->world),
+                                                  "tp/" + std::to_string(stage), stage, *g->world,
+                                                  config, *world.kv, timeout));
+    }
+    if (pp > 1) {
+      PC_ASSIGN_OR_RETURN(g->pp_comm, CreateGroup(comms.pp[tp_rank], SplitAll(comms.pp, *g->world),
+                                                  "pp/" + std::to_string(tp_rank), tp_rank,
+                                                  *g->world, config, *world.kv, timeout));
+    }
+    return Status::Ok();
+  };
+  if (Status s = create(); !s.ok()) {
+    g.reset();
+    return fail(s);
   }
   g->tp_stage = {g->tp_comm.get(), file.config.n_embd, {}};
   g->pp_stage = {g->pp_comm.get(), file.config.n_embd, {}};
@@ -450,7 +993,8 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     };
   }
   auto load = [&]() -> StatusOr<std::unique_ptr<model::TransformerRunner>> {
-    PC_ASSIGN_OR_RETURN(std::string flag, RankDeviceFlag(device_flag, world.rank, world.size));
+    PC_ASSIGN_OR_RETURN(std::string flag,
+                        RankDeviceFlag(device_flag, world.local_rank, world.local_rank + 1));
     PC_ASSIGN_OR_RETURN(auto device, model::OpenDevice(config_path, flag, threads));
     return model::TransformerRunner::Create(*file.file, file.config, device, ro);
   };
@@ -466,7 +1010,10 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     if (!all_ok[r]) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
   }
   if (!agreed.ok() || !failed_ranks.empty()) {
-    if (follower) std::exit(1);
+    if (follower) {
+      world.Leave();
+      std::exit(1);
+    }
     g.reset();
     ReapChildren(world, std::chrono::seconds(5));
     if (!local.ok()) return local.status();
@@ -480,14 +1027,17 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     Status s = FollowSteps(*g, **local);
     if (!s.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank, s.ToString().c_str());
+      world.Leave();
       std::exit(1);
     }
     local->reset();
     g.reset();
+    ReapChildren(world, std::chrono::seconds(10));  // a node leader's own ranks
     std::exit(0);
   }
   return std::unique_ptr<engine::ModelRunner>(
-      std::make_unique<TpRunner>(std::move(world), std::move(g), std::move(*local)));
+      std::make_unique<TpRunner>(std::move(world), std::move(g), std::move(*local),
+                                 comms.Describe()));
 }
 
 }  // namespace polychip::dist

@@ -11,13 +11,29 @@
 // Under mpirun (`mpirun -np 2 polychip run ... --tp-size 2`), the ranks are mpirun's processes
 // instead, and nothing is started.
 //
+// Several hosts (SGLang's flags): `--nnodes N --node-rank R --dist-init-addr HOST:PORT` on each
+// node, whose `--device emu:0,1` lists that node's devices (its ranks; node 0's come first).
+// Bootstrap needs no shared filesystem: node 0's rank 0 serves a small token-protected TCP
+// key-value store (tcp_store.h) at HOST:PORT — on loopback, at a free port, for a one-host
+// launch — which every rank of every node joins; under mpirun its address travels through MPI.
+// That store backs the plugins' host KV services. Only node 0 runs the server or prints results.
+//
+// A comm plugin per group: the world (step broadcast, logits), each pipeline stage's tensor
+// group and each tensor position's pipeline group get their own plugin, pinned (--comm-tp,
+// config `comm: {tp: shm, pp: gloo}`, or one plugin for all with `comm: {name: ...}` /
+// POLYCHIP_COMM_BACKEND) or chosen from the topology: a group on one host takes shm; one
+// across hosts the network plugin (mpi under mpirun, else gloo). Every choice is logged.
+//
 // Failure: a rank that dies makes the others' next collective fail naming it (the comm plugin
-// watches its peers); any step error aborts the communicator, so no rank waits forever.
+// watches its peers); any step error aborts the communicator, so no rank waits forever. Across
+// hosts the store watches too: a rank whose connection closes without leaving is reported
+// ("rank 3 (pid 123) died on host b") to every rank, which then ends.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/model_runner.h"
 #include "model/runner.h"
@@ -33,7 +49,20 @@ struct ParallelOptions {
   int64_t timeout_ms = 60000;  // communicator creation (all ranks started and attached)
 };
 
-// True in a process started by rank 0 as one of the other ranks.
+// The multi-node launch flags (SGLang's spelling) and the per-group comm pins, set by the
+// command line (cli/model_options.cc) before CreateRunner.
+struct LaunchFlags {
+  int32_t nnodes = 1;
+  int32_t node_rank = 0;
+  std::string dist_init_addr;  // HOST:PORT of node 0's store; required with nnodes > 1
+  std::string dist_token;      // shared by every node; else env POLYCHIP_DIST_TOKEN
+  int64_t dist_timeout_ms = 0; // > 0: overrides ParallelOptions::timeout_ms for bootstrap
+  std::string comm_world, comm_tp, comm_pp;  // --comm-world/--comm-tp/--comm-pp pins
+};
+LaunchFlags& GlobalLaunchFlags();
+
+// True in a process started by rank 0 as one of the other ranks, under mpirun in a rank other
+// than 0, and on a node other than node 0.
 bool IsFollowerRank();
 
 // The model runner of this rank for `file`. With one rank it is a plain TransformerRunner on
@@ -52,5 +81,9 @@ StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& confi
 
 // A one-line description of a runner made by CreateRunner (device, weights, ranks), for logs.
 std::string DescribeRunner(const engine::ModelRunner& runner);
+
+// Every group's comm plugin and why, as logged at start-up ("tp group 0 (ranks 0,1 on host a):
+// comm 'shm', default: every rank on host a"); empty with one rank.
+std::vector<std::string> DescribeComms(const engine::ModelRunner& runner);
 
 }  // namespace polychip::dist

@@ -41,6 +41,12 @@ std::optional<uint64_t> CommPlugin::BufferBytes(int32_t n_ranks) const {
   return bytes;
 }
 
+StatusOr<std::string> CommPlugin::UniqueId() const {
+  pc_comm_unique_id_t id{};
+  PC_RETURN_IF_ERROR(TakeCommError(impl_->table, impl_->table->get_unique_id(&id), "get_unique_id"));
+  return std::string(id.bytes, sizeof(id.bytes));
+}
+
 }  // namespace polychip::runtime
 
 // ---- Communicator -------------------------------------------------------------------------

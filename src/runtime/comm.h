@@ -37,6 +37,9 @@ class CommPlugin : public std::enable_shared_from_this<CommPlugin> {
   // when reads_device_memory(), else host memory); nullopt when the plugin does not say (an
   // ABI 1.0 plugin, or one without comm_buffer_bytes).
   std::optional<uint64_t> BufferBytes(int32_t n_ranks) const;
+  // A fresh unique id (get_unique_id), as bytes. For a plugin whose ids need no exchange (mpi:
+  // the ranks are mpirun's, an id only names the communicator), every rank may make its own.
+  StatusOr<std::string> UniqueId() const;
 
   CommImpl& impl() const { return *impl_; }
   explicit CommPlugin(std::unique_ptr<CommImpl> impl);  // runtime-internal

@@ -109,7 +109,16 @@ StatusOr<RuntimeConfig> ParseConfigYaml(const std::string& yaml_text, const std:
       config.backend_source = "config " + origin;
     }
     if (const YAML::Node c = root["comm"]) {
-      PC_ASSIGN_OR_RETURN(config.comm, ParseSpec(c, origin + ": comm"));
+      bool per_group = false;
+      for (const char* group : {"world", "tp", "pp"}) {
+        if (!c.IsMap() || !c[group]) continue;
+        per_group = true;
+        PC_ASSIGN_OR_RETURN(config.comm_groups[group],
+                            ParseSpec(c[group], origin + ": comm." + group));
+      }
+      if (!per_group || c["name"] || c["path"]) {
+        PC_ASSIGN_OR_RETURN(config.comm, ParseSpec(c, origin + ": comm"));
+      }
       config.comm_source = "config " + origin;
     }
     if (const YAML::Node d = root["devices"]) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,6 +39,9 @@ struct RuntimeConfig {
   uint64_t arena_bytes = 256ull << 20;         // memory pool arena size (config memory.arena_mb)
   std::string backend_source;  // where the backend choice came from: "env", "config FILE", ...
   std::string comm_source;     // where the comm choice came from (as backend_source)
+  // Per-group pins (`comm: {tp: shm, pp: {name: gloo, params: {...}}}`): "world", "tp" or "pp"
+  // -> plugin. A group not named here takes `comm` if set, else the topology's choice.
+  std::map<std::string, PluginSpec> comm_groups;
   // Backend whose first device runs the ops the backend's device lacks (op_fallback.h);
   // empty: none, a gap in op coverage is an error.
   std::string op_fallback;
@@ -48,6 +52,7 @@ struct RuntimeConfig {
 //   plugin_path: [/opt/polychip/lib]          # or a colon-separated string
 //   backend: {name: emu, path: /x/libpolychip_backend_emu.so, params: {devices: "0,1"}}
 //   comm:    {name: shm, params: {buffer_bytes: 4194304}}
+//            or per group: {tp: shm, pp: {name: gloo, params: {timeout_ms: 30000}}, world: gloo}
 //   devices: [0, 2]                            # logical -> physical
 //   memory:  {arena_mb: 256}
 //   op_fallback: cpu                           # run ops the device lacks on this backend

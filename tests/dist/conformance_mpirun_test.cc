@@ -47,6 +47,23 @@ void CheckUnderMpirun(const std::string& name) {
   EXPECT_NE(r.out.find("CONFORMS"), std::string::npos) << r.out;
 }
 
+// The gloo plugin with four ranks as threads of one process (its rendezvous through the host
+// KV services, as in a real job through node 0's TCP store).
+TEST(ConformanceGloo, FourRanksAsThreads) {
+  const std::string plugin =
+      std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_gloo.so";
+  if (access(plugin.c_str(), R_OK) != 0) GTEST_SKIP() << plugin << " not built (no libgloo-dev)";
+  const CommandResult r = RunCommand("timeout 180 " + std::string(POLYCHIP_BINARY) +
+                                         " conformance --plugin " + plugin + " --ranks 4",
+                                     Stderr::kDiscarded);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("comm\\.init_rank +PASS .*4 ranks \\(threads\\)")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("split\\.overlapping +PASS"))) << r.out;
+  EXPECT_EQ(Count(r.out, " FAIL "), 0u) << r.out;
+  EXPECT_NE(r.out.find("CONFORMS"), std::string::npos) << r.out;
+}
+
 TEST(ConformanceMpirun, MpiPluginRanksAsProcesses) { CheckUnderMpirun("mpi"); }
 TEST(ConformanceMpirun, ShmPluginRanksAsProcesses) { CheckUnderMpirun("shm"); }
 
