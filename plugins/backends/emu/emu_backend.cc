@@ -9,6 +9,12 @@
 //     device runs one command at a time and, when several streams have work ready, lets the
 //     highest-priority stream go first.
 //   - Results are computed by the SDK reference kernels through address translation.
+//   - Faults on request, to test the framework's error paths (parameters, all counted from
+//     initialize): fail_alloc_after_bytes=N makes mem_alloc fail with RESOURCE_EXHAUSTED once the
+//     bytes allocated so far (freed ones included) would pass N; fail_op_launch=[OP:]N makes the
+//     Nth launch (of OP, else of any op) fail on its stream as a device fault would, reported
+//     by the next stream_synchronize; stall_stream_ms=MS[@N] holds the stream (and so the device) of
+//     the Nth op launch (default the 1st) for MS ms before it runs. Each op fault happens once.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -206,6 +212,15 @@ struct State {
   // op coverage errors and --op-fallback can be exercised without writing a plugin. Empty:
   // every op.
   std::set<pc_op_t> only_ops;
+  // Fault injection (see the top of the file). 0 / PC_OP_COUNT: off.
+  uint64_t fail_alloc_after_bytes = 0;
+  std::atomic<uint64_t> allocated_bytes{0};
+  pc_op_t fail_op = PC_OP_COUNT;  // PC_OP_COUNT with fail_op_launch > 0: any op
+  int64_t fail_op_launch = 0;
+  int64_t stall_ms = 0;
+  int64_t stall_launch = 1;
+  std::atomic<int64_t> launches{0};     // every op
+  std::atomic<int64_t> op_launches{0};  // of fail_op
   std::mutex mu;
   std::vector<pc_device*> open;
 };
@@ -225,6 +240,14 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     s.n_devices = 4;
     s.memory_bytes = 4096ull << 20;
     s.only_ops.clear();
+    s.fail_alloc_after_bytes = 0;
+    s.allocated_bytes = 0;
+    s.fail_op = PC_OP_COUNT;
+    s.fail_op_launch = 0;
+    s.stall_ms = 0;
+    s.stall_launch = 1;
+    s.launches = 0;
+    s.op_launches = 0;
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       const char* value = params[i].value ? params[i].value : "";
@@ -256,6 +279,43 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         }
         if (s.only_ops.empty()) return BadArg("parameter only_ops names no op");
         Log(PC_LOG_INFO, std::string("only_ops: claiming ") + value + " only");
+      } else if (key == "fail_alloc_after_bytes") {
+        if (!polychip::sdk::ParseInt(value, &v))
+          return BadArg(std::string("parameter fail_alloc_after_bytes must be a byte count, got '") +
+                        value + "'");
+        // 0 would mean "off"; failing the very first allocation is 1 byte.
+        s.fail_alloc_after_bytes = std::max<uint64_t>(v, 1);
+        Log(PC_LOG_WARNING, std::string("fault injection: allocations fail after ") + value +
+                                " bytes");
+      } else if (key == "fail_op_launch") {
+        std::string text = value;
+        const size_t colon = text.find(':');
+        if (colon != std::string::npos) {
+          const std::string name = text.substr(0, colon);
+          if (!polychip::sdk::OpFromName(name.c_str(), &s.fail_op))
+            return BadArg("parameter fail_op_launch: unknown op '" + name + "'");
+          text = text.substr(colon + 1);
+        }
+        if (!polychip::sdk::ParseInt(text.c_str(), &v) || v < 1)
+          return BadArg(std::string("parameter fail_op_launch must be [OP:]N with N >= 1, got '") +
+                        value + "'");
+        s.fail_op_launch = v;
+        Log(PC_LOG_WARNING, std::string("fault injection: op launch ") + value + " fails");
+      } else if (key == "stall_stream_ms") {
+        std::string text = value;
+        const size_t at = text.find('@');
+        if (at != std::string::npos) {
+          if (!polychip::sdk::ParseInt(text.substr(at + 1).c_str(), &v) || v < 1)
+            return BadArg(std::string("parameter stall_stream_ms must be MS[@N], got '") + value +
+                          "'");
+          s.stall_launch = v;
+          text = text.substr(0, at);
+        }
+        if (!polychip::sdk::ParseInt(text.c_str(), &v) || v > 3600 * 1000)
+          return BadArg(std::string("parameter stall_stream_ms must be MS[@N], got '") + value +
+                        "'");
+        s.stall_ms = v;
+        Log(PC_LOG_WARNING, std::string("fault injection: a stream stalls ") + value);
       } else {
         Log(PC_LOG_WARNING, "unknown parameter '" + key + "' ignored");
       }
@@ -353,6 +413,15 @@ pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
                     std::to_string(kMaxAlloc));
     }
     const uint64_t rounded = (std::max<uint64_t>(size, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    State& s = G();
+    if (s.fail_alloc_after_bytes != 0 &&
+        s.allocated_bytes.load() + rounded > s.fail_alloc_after_bytes) {
+      return MakeError(PC_CODE_RESOURCE_EXHAUSTED,
+                       "emu fault injection: allocation of " + std::to_string(size) +
+                           " bytes refused, " + std::to_string(s.allocated_bytes.load()) +
+                           " of fail_alloc_after_bytes=" +
+                           std::to_string(s.fail_alloc_after_bytes) + " already allocated");
+    }
     std::lock_guard<std::mutex> lock(device->mem_mu);
     for (auto it = device->free.begin(); it != device->free.end(); ++it) {  // first fit
       if (it->second < rounded) continue;
@@ -361,6 +430,7 @@ pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
       if (rest) device->free[off + rounded] = rest;
       device->live[off] = rounded;
       device->used += rounded;
+      s.allocated_bytes += rounded;
       *out = device->Handle(off);
       return nullptr;
     }
@@ -640,7 +710,26 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
     const size_t n = std::min(copy.size(), *static_cast<const size_t*>(args));
     std::memcpy(copy.data(), args, n);
     reinterpret_cast<size_t*>(copy.data())[0] = n;
-    stream->Enqueue({[op, mem, copy = std::move(copy)]() {
+    // Faults are decided in launch order (deterministic), and happen when the command runs.
+    State& s = G();
+    const int64_t launch = ++s.launches;
+    bool fail = false;
+    if (s.fail_op_launch > 0) {
+      const int64_t nth = s.fail_op == PC_OP_COUNT ? launch
+                          : op == s.fail_op       ? ++s.op_launches
+                                                  : 0;
+      fail = nth == s.fail_op_launch;
+    }
+    const int64_t stall_ms = s.stall_ms > 0 && launch == s.stall_launch ? s.stall_ms : 0;
+    stream->Enqueue({[op, mem, copy = std::move(copy), fail, stall_ms, launch]() -> const char* {
+      if (stall_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+      if (fail) {
+        // Static storage: the stream copies the text into its error object.
+        static thread_local std::string why;
+        why = std::string("emu fault injection: ") + polychip::sdk::OpName(op) + " (launch #" +
+              std::to_string(launch) + ") failed (fail_op_launch)";
+        return why.c_str();
+      }
       return polychip::sdk::RefLaunch(op, copy.data(), mem);
     }});
     return nullptr;
