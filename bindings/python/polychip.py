@@ -195,6 +195,7 @@ class Model:
     """
 
     def __init__(self, path, device=None, config=None, **params):
+        self._handle = None  # close() and __del__ work even when the load fails
         mp = _ModelParams()
         _lib.polychip_model_params_init(ctypes.byref(mp))
         mp.device = device.encode() if device else None
@@ -330,6 +331,6 @@ class Model:
         finally:
             cancel.set()
             worker.join()
+            self.last_finish = FINISH_REASONS[result.finish]  # "cancelled" after a break
         if failure:
             raise failure[0]
-        self.last_finish = FINISH_REASONS[result.finish]
