@@ -179,6 +179,7 @@ int RunSynth(const SynthArgs& a) {
     }
     c.has_qkv_bias = *arch == model::Arch::kQwen2;  // every qwen2 model has q/k/v biases
     c.has_qk_norm = *arch == model::Arch::kQwen3;   // and every qwen3 model q/k norms
+    if (*arch == model::Arch::kPhi3) c.fused_qkv = c.fused_gate_up = true;  // as phi3 writes them
     c.arch = *arch;
   }
   bool resized = a.embd > 0 || a.heads > 0;
@@ -218,7 +219,7 @@ std::function<int()> SetupGguf(CLI::App& app) {
   synth->add_option("--vocab", sa->vocab, "vocabulary GGUF (tokenizer.* keys are copied)")
       ->required();
   synth->add_option("--shape", sa->shape, "named shape: " + shapes);
-  synth->add_option("--arch", sa->arch, "llama|qwen2|qwen3 (overrides the shape's)");
+  synth->add_option("--arch", sa->arch, "llama|qwen2|qwen3|phi3 (overrides the shape's)");
   synth->add_option("--layers", sa->layers, "number of blocks");
   synth->add_option("--embd", sa->embd, "embedding width");
   synth->add_option("--heads", sa->heads, "attention heads");

@@ -14,6 +14,7 @@ const char* ArchName(Arch arch) {
     case Arch::kLlama: return "llama";
     case Arch::kQwen2: return "qwen2";
     case Arch::kQwen3: return "qwen3";
+    case Arch::kPhi3: return "phi3";
   }
   return "?";
 }
@@ -22,7 +23,9 @@ StatusOr<Arch> ArchFromName(std::string_view name) {
   if (name == "llama") return Arch::kLlama;
   if (name == "qwen2") return Arch::kQwen2;
   if (name == "qwen3") return Arch::kQwen3;
-  return Unimplemented(fmt::format("unsupported architecture {} (supported: llama, qwen2, qwen3)",
+  if (name == "phi3") return Arch::kPhi3;
+  return Unimplemented(fmt::format("unsupported architecture {} (supported: llama, qwen2, qwen3, "
+                                   "phi3)",
                                    name.empty() ? "(none)" : name));
 }
 
@@ -49,6 +52,7 @@ std::string ModelConfig::Summary() const {
     s += fmt::format(" {} x{:g}", RopeScalingName(rope_scaling), rope_scaling_factor);
   }
   if (has_rope_freqs) s += " llama3-freqs";
+  if (has_rope_factors) s += fmt::format(" longrope(attn x{:g})", rope_attn_factor);
   return s + fmt::format(") eps={:g} {}{}{}", rms_eps, tied_output ? "tied" : "untied",
                          has_qkv_bias ? " qkv-bias" : "", has_qk_norm ? " qk-norm" : "");
 }
@@ -84,10 +88,11 @@ StatusOr<int64_t> GetCount(const GgufFile& f, const std::string& key, bool requi
   return x;
 }
 
-// A layer has at least kMinLayerTensors tensors (norms, q/k/v/output, gate/up/down), so a block
-// count the file's tensors cannot cover is refused before anything is sized by it: ArchTensors
-// lists ~10 specs per layer, and block_count = 10^9 used to allocate without bound.
-constexpr int64_t kMinLayerTensors = 9;
+// A layer has at least kMinLayerTensors tensors (two norms, q/k/v/output, gate/up/down; 6 with
+// phi3's fused attn_qkv and gate/up), so a block count the file's tensors cannot cover is refused
+// before anything is sized by it: ArchTensors lists ~10 specs per layer, and block_count = 10^9
+// used to allocate without bound.
+constexpr int64_t kMinLayerTensors = 6;
 
 Status CheckLayerCount(const GgufFile& f, int64_t n_layer, const std::string& key) {
   const auto n_tensors = static_cast<int64_t>(f.tensors().size());
@@ -226,8 +231,17 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.has_qkv_bias = f.FindTensor(LayerTensorName(0, "attn_q.bias")) != nullptr;
   c.has_rope_freqs = f.FindTensor("rope_freqs.weight") != nullptr;
   c.has_qk_norm = c.arch == Arch::kQwen3;
-  if (f.FindTensor(LayerTensorName(0, "attn_qkv.weight")) != nullptr) {
-    return Unimplemented("fused attn_qkv weights are not supported (separate q/k/v expected)");
+  c.fused_qkv = f.FindTensor(LayerTensorName(0, "attn_qkv.weight")) != nullptr;
+  if (c.fused_qkv && c.arch != Arch::kPhi3) {
+    return Unimplemented(fmt::format("{}: fused attn_qkv weights are not supported (separate "
+                                     "q/k/v expected)",
+                                     a));
+  }
+  c.fused_gate_up = c.arch == Arch::kPhi3;
+  c.has_rope_factors = c.arch == Arch::kPhi3 && f.FindTensor("rope_factors_long.weight") != nullptr;
+  c.rope_attn_factor = f.GetF32(key("rope.scaling.attn_factor"), 1.0f);
+  if (!(c.rope_attn_factor > 0) || !std::isfinite(c.rope_attn_factor)) {
+    return InvalidArgument(fmt::format("rope attn factor {} is invalid", c.rope_attn_factor));
   }
   PC_RETURN_IF_ERROR(c.ValidateTensors(f));
   return c;

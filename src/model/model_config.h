@@ -12,9 +12,9 @@
 
 namespace polychip::model {
 
-enum class Arch { kLlama, kQwen2, kQwen3 };
-const char* ArchName(Arch arch);  // "llama", "qwen2", "qwen3"
-// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3)" for anything else.
+enum class Arch { kLlama, kQwen2, kQwen3, kPhi3 };
+const char* ArchName(Arch arch);  // "llama", "qwen2", "qwen3", "phi3"
+// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3, phi3)" otherwise.
 StatusOr<Arch> ArchFromName(std::string_view name);
 
 enum class RopeScaling { kNone, kLinear, kYarn };
@@ -51,6 +51,17 @@ struct ModelConfig {
   // blk.N.attn_{q,k}_norm.weight [head_dim]: every head of q and k is RMS-normed before RoPE
   // (qwen3; the architecture decides, not the file).
   bool has_qk_norm = false;
+  // phi3: q, k and v in one matrix blk.N.attn_qkv [n_embd, q_dim + 2 kv_dim] (or separate), and
+  // gate and up in one blk.N.ffn_up [n_embd, 2 n_ff] (gate the first half). The loader cuts
+  // them by rows into the matrices the forward pass uses.
+  bool fused_qkv = false;
+  bool fused_gate_up = false;
+  // phi3's LongRoPE: rope_factors_long.weight and rope_factors_short.weight [n_rot/2] of
+  // per-frequency divisors; the long ones serve contexts beyond rope_orig_ctx (set by the runner
+  // in rope_long_factors), and rope.scaling.attn_factor scales every rotation.
+  bool has_rope_factors = false;
+  bool rope_long_factors = false;
+  float rope_attn_factor = 1.0f;
 
   int64_t q_dim() const { return n_head * head_dim; }      // rows of attn_q
   int64_t kv_dim() const { return n_head_kv * head_dim; }  // rows of attn_k

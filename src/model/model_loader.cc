@@ -173,6 +173,11 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
   }
   if (c.has_rope_freqs) {
     PC_ASSIGN_OR_RETURN(w->rope_freqs, up.Vector("rope_freqs.weight", c.n_rot / 2));
+  } else if (c.has_rope_factors) {  // LongRoPE: the runner chose by its context length
+    PC_ASSIGN_OR_RETURN(w->rope_freqs,
+                        up.Vector(c.rope_long_factors ? "rope_factors_long.weight"
+                                                      : "rope_factors_short.weight",
+                                  c.n_rot / 2));
   }
 
   w->layers.resize(c.n_layer);
@@ -186,7 +191,30 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
       PC_ASSIGN_OR_RETURN(L.q_norm, up.Vector(name("attn_q_norm.weight"), c.head_dim));
       PC_ASSIGN_OR_RETURN(L.k_norm, up.Vector(name("attn_k_norm.weight"), c.head_dim));
     }
-    if (shard_size == 1) {
+    if (c.fused_qkv || c.fused_gate_up) {
+      // phi3: each part is a range of rows of the fused matrix, uploaded as a matrix of its
+      // own straight from the file mapping (no host copy; the device holds each row once). A
+      // tensor-parallel rank takes its share of each part; `c` is that share.
+      using Cut = Uploader::Cut;
+      const int64_t r = shard_rank, n = shard_size;
+      if (c.fused_qkv) {
+        const std::string qkv = name("attn_qkv.weight");
+        const int64_t q = c.q_dim(), kv = c.kv_dim(), v = c.v_dim();
+        PC_ASSIGN_OR_RETURN(L.wq, up.Matrix(qkv, Cut::kRows, r * q, q));
+        PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(qkv, Cut::kRows, n * q + r * kv, kv));
+        PC_ASSIGN_OR_RETURN(L.wv, up.Matrix(qkv, Cut::kRows, n * (q + kv) + r * v, v));
+      } else {
+        PC_ASSIGN_OR_RETURN(L.wq, up.Matrix(name("attn_q.weight"), Cut::kRows, r * c.q_dim(), c.q_dim()));
+        PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(name("attn_k.weight"), Cut::kRows, r * c.kv_dim(), c.kv_dim()));
+        PC_ASSIGN_OR_RETURN(L.wv, up.Matrix(name("attn_v.weight"), Cut::kRows, r * c.v_dim(), c.v_dim()));
+      }
+      const Cut cols = n == 1 ? Cut::kAll : Cut::kCols;
+      PC_ASSIGN_OR_RETURN(L.wo, up.Matrix(name("attn_output.weight"), cols, r * c.q_dim(), c.q_dim()));
+      const std::string gate_up = name("ffn_up.weight");
+      PC_ASSIGN_OR_RETURN(L.w_gate, up.Matrix(gate_up, Cut::kRows, r * c.n_ff, c.n_ff));
+      PC_ASSIGN_OR_RETURN(L.w_up, up.Matrix(gate_up, Cut::kRows, n * c.n_ff + r * c.n_ff, c.n_ff));
+      PC_ASSIGN_OR_RETURN(L.w_down, up.Matrix(name("ffn_down.weight"), cols, r * c.n_ff, c.n_ff));
+    } else if (shard_size == 1) {
       PC_ASSIGN_OR_RETURN(L.wq, up.Matrix(name("attn_q.weight")));
       PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(name("attn_k.weight")));
       PC_ASSIGN_OR_RETURN(L.wv, up.Matrix(name("attn_v.weight")));

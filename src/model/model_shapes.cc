@@ -11,12 +11,21 @@ std::vector<TensorSpec> ArchTensors(const ModelConfig& c) {
   std::vector<TensorSpec> t;
   t.push_back({"token_embd.weight", {c.n_embd, c.n_vocab}, TensorRole::kEmbedding});
   if (c.has_rope_freqs) t.push_back({"rope_freqs.weight", {c.n_rot / 2}, TensorRole::kRopeFreqs});
+  if (c.has_rope_factors) {
+    t.push_back({"rope_factors_long.weight", {c.n_rot / 2}, TensorRole::kRopeFreqs});
+    t.push_back({"rope_factors_short.weight", {c.n_rot / 2}, TensorRole::kRopeFreqs});
+  }
   for (int64_t l = 0; l < c.n_layer; ++l) {
     auto n = [l](std::string_view s) { return LayerTensorName(l, s); };
     t.push_back({n("attn_norm.weight"), {c.n_embd}, TensorRole::kNorm});
-    t.push_back({n("attn_q.weight"), {c.n_embd, c.q_dim()}, TensorRole::kMatrix});
-    t.push_back({n("attn_k.weight"), {c.n_embd, c.kv_dim()}, TensorRole::kMatrix});
-    t.push_back({n("attn_v.weight"), {c.n_embd, c.v_dim()}, TensorRole::kMatrix});
+    if (c.fused_qkv) {
+      t.push_back({n("attn_qkv.weight"), {c.n_embd, c.q_dim() + c.kv_dim() + c.v_dim()},
+                   TensorRole::kMatrix});
+    } else {
+      t.push_back({n("attn_q.weight"), {c.n_embd, c.q_dim()}, TensorRole::kMatrix});
+      t.push_back({n("attn_k.weight"), {c.n_embd, c.kv_dim()}, TensorRole::kMatrix});
+      t.push_back({n("attn_v.weight"), {c.n_embd, c.v_dim()}, TensorRole::kMatrix});
+    }
     if (c.has_qkv_bias) {
       t.push_back({n("attn_q.bias"), {c.q_dim()}, TensorRole::kBias});
       t.push_back({n("attn_k.bias"), {c.kv_dim()}, TensorRole::kBias});
@@ -28,8 +37,12 @@ std::vector<TensorSpec> ArchTensors(const ModelConfig& c) {
       t.push_back({n("attn_k_norm.weight"), {c.head_dim}, TensorRole::kNorm});
     }
     t.push_back({n("ffn_norm.weight"), {c.n_embd}, TensorRole::kNorm});
-    t.push_back({n("ffn_gate.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
-    t.push_back({n("ffn_up.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
+    if (c.fused_gate_up) {
+      t.push_back({n("ffn_up.weight"), {c.n_embd, 2 * c.n_ff}, TensorRole::kMatrix});
+    } else {
+      t.push_back({n("ffn_gate.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
+      t.push_back({n("ffn_up.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
+    }
     t.push_back({n("ffn_down.weight"), {c.n_ff, c.n_embd}, TensorRole::kMatrix});
   }
   t.push_back({"output_norm.weight", {c.n_embd}, TensorRole::kNorm});
@@ -60,7 +73,8 @@ ModelConfig Make(Arch arch, int64_t layers, int64_t embd, int64_t heads, int64_t
 }  // namespace
 
 std::vector<std::string> ShapePresetNames() {
-  return {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b", "tinyllama-1.1b", "tiny", "qwen3-tiny"};
+  return {"qwen2.5-0.5b", "qwen3-0.6b", "phi-3-mini-4k", "llama-3.2-1b", "tinyllama-1.1b",
+          "tiny",         "qwen3-tiny", "phi3-tiny"};
 }
 
 StatusOr<ModelConfig> ShapePreset(std::string_view name) {
@@ -75,6 +89,10 @@ StatusOr<ModelConfig> ShapePreset(std::string_view name) {
     c = Make(Arch::kQwen3, 28, 1024, 16, 8, 3072, 40960, 1e6f, 1e-6f, /*tied=*/true);
     c.head_dim = c.head_dim_v = c.n_rot = 128;
     c.has_qk_norm = true;
+  } else if (name == "phi-3-mini-4k") {
+    // microsoft/Phi-3-mini-4k-instruct config.json: fused qkv and gate/up, full rotary.
+    c = Make(Arch::kPhi3, 32, 3072, 32, 32, 8192, 4096, 10000.0f, 1e-5f, /*tied=*/false);
+    c.fused_qkv = c.fused_gate_up = true;
   } else if (name == "llama-3.2-1b") {
     // meta-llama/Llama-3.2-1B config.json: rope_scaling llama3, factor 32, original ctx 8192
     c = Make(Arch::kLlama, 16, 2048, 32, 8, 8192, 131072, 500000.0f, 1e-5f, /*tied=*/true);
@@ -91,6 +109,15 @@ StatusOr<ModelConfig> ShapePreset(std::string_view name) {
     c = Make(Arch::kQwen3, 2, 256, 4, 2, 512, 2048, 1e6f, 1e-6f, /*tied=*/false);
     c.head_dim = c.head_dim_v = c.n_rot = 128;
     c.has_qk_norm = true;
+  } else if (name == "phi3-tiny") {
+    // For tests: phi3's fused matrices, partial rotary (32 of 64 dims, as Phi-4-mini rotates
+    // 96 of 128) and LongRoPE factors; rows multiples of 256.
+    c = Make(Arch::kPhi3, 2, 256, 4, 2, 512, 4096, 10000.0f, 1e-5f, /*tied=*/false);
+    c.n_rot = 32;
+    c.fused_qkv = c.fused_gate_up = true;
+    c.has_rope_factors = true;
+    c.rope_orig_ctx = 1024;
+    c.rope_attn_factor = 1.1f;
   } else {
     std::string names;
     for (const std::string& n : ShapePresetNames()) names += (names.empty() ? "" : ", ") + n;

@@ -60,12 +60,15 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType
   if (c.has_qk_norm) add(Op::kRmsNorm, {}, "blk.*.attn_q_norm, blk.*.attn_k_norm (per head)");
   // Layer weights may mix dtypes (the _M quantization mixes keep some tensors at a higher
   // precision, and vary them between layers): one row per dtype actually present.
-  static const char* kMatrices[] = {"attn_q", "attn_k", "attn_v", "attn_output",
+  // A fused matrix (phi3's attn_qkv; its ffn_up holds gate and up) is one row: the parts the
+  // forward pass multiplies by are rows of it, of its dtype.
+  static const char* kMatrices[] = {"attn_q", "attn_k",   "attn_v", "attn_qkv", "attn_output",
                                     "ffn_gate", "ffn_up", "ffn_down"};
   for (const char* m : kMatrices) {
     std::map<DType, int64_t> per_dtype;
     for (int64_t l = 0; l < c.n_layer; ++l) {
-      ++per_dtype[dtype_of(LayerTensorName(l, std::string(m) + ".weight"))];
+      const std::string name = LayerTensorName(l, std::string(m) + ".weight");
+      if (file.FindTensor(name) != nullptr) ++per_dtype[dtype_of(name)];
     }
     for (auto [dtype, count] : per_dtype) {
       const std::string n = count == c.n_layer ? layers : " (" + std::to_string(count) + " of " +

@@ -60,6 +60,11 @@ Status TransformerRunner::Init(const GgufFile& file) {
   num_blocks_ = CeilDiv(kv_tokens, o.block_size);
   max_blocks_per_seq_ = CeilDiv(context_length_, o.block_size);
 
+  // LongRoPE (phi3): the long factors serve contexts beyond the original one, as llama.cpp
+  // chooses them by its context size.
+  config_.rope_long_factors =
+      context_length_ > (c.rope_orig_ctx > 0 ? c.rope_orig_ctx : c.n_ctx_train);
+
   const TensorParallel& tp = o.tensor_parallel;
   if (tp.size > 1) {
     if (!tp.all_reduce || tp.rank < 0 || tp.rank >= tp.size) {

@@ -66,6 +66,10 @@ void SetHyperParameters(const ModelConfig& c, const QuantScheme& scheme, GgufWri
     w.SetU32(key("rope.scaling.original_context_length"), static_cast<uint32_t>(c.rope_orig_ctx));
   }
   w.SetF32(key("attention.layer_norm_rms_epsilon"), c.rms_eps);
+  if (c.has_rope_factors) {
+    w.SetU32(key("rope.scaling.original_context_length"), static_cast<uint32_t>(c.rope_orig_ctx));
+    w.SetF32(key("rope.scaling.attn_factor"), c.rope_attn_factor);
+  }
 }
 
 }  // namespace
@@ -106,6 +110,14 @@ Status SynthesizeModel(const SynthOptions& opts, const std::string& out) {
   const std::vector<TensorSpec> specs = ArchTensors(c);
   std::vector<float> rope_freqs;
   if (c.has_rope_freqs) rope_freqs = Llama3RopeFreqs(c.n_rot, c.rope_freq_base, opts.llama3);
+  // LongRoPE factors of the shape Phi-3 ships: 1 for the high frequencies, rising towards the
+  // low ones (up to 2 for the short set, 8 for the long).
+  std::vector<float> factors_short, factors_long;
+  for (int64_t i = 0; c.has_rope_factors && i < c.n_rot / 2; ++i) {
+    const float t = static_cast<float>(i) / static_cast<float>(std::max<int64_t>(1, c.n_rot / 2 - 1));
+    factors_short.push_back(1.0f + t * t);
+    factors_long.push_back(1.0f + 7.0f * t * t);
+  }
   std::vector<DType> types(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& spec = specs[i];
@@ -118,9 +130,12 @@ Status SynthesizeModel(const SynthOptions& opts, const std::string& out) {
     uint64_t tensor_key = opts.seed * 0x9E3779B97F4A7C15ull ^ HashName(spec.name);
     float mean = spec.role == TensorRole::kNorm ? 1.0f : 0.0f;
     float std = opts.weight_std;
-    auto gen = [&spec, &rope_freqs, tensor_key, mean, std, row_len](int64_t row, float* dst) {
+    const std::vector<float>& freqs = spec.name == "rope_factors_short.weight" ? factors_short
+                                      : spec.name == "rope_factors_long.weight"  ? factors_long
+                                                                                 : rope_freqs;
+    auto gen = [&spec, &freqs, tensor_key, mean, std, row_len](int64_t row, float* dst) {
       if (spec.role == TensorRole::kRopeFreqs) {
-        std::copy(rope_freqs.begin(), rope_freqs.end(), dst);
+        std::copy(freqs.begin(), freqs.end(), dst);
         return;
       }
       FillNormal(tensor_key + static_cast<uint64_t>(row) * 0xD1B54A32D192ED03ull, mean, std, dst,

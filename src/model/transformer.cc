@@ -13,6 +13,8 @@ ArchTraits TraitsFor(Arch arch) {
       return Qwen2Traits();
     case Arch::kQwen3:
       return Qwen3Traits();
+    case Arch::kPhi3:
+      return Phi3Traits();
     case Arch::kLlama:
     default:
       return LlamaTraits();
@@ -69,7 +71,7 @@ Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positio
   // extrapolation for the high frequencies (ext_factor 1, as llama.cpp defaults for YaRN).
   a.freq_scale = c.rope_scaling == RopeScaling::kNone ? 1.f : 1.f / c.rope_scaling_factor;
   a.ext_factor = c.rope_scaling == RopeScaling::kYarn ? 1.f : 0.f;
-  a.attn_factor = 1.f;
+  a.attn_factor = c.rope_attn_factor;  // 1 but for phi3's LongRoPE
   a.beta_fast = 32.f;
   a.beta_slow = 1.f;
   a.n_ctx_orig = static_cast<int32_t>(c.rope_orig_ctx > 0 ? c.rope_orig_ctx : c.n_ctx_train);

@@ -1,7 +1,7 @@
 // The decoder-only transformer shared by the llama family (llama, qwen2, qwen3): the forward
 // pass of one step written as op launches on a runtime stream. What differs between
 // architectures is described by ArchTraits, defined in one file per architecture (llama.cc,
-// qwen2.cc, qwen3.cc), and by the optional weights the file carries.
+// qwen2.cc, qwen3.cc, phi3.cc), and by the optional weights the file carries.
 //
 // Per step:   x = embedding(tokens)
 //   per layer: xn = rms_norm(x) ; q,k,v = xn W^T (+ bias)
@@ -30,6 +30,7 @@ struct ArchTraits {
 ArchTraits LlamaTraits();  // llama.cc
 ArchTraits Qwen2Traits();  // qwen2.cc
 ArchTraits Qwen3Traits();  // qwen3.cc
+ArchTraits Phi3Traits();   // phi3.cc
 ArchTraits TraitsFor(Arch arch);
 
 // The paged KV cache: per layer one K and one V buffer of
