@@ -134,6 +134,19 @@ bool SelectDevices(const std::vector<VkPhysicalDevice>& all, const char* env_val
   if (env_value && *env_value) {
     if (!Pick(all, env_value, "POLYCHIP_VULKAN_DEVICE", &visible, why)) return false;
   }
+  if (param.find(',') == std::string::npos && !param.empty()) {
+    // A bare number is a count, as for the emu plugin: the first N visible devices (all of them
+    // when fewer are visible; the caller logs it).
+    long long n = 0;
+    if (!sdk::ParseInt(param.c_str(), &n) || n < 1) {
+      *why = "parameter devices must be a count such as 2 or a list of indices such as 0,2, got '" +
+             param + "'";
+      return false;
+    }
+    visible.resize(std::min<size_t>(visible.size(), static_cast<size_t>(n)));
+    *out = visible;
+    return true;
+  }
   if (!param.empty()) return Pick(visible, param, "parameter devices", out, why);
   *out = visible;
   return true;

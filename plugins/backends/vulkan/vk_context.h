@@ -62,8 +62,9 @@ void CloseLoader(Vk* vk);
 std::string VkResultName(VkResult r);
 
 // Visible devices: POLYCHIP_VULKAN_DEVICE (indices into vkEnumeratePhysicalDevices, "0,2"),
-// then the `devices` parameter (indices into what that left). Returns false with *why for a
-// malformed list or an index past the end.
+// then the `devices` parameter: a list of indices into what that left ("0,2", "1,"), or a bare
+// number N, a count as for the emu plugin (the first N, at most all of them). Returns false with
+// *why for a malformed list or an index past the end.
 bool SelectDevices(const std::vector<VkPhysicalDevice>& all, const char* env_value,
                    const std::string& param, std::vector<VkPhysicalDevice>* out, std::string* why);
 

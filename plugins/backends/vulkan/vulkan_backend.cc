@@ -6,7 +6,8 @@
 //     (no ASYNC_FREE);
 //   - TIMING where the queue family has timestamps;
 //   - no stream priorities (low == high): the global-priority extension is not used yet.
-// Parameters: devices ("0,1": indices among the visible devices), block_mb (device memory
+// Parameters: devices ("0,2": indices among the visible devices; a bare "2": a count, the first
+// two, as for the emu plugin), block_mb (device memory
 // block size), staging_mb (per-stream staging ring). POLYCHIP_VULKAN_DEVICE restricts the
 // visible devices (indices into vkEnumeratePhysicalDevices), like CUDA_VISIBLE_DEVICES.
 #include <algorithm>
@@ -115,6 +116,13 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     bool bad_list = false;
     if (!Enumerate(s.vk, s.instance, devices_param, &s.devices, &why, &bad_list))
       return MakeError(bad_list ? PC_CODE_INVALID_ARGUMENT : PC_CODE_UNAVAILABLE, why);
+    long long asked = 0;
+    if (devices_param.find(',') == std::string::npos &&
+        polychip::sdk::ParseInt(devices_param.c_str(), &asked) &&
+        asked > static_cast<long long>(s.devices.size())) {
+      Log(PC_LOG_WARNING, "parameter devices asks for " + devices_param + " devices, " +
+                              std::to_string(s.devices.size()) + " visible: using those");
+    }
     std::lock_guard<std::mutex> lock(s.mu);
     s.open.assign(s.devices.size(), nullptr);
     for (size_t i = 0; i < s.devices.size(); ++i) {
