@@ -3,21 +3,24 @@
 # grammar at 1 and 16 concurrent requests on the qwen2.5-0.5b shape (vocabulary 151,936), and
 # the mask time per token from the server's /metrics (polychip_grammar_*). Prints one markdown
 # table (stdout; progress on stderr):
-#   concurrency | constraint | tok/s free | tok/s constrained | overhead | mask ms/token (all, built)
+#   temperature | concurrency | constraint | tok/s free | tok/s constrained | overhead | mask ms/token
 # Every request generates exactly -n tokens (the constraints below cannot finish sooner and
-# free requests ignore EOS), so the batches stay the same size in both runs.
+# free requests ignore EOS), so the batches stay the same size in both runs. At temperature 1
+# a mask also shrinks the sampler's work (fewer candidates), so the overhead can be negative;
+# greedy (temperature 0) isolates the grammar's own cost (the free run takes a no-copy argmax).
 #
-# usage: bench/structured-outputs.sh [-t THREADS] [-n TOKENS] [-c "1 16"]
+# usage: bench/structured-outputs.sh [-t THREADS] [-n TOKENS] [-c "1 16"] [-T "1 0"]
 # env:   POLYCHIP_BUILD_DIR, POLYCHIP_LLAMA_CPP_DIR, POLYCHIP_BENCH_CACHE (bench/paths.sh)
 set -euo pipefail
 
 source "$(dirname "$0")/paths.sh"
-THREADS=2 NTOK=48 CONC="1 16"
+THREADS=2 NTOK=48 CONC="1 16" TEMPS="1 0"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -t) THREADS="$2"; shift 2 ;;
     -n) NTOK="$2"; shift 2 ;;
     -c) CONC="$2"; shift 2 ;;
+    -T) TEMPS="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -43,10 +46,11 @@ for _ in $(seq 600); do
   sleep 0.5
 done
 
-python3 - "$PORT" "$NTOK" "$CONC" <<'PY'
+python3 - "$PORT" "$NTOK" "$CONC" "$TEMPS" <<'PY'
 import json, sys, time, threading, urllib.request
 
-port, ntok, conc = int(sys.argv[1]), int(sys.argv[2]), [int(c) for c in sys.argv[3].split()]
+port, ntok = int(sys.argv[1]), int(sys.argv[2])
+conc, temps = [int(c) for c in sys.argv[3].split()], [float(t) for t in sys.argv[4].split()]
 base = f"http://127.0.0.1:{port}"
 
 # Constraints that cannot complete within ntok tokens: every request runs to max_tokens.
@@ -77,11 +81,11 @@ def metrics():
             out[k] = float(v)
     return out
 
-def run(n, extra):
+def run(n, extra, temperature=1.0):
     results, errors = [], []
     def one(i):
         try:
-            body = {"prompt": f"Row {i}:", "max_tokens": ntok, "temperature": 1, "seed": i,
+            body = {"prompt": f"Row {i}:", "max_tokens": ntok, "temperature": temperature, "seed": i,
                     "ignore_eos": True, **extra}
             results.append(post(body)["usage"]["completion_tokens"])
         except Exception as e:  # noqa: BLE001 (reported)
@@ -95,19 +99,21 @@ def run(n, extra):
     return sum(results) / dt, sum(results)
 
 run(1, {})  # warm-up (first-request allocations, the grammar compiler's token trie)
-print("| concurrency | constraint | tok/s free | tok/s constrained | overhead | mask ms/token | mask build ms/token | masks built |")
-print("|---|---|---|---|---|---|---|---|")
-for c in conc:
-    free, _ = run(c, {})
-    for name, extra in constraints.items():
-        run(1, dict(extra))  # compile once (the cache keeps the grammar and its masks)
-        m0 = metrics()
-        constrained, tokens = run(c, dict(extra))
-        m1 = metrics()
-        d = {k: m1[k] - m0.get(k, 0) for k in m1}
-        masks = max(d["polychip_grammar_masks_total"], 1)
-        print(f"| {c} | {name} | {free:.1f} | {constrained:.1f} | {100 * (1 - constrained / free):+.1f}% "
-              f"| {1e3 * d['polychip_grammar_mask_seconds_total'] / masks:.3f} "
-              f"| {1e3 * d['polychip_grammar_mask_build_seconds_total'] / masks:.3f} "
-              f"| {int(d['polychip_grammar_masks_built_total'])}/{int(masks)} |", flush=True)
+print("| temperature | concurrency | constraint | tok/s free | tok/s constrained | overhead | mask ms/token | mask build ms/token | masks built |")
+print("|---|---|---|---|---|---|---|---|---|")
+for temp in temps:
+    for c in conc:
+        free, _ = run(c, {}, temp)
+        for name, extra in constraints.items():
+            run(1, dict(extra), temp)  # compile once (the cache keeps the grammar and its masks)
+            m0 = metrics()
+            constrained, tokens = run(c, dict(extra), temp)
+            m1 = metrics()
+            d = {k: m1[k] - m0.get(k, 0) for k in m1}
+            masks = max(d["polychip_grammar_masks_total"], 1)
+            print(f"| {temp:g} | {c} | {name} | {free:.1f} | {constrained:.1f} "
+                  f"| {100 * (1 - constrained / free):+.1f}% "
+                  f"| {1e3 * d['polychip_grammar_mask_seconds_total'] / masks:.3f} "
+                  f"| {1e3 * d['polychip_grammar_mask_build_seconds_total'] / masks:.3f} "
+                  f"| {int(d['polychip_grammar_masks_built_total'])}/{int(masks)} |", flush=True)
 PY
