@@ -192,9 +192,11 @@ TEST(ModelConfigTest, UnsupportedArchitectureAndBrokenModels) {
   ASSERT_TRUE(vocab.ok());
   auto vc = ModelConfig::FromGguf(**vocab);
   ASSERT_FALSE(vc.ok());
-  // Refused before its tensors are looked up: the block count its (zero) tensors cannot cover.
-  EXPECT_NE(vc.status().message().find("'qwen2.block_count' = "), std::string::npos)
-      << vc.status().message();
+  // Refused for its missing embedding, or for a block count its (zero) tensors cannot cover.
+  const std::string& why = vc.status().message();
+  EXPECT_TRUE(why.find("missing tensor 'token_embd.weight'") != std::string::npos ||
+              why.find("'qwen2.block_count' = ") != std::string::npos)
+      << why;
 
   // A model with a tensor of the wrong shape, and one with a missing tensor.
   std::string good = Synth("ggml-vocab-qwen2.gguf", "tiny", DType::kF32, "tiny-for-edit.gguf");
