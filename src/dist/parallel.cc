@@ -376,8 +376,9 @@ StatusOr<World> MpirunWorld(World w, const std::string& config_path,
                             const ParallelOptions& parallel) {
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
                       runtime::ResolveRuntimeConfig(config_path, ""));
-  PC_ASSIGN_OR_RETURN(auto mpi, runtime::PluginRegistry::Global().LoadComm(
-                                    "mpi", runtime::PluginSearchPath(config.extra_search_path), {}));
+  PC_ASSIGN_OR_RETURN(auto mpi,
+                      runtime::PluginRegistry::Global().LoadComm(
+                          "mpi", runtime::PluginSearchPath(config.extra_search_path), {}));
   runtime::InProcessKvStore own;
   PC_ASSIGN_OR_RETURN(std::string id, mpi->UniqueId());
   PC_RETURN_IF_ERROR(own.Set("world", id));
@@ -612,8 +613,8 @@ JobComms ChooseJobComms(const World& w, int32_t tp, int32_t pp,
     auto report = [](const GroupComm& g, int32_t i) {
       runtime::Log().info("dist: {}", DescribeGroup(g, i));
       if (g.hosts.size() > 1 && HostOnly(g.spec.name)) {
-        runtime::Log().warn("dist: {} group {} spans {} hosts but its comm '{}' ({}) reaches only "
-                            "the ranks of one host: creating it will fail",
+        runtime::Log().warn("dist: {} group of ranks {} spans {} hosts but its comm '{}' ({}) "
+                            "reaches only the ranks of one host: creating it will fail",
                             g.group, Join(g.ranks), g.hosts.size(), g.spec.name, g.why);
       }
     };
@@ -643,10 +644,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateGroup(const GroupComm& g, bool spl
                                                     const runtime::RuntimeConfig& config,
                                                     runtime::KvStore& kv, int64_t timeout) {
   const int32_t me = world.rank();
-  const int32_t index =
-      int32_t(std::find(g.ranks.begin(), g.ranks.end(), me) - g.ranks.begin());
+  const int32_t index = int32_t(std::find(g.ranks.begin(), g.ranks.end(), me) - g.ranks.begin());
   if (split) return world.Split(color, index);
-  PC_ASSIGN_OR_RETURN(auto plugin, LoadSpec(g.spec, config, g.why + " for the " + g.group + " group"));
+  PC_ASSIGN_OR_RETURN(auto plugin,
+                      LoadSpec(g.spec, config, g.why + " for the " + g.group + " group"));
   return Communicator::Create(plugin, kv, key, int32_t(g.ranks.size()), index, timeout);
 }
 
@@ -802,7 +803,8 @@ class TpRunner : public engine::ModelRunner {
     std::vector<int32_t> payload = Encode(batch);
     int64_t header[2] = {kStep, int64_t(payload.size())};
     Status s = comm_->Broadcast(header, header, 2, DType::kI64, 0);
-    if (s.ok()) s = comm_->Broadcast(payload.data(), payload.data(), payload.size(), DType::kI32, 0);
+    if (s.ok())
+      s = comm_->Broadcast(payload.data(), payload.data(), payload.size(), DType::kI32, 0);
     if (s.ok()) s = local_->Forward(batch, logits);
     if (s.ok()) s = ShareLogits(*groups_, logits);
     n_ops_ = comm_->n_ops();
@@ -875,7 +877,8 @@ std::string DescribeRunner(const engine::ModelRunner& runner) {
     const model::TransformerRunner& r = tp->local();
     std::snprintf(buf, sizeof(buf),
                   "tensor parallel x%d, pipeline x%d, rank 0 on %s, %.1f MiB of weights on rank 0",
-                  tp->tp(), tp->pp(), r.device().props().name.c_str(), r.weight_bytes() / 1048576.0);
+                  tp->tp(), tp->pp(), r.device().props().name.c_str(),
+                  r.weight_bytes() / 1048576.0);
   } else if (auto* r = dynamic_cast<const model::TransformerRunner*>(&runner)) {
     std::snprintf(buf, sizeof(buf), "%s, %.1f MiB of weights", r->device().props().name.c_str(),
                   r->weight_bytes() / 1048576.0);

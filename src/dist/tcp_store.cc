@@ -152,8 +152,8 @@ struct TcpStoreServer::State {
   mutable std::mutex mu;
   mutable std::condition_variable cv;
   std::map<std::string, std::string> values;
-  std::set<int> fds;       // open connections, closed at shutdown
-  int live_ranks = 0;      // registered, not yet gone
+  std::set<int> fds;   // open connections, closed at shutdown
+  int live_ranks = 0;  // registered, not yet gone
   bool stopping = false;
   std::vector<std::thread> threads;
 
@@ -178,8 +178,7 @@ struct TcpStoreServer::State {
     char magic[4];
     uint32_t version = 0;
     std::string client_token, status;
-    bool ok = ReadAll(fd, magic, 4) && std::memcmp(magic, kMagic, 4) == 0 &&
-              ReadU32(fd, &version);
+    bool ok = ReadAll(fd, magic, 4) && std::memcmp(magic, kMagic, 4) == 0 && ReadU32(fd, &version);
     if (ok && version != kStoreProtocolVersion) {
       status = "store protocol version " + std::to_string(version) + " refused: this node 0 " +
                "speaks version " + std::to_string(kStoreProtocolVersion);
@@ -242,7 +241,7 @@ struct TcpStoreServer::State {
 };
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& bind_host,
-                                                                 int port, std::string token) {
+                                                                int port, std::string token) {
   std::unique_ptr<TcpStoreServer> server(new TcpStoreServer());
   server->state_ = std::make_shared<State>();
   server->state_->token = std::move(token);
@@ -259,14 +258,14 @@ StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::strin
   const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const bool bound = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-                     ::listen(fd, 256) == 0;
+  const bool bound =
+      fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 256) == 0;
   freeaddrinfo(res);
   if (!bound) {
     const std::string why = std::strerror(errno);
     if (fd >= 0) ::close(fd);
-    return Unavailable("store: cannot listen on " + (host.empty() ? "*" : host) + ":" +
-                       port_text + ": " + why);
+    return Unavailable("store: cannot listen on " + (host.empty() ? "*" : host) + ":" + port_text +
+                       ": " + why);
   }
   sockaddr_in addr{};
   socklen_t len = sizeof(addr);
@@ -373,7 +372,8 @@ StatusOr<std::unique_ptr<TcpKvStore>> TcpKvStore::Connect(const StoreAddress& ad
       const int64_t left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       std::string why;
-      const int fd = TryConnect(host, address.port, std::min<int64_t>(std::max<int64_t>(left, 1), 2000), &why);
+      const int fd =
+          TryConnect(host, address.port, std::min<int64_t>(std::max<int64_t>(left, 1), 2000), &why);
       if (fd < 0) {
         last_error = host + ":" + std::to_string(address.port) + ": " + why;
         continue;
@@ -392,7 +392,8 @@ StatusOr<std::unique_ptr<TcpKvStore>> TcpKvStore::Connect(const StoreAddress& ad
         ::close(fd);
         const std::string where = host + ":" + std::to_string(address.port);
         // Refused by a store: retrying cannot help.
-        if (verb == 'E') return FailedPrecondition(self + ": the store at " + where + " refused us: " + message);
+        if (verb == 'E')
+          return FailedPrecondition(self + ": the store at " + where + " refused us: " + message);
         last_error = where + ": no store answered the handshake";
         continue;
       }
@@ -454,7 +455,8 @@ StatusOr<std::string> TcpKvStore::Get(const std::string& key, int64_t timeout_ms
     const int64_t left =
         timeout_ms < 0
             ? kServerWaitSliceMs
-            : std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+            : std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+                  .count();
     std::string req(1, 'G');
     PutString(&req, key);
     PutI64(&req, std::max<int64_t>(left, 0));

@@ -69,8 +69,7 @@ class TcpKvStore : public runtime::KvStore {
   // Connects, retrying refused or unreachable addresses until timeout_ms (the server may not
   // be up yet), and runs the handshake. `self` names the caller in the error messages.
   static StatusOr<std::unique_ptr<TcpKvStore>> Connect(const StoreAddress& address,
-                                                       const std::string& token,
-                                                       int64_t timeout_ms,
+                                                       const std::string& token, int64_t timeout_ms,
                                                        const std::string& self);
   ~TcpKvStore() override;
 

@@ -36,5 +36,24 @@ TEST(CommConfig, EnvironmentAndYaml) {
   EXPECT_FALSE(ResolveRuntimeConfig("", "")->comm.has_value());
 }
 
+// `comm: {tp: shm, pp: {name: gloo, params: ...}}` pins groups one by one and leaves the rest to
+// the topology; a name beside them pins the rest.
+TEST(CommConfig, PerGroupPins) {
+  auto groups = ParseConfigYaml(
+      "comm: {tp: shm, pp: {name: gloo, params: {timeout_ms: 500}}}\n", "test.yaml");
+  ASSERT_TRUE(groups.ok()) << groups.status().ToString();
+  EXPECT_FALSE(groups->comm.has_value());
+  ASSERT_EQ(groups->comm_groups.size(), 2u);
+  EXPECT_EQ(groups->comm_groups.at("tp").name, "shm");
+  EXPECT_EQ(groups->comm_groups.at("pp").name, "gloo");
+  EXPECT_EQ(groups->comm_groups.at("pp").params[0].second, "500");
+  EXPECT_EQ(groups->comm_source, "config test.yaml");
+  auto rest = ParseConfigYaml("comm: {name: mpi, world: gloo}\n", "t.yaml");
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(rest->comm->name, "mpi");
+  EXPECT_EQ(rest->comm_groups.at("world").name, "gloo");
+  EXPECT_FALSE(ParseConfigYaml("comm: {tp: {params: {a: 1}}}\n", "bad.yaml").ok());
+}
+
 }  // namespace
 }  // namespace polychip::runtime

@@ -34,7 +34,8 @@ using polychip::testing::RunCommand;
 using Clock = std::chrono::steady_clock;
 
 const std::string kModel = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.gguf";
-const std::string kGloo = std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_gloo.so";
+const std::string kGloo =
+    std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_gloo.so";
 const std::string kPrompt = "And God said, Let there be light";
 
 int FreePort() {
@@ -60,15 +61,16 @@ std::vector<int> Tokens(const std::string& err) {
 }
 
 std::vector<std::string> RunArgs(int n) {
-  return {POLYCHIP_BINARY, "run", "-m", kModel, "-p", kPrompt, "-n", std::to_string(n),
-          "--print-tokens"};
+  return {POLYCHIP_BINARY,   "run",           "-m", kModel, "-p", kPrompt, "-n",
+          std::to_string(n), "--print-tokens"};
 }
 
 // The flags of node `rank` of a 2-node tp 2 x pp 2 job.
 std::vector<std::string> NodeFlags(int rank, const std::string& addr, const std::string& token) {
-  return {"--tp-size", "2", "--pp-size", "2", "--nnodes", "2", "--node-rank",
-          std::to_string(rank), "--dist-init-addr", addr, "--dist-token", token,
-          "--dist-timeout", "30", "--device", rank == 0 ? "emu:0,1" : "emu:2,3"};
+  return {"--tp-size",        "2",  "--pp-size",    "2",
+          "--nnodes",         "2",  "--node-rank",  std::to_string(rank),
+          "--dist-init-addr", addr, "--dist-token", token,
+          "--dist-timeout",   "30", "--device",     rank == 0 ? "emu:0,1" : "emu:2,3"};
 }
 
 std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -133,6 +135,29 @@ TEST(MultiNode, TwoNodesGiveTheSingleRankTokensWithShmInsideAndGlooAcross) {
   }
 }
 
+// Pins win over the topology and say so; a group across hosts pinned to shm gets a warning
+// (these "hosts" share one machine, so shm still works here).
+TEST(MultiNode, PinnedGroupsAreLoggedAndShmAcrossHostsWarns) {
+  if (!HaveGloo()) GTEST_SKIP() << "gloo comm plugin not built (libgloo-dev missing)";
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  const std::vector<std::string> pins = {"--comm-pp", "shm", "--comm-tp", "gloo"};
+  ChildProcess node1(WithHostId("hostB", Concat(Concat(RunArgs(4), NodeFlags(1, addr, "p")), pins)),
+                     {.stdout_to_log = true, .alarm_seconds = 120});
+  const CommandResult node0 = RunCommand(
+      "timeout 120 " +
+      Shell(WithHostId("hostA", Concat(Concat(RunArgs(4), NodeFlags(0, addr, "p")), pins))));
+  EXPECT_EQ(Finish(node1, 30, "node 1"), 0) << node1.Log();
+  ASSERT_EQ(node0.exit_code, 0) << node0.err;
+  EXPECT_EQ(Tokens(node0.err).size(), 4u);
+  for (const char* line :
+       {"dist: tp group 0 (ranks 0,1 on host hostA): comm 'gloo', pinned by --comm-tp",
+        "dist: pp group 0 (ranks 0,2 on hosts hostA, hostB): comm 'shm', pinned by --comm-pp",
+        "dist: pp group of ranks 0,2 spans 2 hosts but its comm 'shm' (pinned by --comm-pp) "
+        "reaches only the ranks of one host"}) {
+    EXPECT_NE(node0.err.find(line), std::string::npos) << line << "\n" << node0.err;
+  }
+}
+
 TEST(MultiNode, ANodeThatNeverComesIsNamed) {
   const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
   std::vector<std::string> flags = NodeFlags(0, addr, "x");
@@ -149,7 +174,7 @@ TEST(MultiNode, ANodeThatNeverComesIsNamed) {
 TEST(MultiNode, AStrangerWithAnotherTokenIsRefused) {
   const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
   std::vector<std::string> flags0 = NodeFlags(0, addr, "right");
-  flags0[flags0.size() - 3] = "10";
+  flags0[flags0.size() - 3] = "4";
   ChildProcess node0(Concat(RunArgs(2), flags0), {.stdout_to_log = true, .alarm_seconds = 60});
   const CommandResult stranger =
       RunCommand("timeout 60 " + Shell(Concat(RunArgs(2), NodeFlags(1, addr, "wrong"))));
@@ -172,17 +197,18 @@ class NetnsHost {
     there_ = "vpc" + std::to_string(getpid()) + "b";
     ip_here_ = "10.77." + std::to_string(x) + ".1";
     ip_there_ = "10.77." + std::to_string(x) + ".2";
-    const std::string script =
-        "set -e; ip netns add " + name_ + "; ip link add " + here_ + " type veth peer name " +
-        there_ + "; ip link set " + there_ + " netns " + name_ + "; ip addr add " + ip_here_ +
-        "/24 dev " + here_ + "; ip link set " + here_ + " up; ip -n " + name_ + " addr add " +
-        ip_there_ + "/24 dev " + there_ + "; ip -n " + name_ + " link set " + there_ +
-        " up; ip -n " + name_ + " link set lo up";
+    const std::string script = "set -e; ip netns add " + name_ + "; ip link add " + here_ +
+                               " type veth peer name " + there_ + "; ip link set " + there_ +
+                               " netns " + name_ + "; ip addr add " + ip_here_ + "/24 dev " +
+                               here_ + "; ip link set " + here_ + " up; ip -n " + name_ +
+                               " addr add " + ip_there_ + "/24 dev " + there_ + "; ip -n " + name_ +
+                               " link set " + there_ + " up; ip -n " + name_ + " link set lo up";
     ok_ = std::system(("(" + script + ") >/dev/null 2>&1").c_str()) == 0;
   }
   ~NetnsHost() {
-    std::system(("ip link del " + here_ + " >/dev/null 2>&1; ip netns del " + name_ +
-                 " >/dev/null 2>&1").c_str());
+    std::system(
+        ("ip link del " + here_ + " >/dev/null 2>&1; ip netns del " + name_ + " >/dev/null 2>&1")
+            .c_str());
   }
   bool ok() const { return ok_; }
   const std::string& ip_here() const { return ip_here_; }
@@ -191,8 +217,8 @@ class NetnsHost {
                               const std::vector<std::string>& argv) const {
     std::vector<std::string> out;
     if (remote) out = {Which("ip"), "netns", "exec", name_};
-    const std::string inner = "hostname " + hostname + " && mount -t tmpfs tmpfs /tmp && exec " +
-                              Shell(argv);
+    const std::string inner =
+        "hostname " + hostname + " && mount -t tmpfs tmpfs /tmp && exec " + Shell(argv);
     out.insert(out.end(),
                {Which("unshare"), "-m", "-u", "--propagation", "private", "sh", "-c", inner});
     return out;
@@ -215,8 +241,10 @@ std::string NamespaceSkipReason() {
 std::string Complete(int port, int max_tokens = 24) {
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
-  const nlohmann::json body = {{"prompt", "In the beginning"}, {"max_tokens", max_tokens},
-                               {"temperature", 0}, {"ignore_eos", true}};
+  const nlohmann::json body = {{"prompt", "In the beginning"},
+                               {"max_tokens", max_tokens},
+                               {"temperature", 0},
+                               {"ignore_eos", true}};
   auto r = c.Post("/v1/completions", body.dump(), "application/json");
   if (!r || r->status != 200) return "";
   return nlohmann::json::parse(r->body)["choices"][0]["text"];
@@ -288,8 +316,8 @@ TEST(TwoHosts, NnodesServeAnswersAsOneRankAndAKilledHostEndsTheOther) {
                                 << node0.Log();
   EXPECT_LT(seconds, 10);
   EXPECT_NE(*code, 0);
-  EXPECT_TRUE(std::regex_search(node0.Log(),
-                                std::regex("rank [23] \\(pid [0-9]+\\) died on host hostB")))
+  EXPECT_TRUE(
+      std::regex_search(node0.Log(), std::regex("rank [23] \\(pid [0-9]+\\) died on host hostB")))
       << node0.Log();
   if (std::getenv("POLYCHIP_TEST_SHOW_LOGS") != nullptr) {
     std::fprintf(stderr, "node 0:\n%s\nnode 1:\n%s\n", node0.Log().c_str(), node1.Log().c_str());

@@ -24,7 +24,6 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -109,8 +108,8 @@ struct pc_comm {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> ctx;
   int32_t rank = 0, n = 1;
-  uint32_t tag = 1;       // the next collective's tag: every rank issues the same sequence
-  uint32_t splits = 0;    // comm_split calls so far (names the children)
+  uint32_t tag = 1;     // the next collective's tag: every rank issues the same sequence
+  uint32_t splits = 0;  // comm_split calls so far (names the children)
   std::atomic<bool> aborted{false};
 };
 
@@ -135,7 +134,8 @@ pc_error_t* Run(const char* what, F&& body) noexcept {
 }
 
 pc_error_t* Check(const pc_comm* c, pc_dtype_t t, const char* what, size_t* esz) {
-  if (c == nullptr) return MakeError(PC_CODE_INVALID_ARGUMENT, std::string(what) + ": comm is NULL");
+  if (c == nullptr)
+    return MakeError(PC_CODE_INVALID_ARGUMENT, std::string(what) + ": comm is NULL");
   if (c->aborted.load()) return MakeError(PC_CODE_CANCELLED, "communicator aborted");
   *esz = ElementSize(t);
   if (*esz == 0) {
@@ -203,19 +203,22 @@ pc_error_t* GetUniqueId(pc_comm_unique_id_t* id) {
   if (id == nullptr) return MakeError(PC_CODE_INVALID_ARGUMENT, "id is NULL");
   std::memset(id->bytes, 0, sizeof(id->bytes));
   std::random_device rd;
-  std::snprintf(id->bytes, sizeof(id->bytes), "%s%d-%08x%08x-%llu", kIdPrefix, int(getpid()),
-                rd(), rd(), static_cast<unsigned long long>(g_ids.fetch_add(1)));
+  std::snprintf(id->bytes, sizeof(id->bytes), "%s%d-%08x%08x-%llu", kIdPrefix, int(getpid()), rd(),
+                rd(), static_cast<unsigned long long>(g_ids.fetch_add(1)));
   return nullptr;
 }
 
 pc_error_t* InitRank(const pc_comm_unique_id_t* id, int32_t n, int32_t rank, int64_t timeout_ms,
                      pc_comm_t** out) {
   return Run("comm_init_rank", [&]() -> pc_error_t* {
-    if (id == nullptr || out == nullptr) return MakeError(PC_CODE_INVALID_ARGUMENT, "NULL argument");
+    if (id == nullptr || out == nullptr)
+      return MakeError(PC_CODE_INVALID_ARGUMENT, "NULL argument");
     *out = nullptr;
     const std::string name(id->bytes, strnlen(id->bytes, sizeof(id->bytes)));
-    if (name.rfind(kIdPrefix, 0) != 0) return MakeError(PC_CODE_INVALID_ARGUMENT, "not a gloo unique id");
-    if (n < 1 || rank < 0 || rank >= n) return MakeError(PC_CODE_INVALID_ARGUMENT, "rank out of range");
+    if (name.rfind(kIdPrefix, 0) != 0)
+      return MakeError(PC_CODE_INVALID_ARGUMENT, "not a gloo unique id");
+    if (n < 1 || rank < 0 || rank >= n)
+      return MakeError(PC_CODE_INVALID_ARGUMENT, "rank out of range");
     if (g_host == nullptr || g_host->kv_get == nullptr) {
       return MakeError(PC_CODE_FAILED_PRECONDITION, "the host lends no KV store");
     }
@@ -254,11 +257,20 @@ pc_error_t* AllReduceImpl(pc_comm* c, void* recv, uint64_t count, pc_dtype_t t, 
     polychip::sdk::Reduce(t, op, srcs, 2, out, n);
   });
   switch (esz) {
-    case 1: opts.setOutput(static_cast<Bytes<1>*>(recv), count); break;
-    case 2: opts.setOutput(static_cast<Bytes<2>*>(recv), count); break;
-    case 4: opts.setOutput(static_cast<Bytes<4>*>(recv), count); break;
-    case 8: opts.setOutput(static_cast<Bytes<8>*>(recv), count); break;
-    default: return MakeError(PC_CODE_INVALID_ARGUMENT, "all_reduce: unsupported element size");
+    case 1:
+      opts.setOutput(static_cast<Bytes<1>*>(recv), count);
+      break;
+    case 2:
+      opts.setOutput(static_cast<Bytes<2>*>(recv), count);
+      break;
+    case 4:
+      opts.setOutput(static_cast<Bytes<4>*>(recv), count);
+      break;
+    case 8:
+      opts.setOutput(static_cast<Bytes<8>*>(recv), count);
+      break;
+    default:
+      return MakeError(PC_CODE_INVALID_ARGUMENT, "all_reduce: unsupported element size");
   }
   gloo::allreduce(opts);
   return nullptr;
@@ -357,8 +369,8 @@ pc_error_t* AllGather(pc_comm_t* c, const void* send, void* recv, uint64_t count
 
 // Gloo's reduce-scatter is not in its options API: an all-reduce of the whole, keeping this
 // rank's slice (the same bytes every rank would compute).
-pc_error_t* ReduceScatter(pc_comm_t* c, const void* send, void* recv, uint64_t count,
-                          pc_dtype_t t, pc_reduce_op_t op, void*) {
+pc_error_t* ReduceScatter(pc_comm_t* c, const void* send, void* recv, uint64_t count, pc_dtype_t t,
+                          pc_reduce_op_t op, void*) {
   return Run("reduce_scatter", [&]() -> pc_error_t* {
     size_t esz;
     if (pc_error_t* e = Check(c, t, "reduce_scatter", &esz)) return e;
@@ -391,8 +403,8 @@ pc_error_t* Broadcast(pc_comm_t* c, const void* send, void* recv, uint64_t count
 
 pc_error_t* PeerCheck(const pc_comm* c, int32_t peer, const char* what) {
   if (peer < 0 || peer >= c->n || peer == c->rank) {
-    return MakeError(PC_CODE_INVALID_ARGUMENT, std::string(what) + ": peer " +
-                                                   std::to_string(peer) + " invalid");
+    return MakeError(PC_CODE_INVALID_ARGUMENT,
+                     std::string(what) + ": peer " + std::to_string(peer) + " invalid");
   }
   return nullptr;
 }
