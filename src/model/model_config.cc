@@ -151,7 +151,12 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                                        "kv_heads={} ff={}",
                                        c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.n_ff));
   }
-  PC_RETURN_IF_ERROR(CheckLayerCount(f, c.n_layer, key("block_count")));
+  // The first tensor ValidateTensors asks for, asked before the layer count: a vocabulary-only
+  // file is told so, rather than that its block count exceeds its (zero) tensors.
+  if (f.FindTensor("token_embd.weight") == nullptr) {
+    return InvalidArgument(fmt::format("{} model is missing tensor 'token_embd.weight'",
+                                       ArchName(c.arch)));
+  }
   PC_RETURN_IF_ERROR(CheckLayerCount(f, c.n_layer, key("block_count")));
   if (c.n_head % c.n_head_kv != 0) {
     return InvalidArgument(fmt::format("head_count {} is not a multiple of head_count_kv {}",

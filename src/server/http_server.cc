@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -60,16 +61,8 @@ class HttpServer::Impl {
     return [this, h = std::move(h), needs_key](const httplib::Request& req,
                                                httplib::Response& res) {
       try {
-        if (needs_key && !options_.api_key.empty()) {
-          const std::string auth = req.get_header_value("Authorization");
-          const std::string expected = "Bearer " + options_.api_key;
-          if (auth.empty()) {
-            return SendError(res, Error(401, "missing API key: send 'Authorization: Bearer <key>'",
-                                        "authentication_error"));
-          }
-          if (auth != expected) {
-            return SendError(res, Error(401, "invalid API key", "authentication_error"));
-          }
+        if (needs_key) {
+          if (auto e = CheckKey(req)) return SendError(res, *e);
         }
         h(req, res);
       } catch (const std::exception& e) {
@@ -79,6 +72,39 @@ class HttpServer::Impl {
         SendError(res, Error(500, "internal error", "server_error"));
       }
     };
+  }
+
+  std::optional<ApiError> CheckKey(const httplib::Request& req) const {
+    if (options_.api_key.empty()) return std::nullopt;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.empty()) {
+      return Error(401, "missing API key: send 'Authorization: Bearer <key>'",
+                   "authentication_error");
+    }
+    if (auth != "Bearer " + options_.api_key) {
+      return Error(401, "invalid API key", "authentication_error");
+    }
+    return std::nullopt;
+  }
+
+  // Runs after the request head and before the body is read (cpp-httplib's pre-routing hook):
+  // a client without the key cannot make the server read a body (a 600 MB one took 1.08 GB
+  // before its 401), and chunked bodies, which cpp-httplib 0.11 reads without any limit, are
+  // refused; Content-Length bodies are bounded by the transport's payload limit.
+  httplib::Server::HandlerResponse BeforeBody(const httplib::Request& req,
+                                              httplib::Response& res) const {
+    std::optional<ApiError> e;
+    if (req.has_header("Transfer-Encoding") &&
+        req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
+      e = Error(411, "chunked request bodies are not accepted: send Content-Length");
+    } else if (req.path != "/health" && req.path != "/") {
+      e = CheckKey(req);
+    }
+    if (!e) return httplib::Server::HandlerResponse::Unhandled;
+    SendError(res, *e);
+    // The body was not read: the connection cannot carry another request.
+    res.set_header("Connection", "close");
+    return httplib::Server::HandlerResponse::Handled;
   }
 
   // Parses a JSON body; on failure writes the 400 and returns false.
@@ -104,6 +130,8 @@ class HttpServer::Impl {
   }
 
   void Routes() {
+    svr_.set_pre_routing_handler(
+        [this](const httplib::Request& req, httplib::Response& res) { return BeforeBody(req, res); });
     // The chat page: public like /health (it asks for the API key itself when the server
     // has one).
     svr_.Get("/", Guard([](const auto&, auto& res) {

@@ -320,6 +320,41 @@ TEST(HttpServer, AmbiguousOrWrongTypedFieldsGet400) {
   EXPECT_EQ(status, 200) << t.dump();
 }
 
+// A raw request head (no body sent); the status line of the answer, "" when none came in 5 s.
+std::string StatusAfterHead(int port, const std::string& head) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return "";
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (write(fd, head.data(), head.size()) != static_cast<ssize_t>(head.size())) return "";
+  char buf[512];
+  const ssize_t n = read(fd, buf, sizeof buf);
+  close(fd);
+  if (n <= 0) return "";
+  const std::string got(buf, static_cast<size_t>(n));
+  return got.substr(0, got.find("\r\n"));
+}
+
+// Issue 16: without the key no body is read (a 600 MB body took 1.08 GB before its 401), and
+// chunked bodies, which cpp-httplib reads without a limit, are refused before they are read.
+TEST(HttpServer, BodiesAreNotReadBeforeTheKeyAndChunkedOnesAreRefused) {
+  TestServer s(256, "sekret");
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  EXPECT_EQ(StatusAfterHead(s.http->port(), post + "Content-Length: 600000000\r\n\r\n"),
+            "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(StatusAfterHead(s.http->port(), post + "Authorization: Bearer sekret\r\n"
+                                                   "Transfer-Encoding: chunked\r\n\r\n"
+                                                   "8000000\r\n"),
+            "HTTP/1.1 411 Length Required");
+  auto right = s.client->Get("/v1/models", {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(right);
+  EXPECT_EQ(right->status, 200);
+}
+
 long MaxRssKb() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
