@@ -158,6 +158,30 @@ TEST(MultiNode, PinnedGroupsAreLoggedAndShmAcrossHostsWarns) {
   }
 }
 
+// The mpirun form: two "hosts" (POLYCHIP_HOST_ID) of two ranks each, TCP only between MPI's
+// processes; the store's address travels over MPI, tp stays on shm, pp and the world take mpi.
+TEST(MultiNode, MpirunTwoHostsOverTcp) {
+  const std::string mpi = std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_mpi.so";
+  if (access(mpi.c_str(), R_OK) != 0) GTEST_SKIP() << "mpi comm plugin not built (no MPI)";
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  const std::string run = Shell(RunArgs(16)) + "--tp-size 2 --pp-size 2 --device emu:0,1,2,3";
+  const CommandResult one = RunCommand("timeout 120 " + Shell(RunArgs(16)) + "--device emu:0");
+  const CommandResult r = RunCommand(
+      "timeout 120 mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self -np 2 env "
+      "POLYCHIP_HOST_ID=hostA " +
+      run + " : -np 2 env POLYCHIP_HOST_ID=hostB " + run);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Tokens(r.err), Tokens(one.err));
+  EXPECT_EQ(r.out, one.out);
+  for (const char* line :
+       {"dist: tp group 1 (ranks 2,3 on host hostB): comm 'shm', default: every rank on host hostB",
+        "dist: pp group 0 (ranks 0,2 on hosts hostA, hostB): comm 'mpi', default: ranks on 2 "
+        "hosts, launched by mpirun"}) {
+    EXPECT_NE(r.err.find(line), std::string::npos) << line << "\n" << r.err;
+  }
+}
+
 TEST(MultiNode, ANodeThatNeverComesIsNamed) {
   const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
   std::vector<std::string> flags = NodeFlags(0, addr, "x");
