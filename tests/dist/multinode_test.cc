@@ -135,6 +135,38 @@ TEST(MultiNode, TwoNodesGiveTheSingleRankTokensWithShmInsideAndGlooAcross) {
   }
 }
 
+double Ppl(const std::string& text) {
+  const size_t at = text.find("PPL = ");
+  return at == std::string::npos ? -1 : std::atof(text.c_str() + at + 6);
+}
+
+TEST(MultiNode, TwoNodesGiveTheSingleRankPerplexity) {
+  if (!HaveGloo()) GTEST_SKIP() << "gloo comm plugin not built (libgloo-dev missing)";
+  const std::vector<std::string> ppl = {
+      POLYCHIP_BINARY,
+      "perplexity",
+      "-m",
+      kModel,
+      "-f",
+      std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.heldout.txt",
+      "-c",
+      "128",
+      "--chunks",
+      "2"};
+  const CommandResult one = RunCommand("timeout 120 " + Shell(ppl) + "--device emu:0");
+  const std::string addr = "127.0.0.1:" + std::to_string(FreePort());
+  ChildProcess node1(WithHostId("hostB", Concat(ppl, NodeFlags(1, addr, "p"))),
+                     {.stdout_to_log = true, .alarm_seconds = 120});
+  const CommandResult node0 =
+      RunCommand("timeout 120 " + Shell(WithHostId("hostA", Concat(ppl, NodeFlags(0, addr, "p")))));
+  EXPECT_EQ(Finish(node1, 30, "node 1"), 0) << node1.Log();
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(node0.exit_code, 0) << node0.err;
+  const double p1 = Ppl(one.out + one.err), p2 = Ppl(node0.out + node0.err);
+  ASSERT_GT(p1, 1.0) << one.out << one.err;
+  EXPECT_NEAR(p2, p1, p1 * 1e-3);
+}
+
 // Pins win over the topology and say so; a group across hosts pinned to shm gets a warning
 // (these "hosts" share one machine, so shm still works here).
 TEST(MultiNode, PinnedGroupsAreLoggedAndShmAcrossHostsWarns) {
