@@ -7,6 +7,7 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -49,6 +50,12 @@ class HttpServer::Impl {
   void Run() { transport_.Run(); }
   void Stop() {
     stopping_ = true;
+    // cpp-httplib stops writing chunked bodies once it is stopped: give the open streams, now
+    // cancelled by Pump, the moment they need to send their final chunk and [DONE] first.
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (open_streams_ > 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     transport_.Stop();
   }
   int port() const { return transport_.port(); }
@@ -359,10 +366,14 @@ class HttpServer::Impl {
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
+    ++open_streams_;
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job](size_t, httplib::DataSink& sink) { return Pump(job, sink); },
-        [this, job](bool) { Abort(*job); });  // ends or client gone: free what is left
+        [this, job](bool) {  // ends or client gone: free what is left
+          Abort(*job);
+          --open_streams_;
+        });
   }
 
   void Abort(Job& job) { AbortJob(*engine_, job); }
@@ -385,9 +396,11 @@ class HttpServer::Impl {
         sink.done();
         return true;
       }
-      if (stopping_) {
+      if (stopping_ && !job->abort_sent) {
+        // Shutting down: cancel the job but keep pumping, so that the client still gets each
+        // choice's final chunk (finish_reason "abort") and [DONE] instead of a cut stream.
         Abort(*job);
-        return false;
+        job->abort_sent = true;
       }
       const std::string out = NextSseText(*job, std::chrono::milliseconds(50));
       if (!out.empty()) {
@@ -414,6 +427,7 @@ class HttpServer::Impl {
   HttpTransport transport_;
   httplib::Server& svr_;  // transport_'s, where the routes go
   std::atomic<bool> stopping_{false};
+  std::atomic<int> open_streams_{0};  // streaming responses not yet released
   int64_t started_ = UnixTime();
   std::once_flag grammars_once_;
   std::unique_ptr<grammar::GrammarCache> grammars_;

@@ -39,6 +39,7 @@ struct Job {
   std::vector<Choice> choices;
   Clock::time_point start = Clock::now();
   bool done_sent = false;
+  bool abort_sent = false;  // the server is stopping and has cancelled the job
 };
 
 bool AllFinished(const Job& job);

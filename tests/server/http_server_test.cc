@@ -414,6 +414,24 @@ TEST(HttpServer, DisconnectMidStreamFreesBlocks) {
   EXPECT_LT(s.Metric("polychip_generation_tokens_total"), 900);
 }
 
+// Issue 16: a stream open at shutdown ends with its final chunk (finish_reason "abort") and
+// [DONE], not cut mid-way.
+TEST(HttpServer, ShutdownEndsOpenStreamsProperly) {
+  TestServer s(256, "", 4096);
+  s.runner->set_step_delay_us(3000);
+  json body = {{"prompt", "a long one"}, {"max_tokens", 900}, {"stream", true}, {"ignore_eos", true}};
+  int fd = OpenStream(s.http->port(), "/v1/completions", body.dump());
+  ASSERT_GE(fd, 0);
+  char buf[512];
+  const ssize_t first = read(fd, buf, sizeof buf);
+  ASSERT_GT(first, 0);
+  std::thread stopper([&] { s.http->Stop(); });
+  const std::string rest = std::string(buf, static_cast<size_t>(first)) + ReadAll(fd);
+  stopper.join();
+  EXPECT_NE(rest.find(R"("finish_reason":"abort")"), std::string::npos) << rest.substr(rest.size() - std::min<size_t>(rest.size(), 600));
+  EXPECT_NE(rest.find("data: [DONE]"), std::string::npos);
+}
+
 TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {
   // 24 blocks of 4 tokens; each request needs 10 blocks.
   TestServer s(/*num_blocks=*/24, "", /*context=*/96);
