@@ -291,6 +291,9 @@ std::string NamespaceSkipReason() {
     return "needs ip (iproute2) and unshare";
   }
   if (!HaveGloo()) return "gloo comm plugin not built (libgloo-dev missing)";
+  if (std::system("unshare -m -u sh -c 'mount -t tmpfs tmpfs /tmp' >/dev/null 2>&1") != 0) {
+    return "cannot make mount and UTS namespaces here (unshare -m -u)";
+  }
   return "";
 }
 
