@@ -3,6 +3,12 @@
 // request flow is server/job.h and its JSON is written by its dialect's ResponseWriter.
 #include "server/http_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -32,6 +38,40 @@ void SendJson(httplib::Response& res, int status, const json& body) {
 }
 
 void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.status, e.ToJson()); }
+
+// The socket of `req`'s connection, found by its peer address (cpp-httplib 0.11 does not give
+// handlers their socket), or -1. Scanning the descriptors costs ~1 us each, which is why only
+// requests that have waited a while look.
+int ClientSocket(const httplib::Request& req, int local_port) {
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  const int max_fd = static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 16));
+  for (int fd = 3; fd < max_fd; ++fd) {
+    sockaddr_storage peer{}, local{};
+    socklen_t plen = sizeof peer, llen = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) continue;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) continue;
+    auto port_of = [](const sockaddr_storage& a) {
+      if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+      if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+      return uint16_t{0};
+    };
+    if (port_of(local) != local_port || port_of(peer) != req.remote_port) continue;
+    char host[INET6_ADDRSTRLEN] = {};
+    const void* addr = peer.ss_family == AF_INET
+                           ? static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(peer).sin_addr)
+                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(peer).sin6_addr);
+    if (inet_ntop(peer.ss_family, addr, host, sizeof host) && req.remote_addr == host) return fd;
+  }
+  return -1;
+}
+
+// True once the peer has closed its end (EOF or an error on a non-consuming read).
+bool PeerClosed(int fd) {
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 }  // namespace
 
@@ -350,12 +390,23 @@ class HttpServer::Impl {
     }
     if (!job->req.stream) {
       // Wait for every choice; bounded by max_tokens (the engine always finishes a request).
+      // A client that hangs up is noticed (from the second second on, see ClientSocket) and
+      // its request aborted, so that it stops generating and frees its KV blocks.
+      int client_fd = -1;
+      const auto waiting_since = Clock::now();
       while (!AllFinished(*job)) {
         if (stopping_) {
           Abort(*job);
           return SendError(res, Error(503, "the server is shutting down", "server_error"));
         }
         Collect(*job, std::chrono::milliseconds(100), nullptr);
+        if (client_fd < 0 && Clock::now() - waiting_since > std::chrono::seconds(1)) {
+          client_fd = ClientSocket(req, port());
+        }
+        if (client_fd >= 0 && PeerClosed(client_fd)) {
+          Abort(*job);
+          return;  // nobody to answer
+        }
       }
       for (const auto& c : job->choices) {
         if (!c.final.error.ok()) {

@@ -414,6 +414,30 @@ TEST(HttpServer, DisconnectMidStreamFreesBlocks) {
   EXPECT_LT(s.Metric("polychip_generation_tokens_total"), 900);
 }
 
+// Issue 16: a non-streaming client that hangs up has its request aborted (it used to keep
+// generating to the end) and its KV blocks freed.
+TEST(HttpServer, NonStreamingDisconnectAbortsTheRequest) {
+  TestServer s(256, "", 4096);
+  s.runner->set_step_delay_us(5000);
+  json body = {{"prompt", "a long one"}, {"max_tokens", 900}, {"ignore_eos", true}};
+  int fd = OpenStream(s.http->port(), "/v1/completions", body.dump());
+  ASSERT_GE(fd, 0);
+  for (int i = 0; i < 100 && s.Metric("polychip_kv_blocks_used") <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(s.Metric("polychip_kv_blocks_used"), 0);
+  close(fd);
+  // 900 steps of 5 ms would take 4.5 s; the check starts after 1 s of waiting.
+  bool freed = false;
+  for (int i = 0; i < 250 && !freed; ++i) {
+    freed = s.Metric("polychip_kv_blocks_used") == 0 &&
+            s.Metric("polychip_requests_aborted_total") == 1;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(freed);
+  EXPECT_EQ(s.Metric("polychip_requests_finished_total"), 0);
+}
+
 // Issue 16: a stream open at shutdown ends with its final chunk (finish_reason "abort") and
 // [DONE], not cut mid-way.
 TEST(HttpServer, ShutdownEndsOpenStreamsProperly) {
