@@ -187,6 +187,22 @@ std::string LoadReport::ToString() const {
 
 // ---- the library -------------------------------------------------------------------------
 
+namespace {
+
+// "the file" or "its folder" when either may be written by users other than its owner and
+// group (a folder with the sticky bit, such as /tmp, still lets anyone add a plugin), else null.
+const char* WritableByOthers(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0) return "the file";
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  if (::stat(dir.empty() ? "." : dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) != 0) {
+    return "its folder";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& path,
                                                              LoadReport* report) {
   LoadReport local;
@@ -196,6 +212,18 @@ StatusOr<std::unique_ptr<PluginLibrary>> PluginLibrary::Open(const std::string& 
     report->stage = "not found";
     report->reason = "no such file";
     return NotFound(report->ToString());
+  }
+  // Loading a plugin runs its code in this process: one that anybody could have written or
+  // replaced is refused unless the operator says otherwise.
+  if (const char* why = WritableByOthers(path)) {
+    const char* allow = std::getenv("POLYCHIP_ALLOW_INSECURE_PLUGINS");
+    if (allow == nullptr || std::string(allow) != "1") {
+      return Fail(report, "permissions",
+                  std::string(why) + " is writable by others; fix its mode, or set "
+                                     "POLYCHIP_ALLOW_INSECURE_PLUGINS=1 to load it anyway");
+    }
+    Log().warn("{}: {} is writable by others, loaded as POLYCHIP_ALLOW_INSECURE_PLUGINS=1 "
+               "allows", path, why);
   }
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
