@@ -613,6 +613,23 @@ PluginRegistry& PluginRegistry::Global() {
   return *registry;
 }
 
+namespace {
+
+// A plugin found before the one installed beside the binary replaces it: say so, since a
+// folder on POLYCHIP_PLUGIN_PATH can change what `--device cpu` runs.
+void WarnIfShadowing(PluginKind kind, const std::string& name, const std::string& dir) {
+  const std::string exe_dir = ExecutableDir();
+  if (exe_dir.empty()) return;
+  const std::string builtin = CanonicalPath(exe_dir + "/../lib/polychip");
+  if (CanonicalPath(dir) == builtin) return;
+  const std::string shadowed = builtin + "/" + PluginFileName(kind, name);
+  if (!FileExists(shadowed)) return;
+  Log().warn("{} '{}' from {} shadows the built-in {}", PluginKindName(kind), name,
+             dir + "/" + PluginFileName(kind, name), shadowed);
+}
+
+}  // namespace
+
 // Tries `name` in each directory; the error lists every path tried.
 template <typename Plugin>
 StatusOr<std::shared_ptr<Plugin>> PluginRegistry::LoadByName(
@@ -631,7 +648,10 @@ StatusOr<std::shared_ptr<Plugin>> PluginRegistry::LoadByName(
         PluginRegistry::Global().LoadFromPath<Plugin>(path, params, &report);
     report.path = path;
     reports->push_back(report);
-    if (loaded.ok()) return loaded;
+    if (loaded.ok()) {
+      WarnIfShadowing(kind, name, dir);
+      return loaded;
+    }
     if (report.stage != "not found") {
       any_file = true;
       Log().warn("{} '{}': {}", PluginKindName(kind), name, report.ToString());

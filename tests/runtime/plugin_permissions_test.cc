@@ -50,5 +50,24 @@ TEST(PluginPermissionsTest, WritableByOthersIsRefusedUnlessAllowed) {
   fs::remove_all(dir, ec);
 }
 
+// A plugin on the search path with the name of one beside the binary is said to shadow it.
+TEST(PluginPermissionsTest, ShadowingABuiltInIsLogged) {
+  const std::string builtin = std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip";
+  const std::string emu = builtin + "/libpolychip_backend_emu.so";
+  if (!fs::exists(emu)) GTEST_SKIP() << "needs the emu plugin";
+  const fs::path dir = fs::temp_directory_path() / ("pc-shadow-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  ::chmod(dir.c_str(), 0755);
+  fs::copy_file(emu, dir / "libpolychip_backend_emu.so", fs::copy_options::overwrite_existing);
+  ::chmod((dir / "libpolychip_backend_emu.so").c_str(), 0755);
+  ::testing::internal::CaptureStderr();
+  auto b = PluginRegistry::Global().LoadBackend("emu", {dir.string(), builtin}, {});
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_NE(err.find("shadows the built-in"), std::string::npos) << err;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 }  // namespace
 }  // namespace polychip::runtime
