@@ -139,7 +139,7 @@ TEST(ServeBinary, BadInputGets4xxAndServerStillAnswers) {
     auto [ok, good] = s.Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}}, key);
     EXPECT_EQ(ok, 200) << "after " << c.what << ": " << good.dump();
   }
-  EXPECT_EQ(s.Metric("polychip_requests_failed_total"), 0);
+  EXPECT_EQ(s.Metric("polychip_requests_failed_total", key), 0);
 }
 
 TEST(ServeBinary, ClientDisconnectMidStreamFreesKvBlocks) {

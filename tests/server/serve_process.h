@@ -115,8 +115,11 @@ class ServeProcess {
   }
 
   // The value of an unlabelled Prometheus metric, -1 when absent.
-  double Metric(const std::string& name) const {
-    auto r = Client()->Get("/metrics");
+  // `key`: the --api-key the server was started with (every route but /health needs it).
+  double Metric(const std::string& name, const std::string& key = "") const {
+    httplib::Headers headers;
+    if (!key.empty()) headers.emplace("Authorization", "Bearer " + key);
+    auto r = Client()->Get("/metrics", headers);
     std::smatch m;
     std::regex re("(^|\n)" + name + " ([0-9.e+-]+)");
     if (!r || !std::regex_search(r->body, m, re)) return -1;
