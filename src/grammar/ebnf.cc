@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "grammar/escapes.h"
 #include "grammar/grammar.h"
 
 namespace polychip::grammar {
@@ -317,25 +318,11 @@ class Parser {
         *cp = v;
         return Status::Ok();
       };
+      if (const std::optional<uint32_t> control = ControlEscape(e)) {
+        *cp = *control;
+        return Status::Ok();
+      }
       switch (e) {
-        case 'n':
-          *cp = '\n';
-          return Status::Ok();
-        case 't':
-          *cp = '\t';
-          return Status::Ok();
-        case 'r':
-          *cp = '\r';
-          return Status::Ok();
-        case 'f':
-          *cp = '\f';
-          return Status::Ok();
-        case 'v':
-          *cp = '\v';
-          return Status::Ok();
-        case '0':
-          *cp = 0;
-          return Status::Ok();
         case 'x':
           return hex(2);
         case 'u':

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "grammar/escapes.h"
 #include "grammar/grammar.h"
 
 namespace polychip::grammar {
@@ -198,25 +200,11 @@ class RegexParser {
         break;
     }
     *is_set = false;
+    if (const std::optional<uint32_t> control = ControlEscape(e)) {
+      *cp = *control;
+      return Status::Ok();
+    }
     switch (e) {
-      case 'n':
-        *cp = '\n';
-        return Status::Ok();
-      case 't':
-        *cp = '\t';
-        return Status::Ok();
-      case 'r':
-        *cp = '\r';
-        return Status::Ok();
-      case 'f':
-        *cp = '\f';
-        return Status::Ok();
-      case 'v':
-        *cp = '\v';
-        return Status::Ok();
-      case '0':
-        *cp = 0;
-        return Status::Ok();
       case 'x':
         return Hex(2, cp);
       case 'u':

@@ -12,6 +12,7 @@
 namespace polychip::runtime {
 
 Status LaunchOnStream(const Stream& stream, pc_op_t op, void* args);  // ops.cc
+bool AskOpSupports(const Device& device, const pc_op_query_t& query);  // ops.cc
 
 namespace {
 
@@ -75,15 +76,7 @@ pc_op_query_t QueryFor(const typename T::Args& args) {
   return q;
 }
 
-bool Supports(const Device& device, const pc_op_query_t& q) {
-  if (q.layout != PC_LAYOUT_GGUF && device.backend()->abi_minor() < 2) return false;
-  const pc_backend_iface_t* t = TableOf(*device.backend());
-  return t->op_supports(static_cast<pc_device_t*>(device.raw()), &q) != 0;
-}
-
 }  // namespace
-
-struct OpFallback::StagedWeight {};
 
 OpFallback::OpFallback(std::shared_ptr<Device> fallback) : fallback_(std::move(fallback)) {}
 OpFallback::~OpFallback() = default;
@@ -98,7 +91,7 @@ bool OpFallback::ShouldFallBack(const Device& device, int32_t op, const void* ar
   const uint64_t key = QueryKey(*query);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = supported_.find(key);
-  if (it == supported_.end()) it = supported_.emplace(key, Supports(device, *query)).first;
+  if (it == supported_.end()) it = supported_.emplace(key, AskOpSupports(device, *query)).first;
   return !it->second;
 }
 
@@ -176,7 +169,7 @@ Status OpFallback::LaunchGeneric(Stream& stream, typename T::Args args) {
   }
   T::Members(sdk::MemberVisitor{
       [](auto...) {},
-      [&](auto member, const char* name, Access access, auto extent_fn, uint32_t, size_t) {
+      [&](auto member, const char*, Access access, auto extent_fn, uint32_t, size_t) {
         if (!status.ok()) return;
         const DevPtr ptr = original.*member;
         if (ptr == 0) return;
@@ -209,7 +202,6 @@ Status OpFallback::LaunchGeneric(Stream& stream, typename T::Args args) {
         same->read |= access != Access::kOut;
         same->written |= access != Access::kIn;
         rewrites.emplace_back(member, same - staged.begin());
-        (void)name;
       }});
   PC_RETURN_IF_ERROR(status);
   for (Staged& s : staged) {

@@ -50,7 +50,6 @@ class OpFallback {
   void MarkImmutable(DevPtr ptr, uint64_t bytes);
 
  private:
-  struct StagedWeight;
   bool IsImmutable(DevPtr ptr, uint64_t bytes) const;
   // The fallback copy of a main-device weight [rows, cols] of dtype in the GGUF layout.
   StatusOr<const DeviceWeight*> Weight(Stream& stream, DevPtr ptr, DType dtype,

@@ -36,10 +36,16 @@ std::vector<Op> AllOps() {
   return ops;
 }
 
+// The one place that asks a plugin's op_supports (SupportsOp and the op fallback).
+bool AskOpSupports(const Device& device, const pc_op_query_t& q) {
+  // The query's layout member came in 1.2: an older plugin would answer for the GGUF layout.
+  if (q.layout != kLayoutGguf && device.backend()->abi_minor() < 2) return false;
+  const pc_backend_iface_t* t = TableOf(*device.backend());
+  return t->op_supports(static_cast<pc_device_t*>(device.raw()), &q) != 0;
+}
+
 bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes,
                 ShapeClass shape_class, uint32_t layout) {
-  // The query's layout member came in 1.2: an older plugin would answer for the GGUF layout.
-  if (layout != kLayoutGguf && device.backend()->abi_minor() < 2) return false;
   pc_op_query_t q{};
   q.struct_size = sizeof(q);
   q.op = static_cast<pc_op_t>(op);
@@ -50,8 +56,7 @@ bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes
   }
   q.shape_class = static_cast<pc_shape_class_t>(shape_class);
   q.layout = layout;
-  const pc_backend_iface_t* t = TableOf(*device.backend());
-  return t->op_supports(static_cast<pc_device_t*>(device.raw()), &q) != 0;
+  return AskOpSupports(device, q);
 }
 
 Status LaunchOnStream(const Stream& stream, pc_op_t op, void* args) {
