@@ -503,9 +503,11 @@ StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& confi
 
 namespace {
 
-// Transports whose ranks must share a host (shared memory). A group that spans hosts and is
-// pinned to one of these gets a warning: its creation fails or waits for its timeout.
-bool HostOnly(const std::string& plugin) { return plugin == "shm"; }
+// The topology the per-group choice reads: each world rank's host, and how the job started.
+struct Topology {
+  std::vector<std::string> rank_hosts;  // by world rank
+  bool mpirun = false;
+};
 
 // The comm plugin of one group of ranks, and why it was chosen.
 struct GroupComm {
@@ -514,6 +516,8 @@ struct GroupComm {
   runtime::PluginSpec spec;
   std::string why;
   std::vector<std::string> hosts;  // distinct, in rank order
+  std::string reach;               // "; reach: ..." once asked (CheckReach), else empty
+  bool crosses_hosts = true;       // as CheckReach found
 };
 
 std::string Join(const std::vector<int32_t>& v) {
@@ -523,12 +527,12 @@ std::string Join(const std::vector<int32_t>& v) {
 }
 
 GroupComm ChooseGroupComm(const std::string& group, std::vector<int32_t> ranks,
-                          const World& w, const runtime::RuntimeConfig& config) {
+                          const Topology& topo, const runtime::RuntimeConfig& config) {
   GroupComm g;
   g.group = group;
   g.ranks = std::move(ranks);
   for (int32_t r : g.ranks) {
-    const std::string& h = w.ranks[r].host;
+    const std::string& h = topo.rank_hosts[r];
     if (std::find(g.hosts.begin(), g.hosts.end(), h) == g.hosts.end()) g.hosts.push_back(h);
   }
   const LaunchFlags& f = GlobalLaunchFlags();
@@ -547,9 +551,9 @@ GroupComm ChooseGroupComm(const std::string& group, std::vector<int32_t> ranks,
     g.spec = runtime::PluginSpec{"shm", "", {}};
     g.why = "default: every rank on host " + g.hosts[0];
   } else {
-    g.spec = runtime::PluginSpec{w.mpirun ? "mpi" : "gloo", "", {}};
+    g.spec = runtime::PluginSpec{topo.mpirun ? "mpi" : "gloo", "", {}};
     g.why = "default: ranks on " + std::to_string(g.hosts.size()) + " hosts, " +
-            (w.mpirun ? "launched by mpirun" : "launched with --nnodes");
+            (topo.mpirun ? "launched by mpirun" : "launched with --nnodes");
   }
   return g;
 }
@@ -560,28 +564,53 @@ std::string DescribeGroup(const GroupComm& g, int32_t index) {
   std::string name = g.spec.name.empty() ? g.spec.path : g.spec.name;
   return g.group + (g.group == "world" ? "" : " group " + std::to_string(index)) + " (ranks " +
          Join(g.ranks) + " on " + (g.hosts.size() == 1 ? "host " : "hosts ") + hosts +
-         "): comm '" + name + "', " + g.why;
+         "): comm '" + name + "', " + g.why + g.reach;
 }
 
-// Loads a group's plugin (the registry keeps one per name, so groups share it).
+// A group's plugin from the registry, which keeps one per name, so groups share it.
+StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadPlugin(const runtime::PluginSpec& spec,
+                                                         const runtime::RuntimeConfig& config) {
+  if (!spec.path.empty()) return runtime::LoadCommFromPath(spec.path, spec.params);
+  return runtime::PluginRegistry::Global().LoadComm(
+      spec.name, runtime::PluginSearchPath(config.extra_search_path), spec.params);
+}
+
+// Loads a group's plugin and logs the choice.
 StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadSpec(const runtime::PluginSpec& spec,
                                                        const runtime::RuntimeConfig& config,
                                                        const std::string& why) {
-  std::shared_ptr<runtime::CommPlugin> comm;
-  if (!spec.path.empty()) {
-    PC_ASSIGN_OR_RETURN(comm, runtime::LoadCommFromPath(spec.path, spec.params));
-  } else {
-    PC_ASSIGN_OR_RETURN(comm, runtime::PluginRegistry::Global().LoadComm(
-                                  spec.name, runtime::PluginSearchPath(config.extra_search_path),
-                                  spec.params));
-  }
+  PC_ASSIGN_OR_RETURN(auto comm, LoadPlugin(spec, config));
   runtime::Log().info("comm plugin '{}' {} selected by {}", comm->name(), comm->version(), why);
   return comm;
 }
 
+// Whether a group's plugin can join ranks of several hosts: what the plugin declares
+// (pc_comm_iface_t.reach, ABI 1.3); for an older plugin, one that does not say or one that
+// does not load here, the guess made before the ABI carried it (only shm stays on one host).
+struct Reach {
+  bool crosses_hosts = true;
+  std::string text;  // for the log: "one host (declared)", "crosses hosts (guessed: ...)"
+};
+Reach ReachOf(const runtime::PluginSpec& spec, const runtime::RuntimeConfig& config) {
+  auto plugin = LoadPlugin(spec, config);
+  if (plugin.ok() && (*plugin)->reach() != runtime::CommReach::kUnknown) {
+    const runtime::CommReach reach = (*plugin)->reach();
+    return {reach == runtime::CommReach::kCrossesHosts,
+            std::string(runtime::CommReachName(reach)) + " (declared)"};
+  }
+  const bool one_host = spec.path.empty() && spec.name == "shm";
+  std::string guess = one_host ? "one host" : "crosses hosts";
+  if (plugin.ok()) {
+    guess += " (guessed from the name: the ABI " + std::to_string((*plugin)->abi_major()) + "." +
+             std::to_string((*plugin)->abi_minor()) + " plugin does not declare it)";
+  } else {
+    guess += " (guessed from the name: not loadable here)";
+  }
+  return {!one_host, guess};
+}
+
 // Every group of the job: the world, the tensor group of each stage, the pipeline group of
-// each tensor position. Logged by rank 0 (all of them) and checked for host-only transports
-// across hosts.
+// each tensor position.
 struct JobComms {
   GroupComm world;
   std::vector<GroupComm> tp, pp;  // by stage; by tensor rank
@@ -591,38 +620,51 @@ struct JobComms {
     for (size_t i = 0; i < pp.size(); ++i) lines.push_back(DescribeGroup(pp[i], int32_t(i)));
     return lines;
   }
+  std::vector<GroupComm*> All() {
+    std::vector<GroupComm*> all{&world};
+    for (GroupComm& g : tp) all.push_back(&g);
+    for (GroupComm& g : pp) all.push_back(&g);
+    return all;
+  }
 };
 
-JobComms ChooseJobComms(const World& w, int32_t tp, int32_t pp,
+JobComms ChooseJobComms(const Topology& topo, int32_t tp, int32_t pp,
                         const runtime::RuntimeConfig& config) {
   JobComms j;
-  std::vector<int32_t> all(w.size);
-  for (int32_t r = 0; r < w.size; ++r) all[r] = r;
-  j.world = ChooseGroupComm("world", all, w, config);
+  std::vector<int32_t> all(topo.rank_hosts.size());
+  for (int32_t r = 0; r < int32_t(all.size()); ++r) all[r] = r;
+  j.world = ChooseGroupComm("world", all, topo, config);
   for (int32_t s = 0; s < pp && tp > 1; ++s) {
     std::vector<int32_t> ranks;
     for (int32_t t = 0; t < tp; ++t) ranks.push_back(s * tp + t);
-    j.tp.push_back(ChooseGroupComm("tp", ranks, w, config));
+    j.tp.push_back(ChooseGroupComm("tp", ranks, topo, config));
   }
   for (int32_t t = 0; t < tp && pp > 1; ++t) {
     std::vector<int32_t> ranks;
     for (int32_t s = 0; s < pp; ++s) ranks.push_back(s * tp + t);
-    j.pp.push_back(ChooseGroupComm("pp", ranks, w, config));
-  }
-  if (w.rank == 0) {
-    auto report = [](const GroupComm& g, int32_t i) {
-      runtime::Log().info("dist: {}", DescribeGroup(g, i));
-      if (g.hosts.size() > 1 && HostOnly(g.spec.name)) {
-        runtime::Log().warn("dist: {} group of ranks {} spans {} hosts but its comm '{}' ({}) "
-                            "reaches only the ranks of one host: creating it will fail",
-                            g.group, Join(g.ranks), g.hosts.size(), g.spec.name, g.why);
-      }
-    };
-    report(j.world, 0);
-    for (size_t i = 0; i < j.tp.size(); ++i) report(j.tp[i], int32_t(i));
-    for (size_t i = 0; i < j.pp.size(); ++i) report(j.pp[i], int32_t(i));
+    j.pp.push_back(ChooseGroupComm("pp", ranks, topo, config));
   }
   return j;
+}
+
+// Asks each group's plugin for its reach (adding it to the description) and warns of a group
+// spanning hosts on a plugin that cannot cross them. Logged by rank 0 (all of them).
+void CheckReach(JobComms& j, const runtime::RuntimeConfig& config, bool log) {
+  std::vector<GroupComm*> groups = j.All();
+  for (size_t n = 0; n < groups.size(); ++n) {
+    GroupComm& g = *groups[n];
+    const Reach reach = ReachOf(g.spec, config);
+    g.reach = "; reach: " + reach.text;
+    g.crosses_hosts = reach.crosses_hosts;
+    if (!log) continue;
+    const int32_t index = n == 0 ? 0 : int32_t(n <= j.tp.size() ? n - 1 : n - 1 - j.tp.size());
+    runtime::Log().info("dist: {}", DescribeGroup(g, index));
+    if (g.hosts.size() > 1 && !reach.crosses_hosts) {
+      runtime::Log().warn("dist: {} group of ranks {} spans {} hosts but its comm '{}' ({}) "
+                          "reaches only the ranks of one host: creating it will fail",
+                          g.group, Join(g.ranks), g.hosts.size(), g.spec.name, g.why);
+    }
+  }
 }
 
 // This rank's communicator of group `g` (key: the group's name in the store). A group on the
@@ -797,6 +839,7 @@ class TpRunner : public engine::ModelRunner {
   int64_t context_length() const override { return local_->context_length(); }
   int64_t block_size() const override { return local_->block_size(); }
   int64_t num_kv_blocks() const override { return local_->num_kv_blocks(); }
+  int64_t hidden_size() const override { return local_->hidden_size(); }
 
   Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) override {
     if (failed_) return Unavailable("dist: a rank failed earlier; the job cannot continue");
@@ -864,6 +907,37 @@ bool IsFollowerRank() {
   if (GlobalLaunchFlags().nnodes > 1 && GlobalLaunchFlags().node_rank != 0) return true;
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   return mpi_rank != nullptr && std::atoi(mpi_rank) != 0;
+}
+
+StatusOr<std::vector<std::string>> PlanComms(const std::string& config_path,
+                                             const std::string& device_flag, int32_t tp,
+                                             int32_t pp) {
+  tp = std::max(1, tp);
+  pp = std::max(1, pp);
+  const int32_t n_ranks = tp * pp;
+  const int32_t nnodes = std::max(1, GlobalLaunchFlags().nnodes);
+  if (n_ranks % nnodes != 0) {
+    return InvalidArgument(std::to_string(n_ranks) + " ranks (--tp-size x --pp-size) do not " +
+                           "spread evenly over --nnodes " + std::to_string(nnodes));
+  }
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
+                      runtime::ResolveRuntimeConfig(config_path, device_flag));
+  Topology topo;
+  topo.mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  for (int32_t r = 0; r < n_ranks; ++r) {
+    topo.rank_hosts.push_back("node" + std::to_string(r / (n_ranks / nnodes)));
+  }
+  JobComms comms = ChooseJobComms(topo, tp, pp, config);
+  CheckReach(comms, config, /*log=*/false);
+  std::vector<std::string> lines = comms.Describe();
+  for (GroupComm* g : comms.All()) {
+    if (g->hosts.size() > 1 && !g->crosses_hosts) {
+      lines.push_back("warning: the " + g->group + " group of ranks " + Join(g->ranks) +
+                      " spans " + std::to_string(g->hosts.size()) + " hosts but its comm '" +
+                      g->spec.name + "' reaches only the ranks of one host");
+    }
+  }
+  return lines;
 }
 
 std::vector<std::string> DescribeComms(const engine::ModelRunner& runner) {
@@ -940,7 +1014,10 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
   if (Status s = JoinWorld(world, parallel); !s.ok()) return fail(s);
   // Rank r is tensor rank r % tp of pipeline stage r / tp.
   const int32_t stage = world.rank / tp, tp_rank = world.rank % tp;
-  const JobComms comms = ChooseJobComms(world, tp, pp, config);
+  Topology topo{{}, world.mpirun};
+  for (const RankInfo& r : world.ranks) topo.rank_hosts.push_back(r.host);
+  JobComms comms = ChooseJobComms(topo, tp, pp, config);
+  if (world.rank == 0) CheckReach(comms, config, /*log=*/true);
   auto g = std::make_unique<Groups>();
   g->tp = tp;
   g->pp = pp;

@@ -79,6 +79,15 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
 StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& config_path,
                                                          const std::string& device_flag);
 
+// The comm plugin each group of a tp x pp job would get and why, as CreateRunner logs it, with
+// each plugin's reach and a warning line per group that spans hosts on a plugin that cannot
+// cross them; for `polychip devices`, which starts nothing. The ranks spread evenly over
+// GlobalLaunchFlags().nnodes hosts named node0, node1, ... (node 0's ranks first); the pins
+// (--comm-tp, config comm:) apply as at start-up.
+StatusOr<std::vector<std::string>> PlanComms(const std::string& config_path,
+                                             const std::string& device_flag, int32_t tp,
+                                             int32_t pp);
+
 // A one-line description of a runner made by CreateRunner (device, weights, ranks), for logs.
 std::string DescribeRunner(const engine::ModelRunner& runner);
 

@@ -41,6 +41,30 @@ std::optional<uint64_t> CommPlugin::BufferBytes(int32_t n_ranks) const {
   return bytes;
 }
 
+CommReach CommPlugin::reach() const {
+  const pc_comm_iface_t* t = impl_->table;
+  if (!PC_HAS_MEMBER(t, pc_comm_iface_t, reach)) return CommReach::kUnknown;
+  switch (t->reach) {
+    case PC_COMM_REACH_ONE_HOST:
+      return CommReach::kOneHost;
+    case PC_COMM_REACH_CROSSES_HOSTS:
+      return CommReach::kCrossesHosts;
+    default:  // PC_COMM_REACH_UNKNOWN, or a value from a later minor
+      return CommReach::kUnknown;
+  }
+}
+
+const char* CommReachName(CommReach reach) {
+  switch (reach) {
+    case CommReach::kOneHost:
+      return "one host";
+    case CommReach::kCrossesHosts:
+      return "crosses hosts";
+    default:
+      return "unknown";
+  }
+}
+
 StatusOr<std::string> CommPlugin::UniqueId() const {
   pc_comm_unique_id_t id{};
   PC_RETURN_IF_ERROR(TakeCommError(impl_->table, impl_->table->get_unique_id(&id), "get_unique_id"));

@@ -19,6 +19,10 @@ namespace polychip::runtime {
 struct CommImpl;  // runtime-internal (abi_internal.h)
 class Stream;
 
+// Which processes one communicator of a comm plugin can join (pc_comm_reach_t, ABI 1.3).
+enum class CommReach { kUnknown, kOneHost, kCrossesHosts };
+const char* CommReachName(CommReach reach);  // "unknown", "one host", "crosses hosts"
+
 class CommPlugin : public std::enable_shared_from_this<CommPlugin> {
  public:
   ~CommPlugin();  // shutdown, then unload
@@ -37,6 +41,8 @@ class CommPlugin : public std::enable_shared_from_this<CommPlugin> {
   // when reads_device_memory(), else host memory); nullopt when the plugin does not say (an
   // ABI 1.0 plugin, or one without comm_buffer_bytes).
   std::optional<uint64_t> BufferBytes(int32_t n_ranks) const;
+  // What the plugin declares (1.3); kUnknown for an older plugin or one that does not say.
+  CommReach reach() const;
   // A fresh unique id (get_unique_id), as bytes. For a plugin whose ids need no exchange (mpi:
   // the ranks are mpirun's, an id only names the communicator), every rank may make its own.
   StatusOr<std::string> UniqueId() const;

@@ -48,6 +48,14 @@ typedef enum pc_comm_memory_kind {
   PC_COMM_MEMORY_DEVICE = 1,
 } pc_comm_memory_kind_t;
 
+/* Which processes one communicator can join (1.3). The framework's per-group choice of comm
+ * plugin reads it: a group whose ranks sit on several hosts needs PC_COMM_REACH_CROSSES_HOSTS. */
+typedef enum pc_comm_reach {
+  PC_COMM_REACH_UNKNOWN = 0,       /* not declared (a plugin older than 1.3 reads as this) */
+  PC_COMM_REACH_ONE_HOST = 1,      /* only processes of one host (e.g. shared memory) */
+  PC_COMM_REACH_CROSSES_HOSTS = 2, /* processes on different hosts (a network transport) */
+} pc_comm_reach_t;
+
 typedef struct pc_comm_iface {
   size_t struct_size;
   uint32_t abi_major;
@@ -115,6 +123,12 @@ typedef struct pc_comm_iface {
    * the current params; a segment shared by the ranks of a host is counted whole. The framework
    * leaves this room when it sizes the KV cache from free memory. NULL: unknown (counted 0). */
   pc_error_t* (*comm_buffer_bytes)(int32_t n_ranks, uint64_t* bytes);
+
+  /* ---- since 1.3 (read with PC_HAS_MEMBER) ------------------------------------------------ */
+  /* [optional][static] Whether the ranks of one communicator may sit on different hosts. A
+   * table without the member (a 1.2 or older plugin), or PC_COMM_REACH_UNKNOWN, leaves the host
+   * to its own guess: only a plugin named "shm" is taken as confined to one host. */
+  pc_comm_reach_t reach;
 } pc_comm_iface_t;
 
 typedef void (*pc_comm_probe_fn)(pc_probe_result_t* result);

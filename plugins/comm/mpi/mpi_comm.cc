@@ -348,6 +348,7 @@ const pc_comm_iface_t kApi = [] {
   t.send = Send;
   t.recv = Recv;
   t.barrier = Barrier;
+  t.reach = PC_COMM_REACH_CROSSES_HOSTS;  // MPI's transports (btl tcp) connect hosts
   return t;
 }();
 

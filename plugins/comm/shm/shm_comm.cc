@@ -803,6 +803,7 @@ const pc_comm_iface_t kApi = [] {
   t.group_start = nullptr;  // sends are rendezvous; fusing them is not offered
   t.group_end = nullptr;
   t.comm_buffer_bytes = BufferBytes;
+  t.reach = PC_COMM_REACH_ONE_HOST;  // a shared-memory segment of one host
   return t;
 }();
 
