@@ -1,7 +1,8 @@
 // `polychip serve`: the OpenAI- and SGLang-compatible HTTP server. Every flag may also come from
 // the YAML file given with --config (top-level keys or a `serve:` section, spelled like the
 // flag without dashes: `max-running-requests: 64` or `max_running_requests: 64`); the command
-// line wins. SIGINT/SIGTERM stop accepting, cancel what is in flight and exit 0.
+// line wins. SIGINT/SIGTERM stop accepting, give running requests --shutdown-timeout seconds to
+// finish, cancel the rest (streams end with finish_reason "abort" and [DONE]) and exit 0.
 #include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
@@ -49,6 +50,7 @@ struct ServeOptions {
   std::string chat_template;
   std::string kv_cache_dtype = "f16";
   int http_threads = 320;
+  double shutdown_timeout = 5;
 };
 
 std::atomic<bool> g_stop{false};
@@ -160,6 +162,7 @@ int Serve(CLI::App& app, ServeOptions& o) {
   so.model_name = o.served_model_name.empty() ? base : o.served_model_name;
   so.model_aliases = {o.model_path, base, "default"};
   so.http_threads = o.http_threads;
+  so.shutdown_timeout_s = o.shutdown_timeout;
   std::shared_ptr<runtime::Device> dev = *device;
   auto peak = std::make_shared<std::atomic<uint64_t>>(0);
   so.device_memory = [dev, peak] {
@@ -224,6 +227,10 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
   app.add_option("--kv-cache-dtype,--kv-type", o->kv_cache_dtype, "f16, bf16 or f32");
   app.add_option("--http-threads", o->http_threads, "HTTP worker threads");
+  app.add_option("--shutdown-timeout", o->shutdown_timeout,
+                 "on SIGTERM/SIGINT, seconds running requests may take to finish before they "
+                 "are cancelled (default 5)")
+      ->check(CLI::NonNegativeNumber);
   return [&app, o] { return Serve(app, *o); };
 }
 

@@ -8,8 +8,9 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
-#include <cerrno>
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -88,19 +89,48 @@ class HttpServer::Impl {
 
   Status Bind() { return transport_.Bind(options_.host, options_.port); }
   void Run() { transport_.Run(); }
+  // Graceful shutdown: stop accepting, let the running requests finish within the shutdown
+  // timeout, then cancel the rest (a stream still gets each choice's final chunk with
+  // finish_reason "abort" and [DONE], a waiting non-streaming client a 503) and close every
+  // connection, so that no client, reading or not, holds the exit for longer than a moment.
   void Stop() {
-    stopping_ = true;
-    // cpp-httplib stops writing chunked bodies once it is stopped: give the open streams, now
-    // cancelled by Pump, the moment they need to send their final chunk and [DONE] first.
-    const auto deadline = Clock::now() + std::chrono::seconds(2);
-    while (open_streams_ > 0 && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (draining_.exchange(true)) return;
+    transport_.StopAccepting();
+    const auto grace_end =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                           std::max(options_.shutdown_timeout_s, 0.0) * 1000));
+    WaitForRequests(grace_end);
+    if (running_requests_ > 0) {
+      spdlog::info("shutdown: {} request(s) still running after {} s: cancelled",
+                   running_requests_.load(), options_.shutdown_timeout_s);
     }
-    transport_.Stop();
+    stopping_ = true;
+    // The cancelled ones need a moment to send their last chunks; a client that does not read
+    // is not waited for longer.
+    WaitForRequests(Clock::now() + std::chrono::seconds(1));
+    transport_.CloseConnections();
   }
   int port() const { return transport_.port(); }
 
  private:
+  // Counts a generation request for as long as it runs (the shutdown waits for these).
+  class RunningRequest {
+   public:
+    explicit RunningRequest(std::atomic<int>* n) : n_(n) { ++*n_; }
+    ~RunningRequest() { --*n_; }
+    RunningRequest(const RunningRequest&) = delete;
+    RunningRequest& operator=(const RunningRequest&) = delete;
+
+   private:
+    std::atomic<int>* n_;
+  };
+
+  void WaitForRequests(Clock::time_point deadline) const {
+    while (running_requests_ > 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
   using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
 
   // Every handler runs inside this: API key, exceptions -> 500, never a crash.
@@ -141,7 +171,9 @@ class HttpServer::Impl {
   httplib::Server::HandlerResponse BeforeBody(const httplib::Request& req,
                                               httplib::Response& res) const {
     std::optional<ApiError> e;
-    if (req.has_header("Transfer-Encoding") &&
+    if (draining_) {
+      e = Error(503, "the server is shutting down", "server_error");
+    } else if (req.has_header("Transfer-Encoding") &&
         req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
       e = Error(411, "chunked request bodies are not accepted: send Content-Length");
     } else if (req.path != "/health" && req.path != "/") {
@@ -336,6 +368,7 @@ class HttpServer::Impl {
   }
 
   void HealthGenerate(httplib::Response& res) {
+    RunningRequest running(&running_requests_);
     engine::GenerateInput in;
     in.rid = RandomId("health-");
     in.prompt = codec_->Encode("health", true);
@@ -358,6 +391,8 @@ class HttpServer::Impl {
   // ---- generation ---------------------------------------------------------------------------
 
   void Generate(ApiKind kind, const httplib::Request& req, httplib::Response& res) {
+    // A stream counts until its connection is released, beyond this call (see below).
+    auto running = std::make_shared<RunningRequest>(&running_requests_);
     json body;
     if (!ParseBody(req, res, &body)) return;
     auto job = std::make_shared<Job>();
@@ -417,13 +452,12 @@ class HttpServer::Impl {
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
-    ++open_streams_;
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job](size_t, httplib::DataSink& sink) { return Pump(job, sink); },
-        [this, job](bool) {  // ends or client gone: free what is left
+        [this, job, running](bool) mutable {  // ends or client gone: free what is left
           Abort(*job);
-          --open_streams_;
+          running.reset();
         });
   }
 
@@ -477,8 +511,9 @@ class HttpServer::Impl {
   const TextCodec* codec_;
   HttpTransport transport_;
   httplib::Server& svr_;  // transport_'s, where the routes go
-  std::atomic<bool> stopping_{false};
-  std::atomic<int> open_streams_{0};  // streaming responses not yet released
+  std::atomic<bool> draining_{false};  // Stop() called: no new requests
+  std::atomic<bool> stopping_{false};  // the shutdown timeout is over: cancel what runs
+  std::atomic<int> running_requests_{0};
   int64_t started_ = UnixTime();
   std::once_flag grammars_once_;
   std::unique_ptr<grammar::GrammarCache> grammars_;

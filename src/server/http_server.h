@@ -33,6 +33,8 @@ struct ServerOptions {
   std::string model_name = "default";           // what /v1/models reports
   std::vector<std::string> model_aliases;        // other names accepted in "model"
   int http_threads = 320;                        // >= 256 concurrent streaming clients
+  // On Stop(), how long running requests may take to finish before they are cancelled.
+  double shutdown_timeout_s = 5;
   std::function<DeviceMemory()> device_memory;   // for /metrics; may be empty
   nlohmann::json server_info = nlohmann::json::object();  // merged into /get_server_info
 };
@@ -47,7 +49,9 @@ class HttpServer {
   Status Bind();
   // Serves until Stop() (blocking).
   void Run();
-  // Stops accepting, ends streaming responses, returns once Run() can return.
+  // Stops accepting, gives running requests options.shutdown_timeout_s to finish, cancels the
+  // rest (streams end with finish_reason "abort" and [DONE]) and closes every connection;
+  // returns once Run() can return.
   void Stop();
   int port() const;
 

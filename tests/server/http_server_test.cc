@@ -56,7 +56,7 @@ class ByteCodec : public TextCodec {
 // A server on a free loopback port, over its own fake model.
 struct TestServer {
   explicit TestServer(int64_t num_blocks = 256, std::string api_key = "",
-                      int64_t context = 1024) {
+                      int64_t context = 1024, double shutdown_timeout_s = 0) {
     runner = std::make_unique<FakeRunner>(kVocab, context, 4, num_blocks);
     engine::EngineOptions eo;
     eo.chunked_prefill_size = 64;
@@ -68,6 +68,7 @@ struct TestServer {
     so.api_key = api_key;
     so.model_name = "toy";
     so.http_threads = 64;
+    so.shutdown_timeout_s = shutdown_timeout_s;
     so.device_memory = [] { return DeviceMemory{100, 200, 1000}; };
     http = std::make_unique<HttpServer>(so, engine.get(), &codec);
     EXPECT_TRUE(http->Bind().ok());
@@ -454,6 +455,107 @@ TEST(HttpServer, ShutdownEndsOpenStreamsProperly) {
   stopper.join();
   EXPECT_NE(rest.find(R"("finish_reason":"abort")"), std::string::npos) << rest.substr(rest.size() - std::min<size_t>(rest.size(), 600));
   EXPECT_NE(rest.find("data: [DONE]"), std::string::npos);
+}
+
+// A connection that sends half a request head and then nothing (the transport waits 30 s).
+int OpenHalfRequest(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  if (write(fd, head.data(), head.size()) != static_cast<ssize_t>(head.size())) return -1;
+  return fd;
+}
+
+bool Connects(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+// Issue 16, --shutdown-timeout: Stop() refuses new connections at once, lets a request that
+// finishes inside the timeout end normally, ends one still running past it with
+// finish_reason "abort" and [DONE], and returns promptly even with a half-sent request and a
+// client that never reads still connected.
+TEST(HttpServer, ShutdownTimeoutLetsShortRequestsFinishAndAbortsLongOnes) {
+  constexpr double kTimeout = 3;
+  TestServer s(512, "", 8192, kTimeout);
+  s.runner->set_step_delay_us(3000);
+  const int port = s.http->port();
+  // 6000 steps of 3 ms: far past the timeout.
+  json long_body = {{"prompt", "a long one"}, {"max_tokens", 6000}, {"stream", true},
+                    {"ignore_eos", true}};
+  int long_fd = OpenStream(port, "/v1/completions", long_body.dump());
+  int silent_fd = OpenStream(port, "/v1/completions", long_body.dump());  // never read
+  int half_fd = OpenHalfRequest(port);
+  json short_body = {{"prompt", "a short one"}, {"max_tokens", 40}, {"stream", true},
+                     {"ignore_eos", true}};
+  int short_fd = OpenStream(port, "/v1/completions", short_body.dump());
+  ASSERT_GE(long_fd, 0);
+  ASSERT_GE(silent_fd, 0);
+  ASSERT_GE(half_fd, 0);
+  ASSERT_GE(short_fd, 0);
+  char buf[256];
+  const ssize_t long_first = read(long_fd, buf, sizeof buf);
+  ASSERT_GT(long_first, 0);
+  std::string long_text(buf, static_cast<size_t>(long_first));
+  const ssize_t short_first = read(short_fd, buf, sizeof buf);
+  ASSERT_GT(short_first, 0);
+  std::string short_text(buf, static_cast<size_t>(short_first));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread stopper([&] { s.http->Stop(); });
+  bool refused = false;
+  for (int i = 0; i < 100 && !refused; ++i) {
+    refused = !Connects(port);
+    if (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(refused) << "new connections are still accepted while shutting down";
+  short_text += ReadAll(short_fd);
+  long_text += ReadAll(long_fd);
+  stopper.join();
+  s.thread.join();  // Run() has returned: every connection is done
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.thread = std::thread([] {});  // for the destructor
+
+  EXPECT_NE(short_text.find(R"("finish_reason":"length")"), std::string::npos)
+      << short_text.substr(short_text.size() - std::min<size_t>(short_text.size(), 600));
+  EXPECT_EQ(short_text.find(R"("finish_reason":"abort")"), std::string::npos);
+  EXPECT_NE(short_text.find("data: [DONE]"), std::string::npos);
+  EXPECT_NE(long_text.find(R"("finish_reason":"abort")"), std::string::npos)
+      << long_text.substr(long_text.size() - std::min<size_t>(long_text.size(), 600));
+  EXPECT_NE(long_text.find("data: [DONE]"), std::string::npos);
+  // The half-sent request alone would hold a worker for the 30 s read timeout.
+  EXPECT_GE(seconds, kTimeout - 0.5);
+  EXPECT_LT(seconds, kTimeout + 10);
+  for (int i = 0; i < 200 && s.engine->Stats().kv_blocks_held > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.engine->Stats().kv_blocks_held, 0);
+  close(silent_fd);
+  close(half_fd);
+}
+
+// With nothing running, Stop() does not wait for the timeout.
+TEST(HttpServer, ShutdownWithNothingRunningDoesNotWaitForTheTimeout) {
+  TestServer s(256, "", 1024, /*shutdown_timeout_s=*/60);
+  int half_fd = OpenHalfRequest(s.http->port());
+  ASSERT_GE(half_fd, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  s.http->Stop();
+  s.thread.join();
+  s.thread = std::thread([] {});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  close(half_fd);
 }
 
 TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {

@@ -1,7 +1,11 @@
 // The real `polychip serve` binary over HTTP: a tiny synthesized model on the cpu plugin, one
 // server process per test. Checks the API's shapes, bad inputs, client disconnects, KV-cache
 // pressure, many concurrent streams and a clean SIGTERM shutdown.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -378,6 +382,76 @@ TEST(ServeBinary, SigtermWithAStreamInFlightExitsZero) {
   client.join();  // the stream ends (cancelled) rather than hanging
   EXPECT_NE(result.second.find("data: "), std::string::npos);
   EXPECT_NE(s.Log().find("stopped"), std::string::npos);
+}
+
+// Issue 16, --shutdown-timeout through the binary: on SIGTERM a stream that finishes inside the
+// timeout ends normally, one still running past it ends with finish_reason "abort" and [DONE],
+// and the process exits 0 soon after the timeout although one client has sent half a request
+// and another never reads.
+TEST(ServeBinary, SigtermLetsShortStreamsFinishAbortsLongOnesAndExitsPromptly) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  constexpr double kTimeout = 3;
+  ServeProcess s(model, {"--context-length", "32768", "--shutdown-timeout", "3"});
+  ASSERT_TRUE(s.ok());
+  struct Stream {
+    std::atomic<bool> started{false};
+    std::string text;
+  };
+  auto stream = [&](Stream* out, int max_tokens) {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "hello"}, {"max_tokens", max_tokens}, {"ignore_eos", true},
+                    {"stream", true}}
+                   .dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [out](const char* data, size_t len, uint64_t, uint64_t) {
+      out->text.append(data, len);
+      out->started = true;
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    s.Client()->send(req, res, err);
+  };
+  auto raw_connect = [&](const std::string& bytes) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(s.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    return fd;
+  };
+  Stream long_one, short_one;
+  std::thread long_client(stream, &long_one, 32000);
+  ASSERT_TRUE(ServeProcess::WaitFor([&] { return long_one.started.load(); }, 60));
+  const std::string body = json{{"prompt", "x"}, {"max_tokens", 32000}, {"stream", true},
+                                {"ignore_eos", true}}.dump();
+  const int silent_fd = raw_connect(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);  // never read
+  const int half_fd = raw_connect("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+  std::thread short_client(stream, &short_one, 30);
+  ASSERT_TRUE(ServeProcess::WaitFor([&] { return short_one.started.load(); }, 60));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(s.Terminate(60), 0) << s.Log();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  long_client.join();
+  short_client.join();
+  close(silent_fd);
+  close(half_fd);
+  EXPECT_NE(short_one.text.find(R"("finish_reason":"length")"), std::string::npos)
+      << short_one.text;
+  EXPECT_NE(short_one.text.find("data: [DONE]"), std::string::npos);
+  EXPECT_NE(long_one.text.find(R"("finish_reason":"abort")"), std::string::npos)
+      << long_one.text.substr(long_one.text.size() - std::min<size_t>(long_one.text.size(), 600));
+  EXPECT_NE(long_one.text.find("data: [DONE]"), std::string::npos);
+  // Before: the half-sent request alone held the exit for the 30 s read timeout.
+  EXPECT_LT(seconds, kTimeout + 12) << s.Log();
 }
 
 }  // namespace
