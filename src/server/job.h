@@ -15,6 +15,7 @@
 #include "engine/request.h"
 #include "server/api.h"
 #include "server/response_writer.h"
+#include "server/tools.h"
 
 namespace polychip::server {
 
@@ -28,6 +29,8 @@ struct Choice {
   bool finished = false;
   engine::StreamEvent final;
   bool sent_role = false;
+  // A chat stream with tools: parses the answer as it grows into content and call deltas.
+  std::shared_ptr<ToolCallStreamer> tool_stream;
 };
 
 struct Job {

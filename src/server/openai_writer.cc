@@ -32,7 +32,7 @@ class OpenAiWriter : public ResponseWriter {
       if (!c.final.stop_matched.empty()) ch["matched_stop"] = c.final.stop_matched;
       if (chat_) {
         ch["message"] = {{"role", "assistant"}, {"content", c.text}};
-        if (r.tools) AddToolCalls(r, c.text, /*delta=*/false, &ch, &ch["message"]);
+        if (r.tools) AddToolCalls(r, c.text, &ch, &ch["message"]);
         ch["logprobs"] = r.chat_logprobs ? ChatLogprobs(c, 0, c.tokens.size()) : json(nullptr);
       } else {
         std::string text = c.text;
@@ -63,11 +63,18 @@ class OpenAiWriter : public ResponseWriter {
         c.sent_role = true;
       }
       if (r.tools) {
-        // With tools the answer is parsed once it is complete: calls (or the text) come in
-        // the final chunk.
-        if (ev.finished) {
-          delta["content"] = c.text;
-          AddToolCalls(r, c.text, /*delta=*/true, &ch, &delta);
+        // The answer is parsed as it grows: content as soon as it cannot be part of a call,
+        // a call's id and name once its head is complete, then its arguments as generated.
+        if (!c.tool_stream) {
+          c.tool_stream = std::make_shared<ToolCallStreamer>(r.chat_format, *r.tools);
+        }
+        std::string content;
+        std::vector<ToolCallDelta> deltas;
+        c.tool_stream->Feed(ev.text, ev.finished, &content, &deltas);
+        if (!content.empty()) delta["content"] = content;
+        if (!deltas.empty()) delta["tool_calls"] = DeltaJson(deltas);
+        if (ev.finished && c.tool_stream->any_call_started() && ch["finish_reason"] == "stop") {
+          ch["finish_reason"] = "tool_calls";
         }
       } else if (!ev.text.empty() || !ev.finished) {
         delta["content"] = ev.text;
@@ -98,9 +105,31 @@ class OpenAiWriter : public ResponseWriter {
   }
 
  private:
-  // The calls in a chat answer: message (or delta) content without them, tool_calls with ids
-  // (a delta's entries carry their index), finish_reason "tool_calls".
-  static void AddToolCalls(const ApiRequest& r, const std::string& text, bool delta, json* choice,
+  // A chunk's delta.tool_calls: the deltas of one call that follow each other are one entry.
+  static json DeltaJson(const std::vector<ToolCallDelta>& deltas) {
+    json list = json::array();
+    for (const ToolCallDelta& d : deltas) {
+      if (!list.empty() && list.back()["index"] == d.index) {
+        list.back()["function"]["arguments"] =
+            list.back()["function"]["arguments"].get<std::string>() + d.arguments;
+        continue;
+      }
+      json e = {{"index", d.index}};
+      if (d.first) {
+        e["id"] = d.id;
+        e["type"] = "function";
+        e["function"] = {{"name", d.name}, {"arguments", d.arguments}};
+      } else {
+        e["function"] = {{"arguments", d.arguments}};
+      }
+      list.push_back(std::move(e));
+    }
+    return list;
+  }
+
+  // The calls in a chat answer: message content without them, tool_calls with ids,
+  // finish_reason "tool_calls".
+  static void AddToolCalls(const ApiRequest& r, const std::string& text, json* choice,
                            json* message) {
     std::string content;
     const auto calls = ParseToolCalls(r.chat_format, *r.tools, text, &content);
@@ -110,7 +139,6 @@ class OpenAiWriter : public ResponseWriter {
       json call = {{"id", calls[k].id},
                    {"type", "function"},
                    {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
-      if (delta) call["index"] = k;
       list.push_back(call);
     }
     (*message)["content"] = content.empty() ? json(nullptr) : json(content);

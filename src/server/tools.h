@@ -50,8 +50,63 @@ nlohmann::json RenderToolMessages(std::string_view chat_format, const ToolReques
 StatusOr<std::optional<std::string>> ToolCallGrammar(std::string_view chat_format,
                                                      const ToolRequest& tools);
 
-// Finds the calls in a finished answer; `content` receives the text outside them.
+// Finds the calls in a finished answer; `content` receives the text outside them (empty when
+// it is only whitespace around calls). A call whose body is not `{"name": <a known tool>,
+// "arguments" (or "parameters"): <JSON>}` stays in the content. Runs ToolCallStreamer over
+// the whole text, so a streamed answer reassembles to the same calls and content.
 std::vector<ToolCall> ParseToolCalls(std::string_view chat_format, const ToolRequest& tools,
                                      std::string_view text, std::string* content);
+
+// One streamed piece of a call (OpenAI's delta.tool_calls entry): the first of a call carries
+// its id and name (`first`), the later ones fragments of its arguments as they are generated.
+struct ToolCallDelta {
+  size_t index = 0;  // of the call in the answer
+  bool first = false;
+  std::string id, name;
+  std::string arguments;
+};
+
+// The incremental parser of an answer with tool calls: fed the answer as it grows, it tells
+// what is new, content text and call deltas. Text that may still turn out to be a call (a
+// prefix of "<tool_call>", whitespace before a call) is held back until it is known.
+class ToolCallStreamer {
+ public:
+  ToolCallStreamer(std::string_view chat_format, const ToolRequest& tools);
+
+  // `text`: the bytes generated since the last call; `finished`: the answer is complete.
+  void Feed(std::string_view text, bool finished, std::string* content,
+            std::vector<ToolCallDelta>* deltas);
+
+  // Once finished: the calls that parsed completely and validly (a streamed call that turned
+  // out malformed at its end is not among them), and all of the content fed out.
+  const std::vector<ToolCall>& calls() const { return calls_; }
+  const std::string& content() const { return content_; }
+  bool any_call_started() const { return started_ > 0; }
+
+ private:
+  enum class State { kStart, kText, kHead, kBadCall, kArgs, kTail, kPlainText };
+  enum class Head { kNeedMore, kBad, kOk };
+  Head ParseHead(size_t* value_begin, std::string* name) const;
+  void Step(bool finished, std::string* content, std::vector<ToolCallDelta>* deltas);
+  void EmitContent(std::string_view text, std::string* content);
+  void EndCall(bool valid);
+
+  bool llama3_;
+  const ToolRequest* tools_;
+  std::string buf_;  // the answer so far
+  size_t pos_ = 0;   // scanned up to here
+  State state_;
+  size_t call_begin_ = 0;  // where the current call's text begins (content if it is bad)
+  size_t args_begin_ = 0;  // its arguments value
+  char args_kind_ = 0;     // '{' / '[' nested, '"' string, 's' scalar
+  int depth_ = 0;
+  bool in_string_ = false, escape_ = false;
+  std::string held_ws_;        // trailing whitespace of the content, not yet sent
+  bool content_seen_ = false;  // non-whitespace content sent
+  size_t started_ = 0;         // calls whose first delta went out
+  ToolCall current_;
+  std::vector<ToolCall> calls_;
+  std::string content_;
+};
 
 }  // namespace polychip::server

@@ -264,6 +264,52 @@ check('streamed tool-call deltas reassemble to the same call', async () => {
                    expected.map((c) => [c.function.name, c.function.arguments]));
 });
 
+check('streamed tool call: id, type and name first, then its arguments in several deltas', async () => {
+  const note = {
+    type: 'function',
+    function: {
+      name: 'save_note',
+      parameters: {
+        type: 'object',
+        properties: { text: { type: 'string', minLength: 40, maxLength: 60 } },
+        required: ['text'], additionalProperties: false,
+      },
+    },
+  };
+  const req = {
+    model, messages: [{ role: 'user', content: 'note this' }], tools: [note], temperature: 1,
+    seed: 3, max_tokens: 400, tool_choice: 'required', parallel_tool_calls: false,
+  };
+  const whole = await client.chat.completions.create(req);
+  const stream = await client.chat.completions.create({ ...req, stream: true });
+  const entries = [];
+  let finish = null;
+  for await (const chunk of stream) {
+    const ch = chunk.choices[0];
+    if (!ch) continue;
+    entries.push(...(ch.delta?.tool_calls ?? []));
+    finish = ch.finish_reason ?? finish;
+  }
+  assert.equal(finish, 'tool_calls');
+  assert.ok(entries.length >= 3, `only ${entries.length} tool-call deltas`);
+  const [first, ...rest] = entries;
+  assert.equal(first.index, 0);
+  assert.match(first.id, /^call_/);
+  assert.equal(first.type, 'function');
+  assert.equal(first.function.name, 'save_note');
+  for (const d of rest) {
+    assert.equal(d.index, 0);
+    assert.equal(d.id, undefined);
+    assert.equal(d.function.name, undefined);
+  }
+  const args = entries.map((d) => d.function.arguments ?? '').join('');
+  const argDeltas = entries.filter((d) => d.function.arguments).length;
+  assert.ok(argDeltas > 1, `the arguments came in ${argDeltas} delta(s)`);
+  const parsed = JSON.parse(args);
+  assert.ok([...parsed.text].length >= 40, args);
+  assert.equal(args, whole.choices[0].message.tool_calls[0].function.arguments);
+});
+
 check('tool results in the next turn; tool_choice none answers in text', async () => {
   const r = await client.chat.completions.create({
     model, tools: [weather], tool_choice: 'none', temperature: 0, max_tokens: 8,
