@@ -1059,6 +1059,9 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     ro.tensor_parallel.all_reduce = [gp](const runtime::Stream& s, runtime::DevPtr x, int64_t n) {
       return gp->tp_stage.AllReduce(s, x, n);
     };
+    ro.tensor_parallel.all_gather = [gp](const float* send, float* out, int64_t count) {
+      return gp->tp_comm->AllGather(send, out, uint64_t(count), DType::kF32);
+    };
   }
   if (pp > 1) {
     ro.pipeline.stage = stage;

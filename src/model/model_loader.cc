@@ -1,5 +1,6 @@
 #include "model/model_loader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -76,24 +77,47 @@ class Uploader {
       cols = count;
       n_bytes = staging.size();
     }
-    PC_ASSIGN_OR_RETURN(auto weight, runtime::DeviceWeight::Upload(device_, t->dtype, rows, cols,
+    return Upload(*t, rows, cols, data, n_bytes);
+  }
+
+  // Matrix `t`'s rows of vocabulary shard `v` followed by zero rows (tensor_parallel.h), as
+  // bytes for Upload or Raw: [v.rows, row_len]. Zero bytes are zero in every GGUF type (a
+  // block's scale is zero).
+  StatusOr<std::vector<uint8_t>> VocabRows(const GgufTensor& t, const VocabShard& v) const {
+    if (v.begin + v.count > t.n_rows()) {
+      return InvalidArgument(t.name + ": vocabulary rows out of range");
+    }
+    const int64_t row_bytes = RowBytes(t.dtype, t.row_len());
+    std::vector<uint8_t> rows(uint64_t(v.rows) * row_bytes, 0);
+    std::memcpy(rows.data(), static_cast<const uint8_t*>(t.data) + v.begin * row_bytes,
+                uint64_t(v.count) * row_bytes);
+    return rows;
+  }
+
+  // `data` [rows, cols] of t's dtype, for MATMUL (the plugin may repack it).
+  StatusOr<MatrixRef> Upload(const GgufTensor& t, int64_t rows, int64_t cols, const void* data,
+                             uint64_t n_bytes) {
+    PC_ASSIGN_OR_RETURN(auto weight, runtime::DeviceWeight::Upload(device_, t.dtype, rows, cols,
                                                                    data, n_bytes));
-    file_.ReleasePages(*t);
-    MatrixRef ref{weight->data(), t->dtype, weight->layout(), rows, cols};
+    file_.ReleasePages(t);
+    MatrixRef ref{weight->data(), t.dtype, weight->layout(), rows, cols};
     w_.device_bytes += weight->bytes();
     w_.matrices.push_back(std::move(weight));
     return ref;
   }
 
-  // Raw GGUF bytes in a device allocation of their own (embedding table).
-  StatusOr<DevPtr> Raw(const GgufTensor& t) {
-    PC_ASSIGN_OR_RETURN(auto buffer, device_->Allocate(t.n_bytes));
-    PC_RETURN_IF_ERROR(stream_.CopyH2D(buffer->ptr(), t.data, t.n_bytes));
+  // Raw GGUF bytes in a device allocation of their own (embedding table): the tensor's, or
+  // `bytes` made from it.
+  StatusOr<DevPtr> Raw(const GgufTensor& t, const std::vector<uint8_t>* bytes = nullptr) {
+    const void* data = bytes != nullptr ? bytes->data() : t.data;
+    const uint64_t n_bytes = bytes != nullptr ? bytes->size() : t.n_bytes;
+    PC_ASSIGN_OR_RETURN(auto buffer, device_->Allocate(n_bytes));
+    PC_RETURN_IF_ERROR(stream_.CopyH2D(buffer->ptr(), data, n_bytes));
     PC_RETURN_IF_ERROR(stream_.Synchronize());  // the copy has read the pages released next
     file_.ReleasePages(t);
     const DevPtr ptr = buffer->ptr();
-    device_->MarkImmutable(ptr, t.n_bytes);  // a table: staged once by an op fallback
-    w_.device_bytes += t.n_bytes;
+    device_->MarkImmutable(ptr, n_bytes);  // a table: staged once by an op fallback
+    w_.device_bytes += n_bytes;
     w_.buffers.push_back(std::move(buffer));
     return ptr;
   }
@@ -125,6 +149,49 @@ class Uploader {
     return ptr;
   }
 
+  // Elements [begin, begin + count) of a 1D tensor of `total` elements, converted to F32 and
+  // followed by zeros up to `len` (the output bias of a vocabulary shard).
+  StatusOr<DevPtr> VectorRange(const std::string& name, int64_t total, int64_t begin,
+                               int64_t count, int64_t len) {
+    PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
+    if (t->n_elements != total || begin + count > total || count > len) {
+      return InvalidArgument("tensor " + name + " has " + std::to_string(t->n_elements) +
+                             " elements, expected " + std::to_string(total));
+    }
+    std::vector<float> all(t->n_elements);
+    if (!DequantizeRow(t->dtype, t->data, all.data(), t->n_elements)) {
+      return Unimplemented("tensor " + name + ": cannot convert " + DTypeName(t->dtype) +
+                           " to F32");
+    }
+    std::vector<float> host(len, 0.f);
+    std::copy(all.begin() + begin, all.begin() + begin + count, host.begin());
+    PC_ASSIGN_OR_RETURN(PoolBuffer buffer, PoolBuffer::Allocate(pool_, host.size() * 4));
+    PC_RETURN_IF_ERROR(stream_.CopyH2D(buffer.ptr(), host.data(), host.size() * 4));
+    PC_RETURN_IF_ERROR(stream_.Synchronize());  // the host vector dies here
+    file_.ReleasePages(*t);
+    const DevPtr ptr = buffer.ptr();
+    w_.device_bytes += buffer.size();
+    w_.vectors.push_back(std::move(buffer));
+    return ptr;
+  }
+
+  // An expert tensor [n_expert, rows, cols] for MOE: uploaded like a matrix (the plugin may
+  // repack it) when the device's MOE reads the layout it chose, else as GGUF bytes.
+  StatusOr<MatrixRef> Experts(const std::string& name, const std::vector<DType>& moe_dtypes) {
+    PC_ASSIGN_OR_RETURN(MatrixRef ref, Matrix(name));
+    if (ref.layout == runtime::kLayoutGguf) return ref;
+    std::initializer_list<DType> dtypes{moe_dtypes[0], moe_dtypes[1], moe_dtypes[2]};
+    if (runtime::SupportsOp(*device_, runtime::Op::kMoe, dtypes, runtime::ShapeClass::kAny,
+                            ref.layout)) {
+      return ref;
+    }
+    w_.matrices.pop_back();  // frees the repacked copy
+    PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
+    PC_ASSIGN_OR_RETURN(ref.data, Raw(*t));
+    ref.layout = runtime::kLayoutGguf;
+    return ref;
+  }
+
   StatusOr<DevPtr> OptionalVector(const std::string& name, int64_t expected_len,
                                   int32_t shard = 0, int32_t shards = 1) {
     if (file_.FindTensor(name) == nullptr) return DevPtr{0};
@@ -150,25 +217,45 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
 
   PC_ASSIGN_OR_RETURN(const GgufTensor* embd, up.Find("token_embd.weight"));
   w->embd_dtype = embd->dtype;
+  // A tensor-parallel rank holds its vocabulary rows of both tables (tensor_parallel.h).
+  const bool vocab_parallel = shard_size > 1;
+  std::vector<uint8_t> embd_rows;  // the shard's rows of token_embd
+  if (vocab_parallel) {
+    w->vocab = ShardVocab(c.n_vocab, shard_rank, shard_size);
+    PC_ASSIGN_OR_RETURN(embd_rows, up.VocabRows(*embd, w->vocab));
+  }
+  auto matrix = [&](const GgufTensor& t, const std::vector<uint8_t>& rows) {
+    return vocab_parallel ? up.Upload(t, w->vocab.rows, t.row_len(), rows.data(), rows.size())
+                          : up.Matrix(t.name);
+  };
+  auto table = [&]() { return up.Raw(*embd, vocab_parallel ? &embd_rows : nullptr); };
   if (c.tied_output) {
     // The output projection is the embedding table: one copy serves both ops when EMBEDDING
     // reads the layout the plugin's upload chose (always so for GGUF; for a private layout when
     // the plugin says so). Otherwise the table is uploaded a second time in GGUF layout.
-    PC_ASSIGN_OR_RETURN(w->output, up.Matrix("token_embd.weight"));
+    PC_ASSIGN_OR_RETURN(w->output, matrix(*embd, embd_rows));
     if (w->output.layout == runtime::kLayoutGguf ||
         runtime::SupportsOp(*device, runtime::Op::kEmbedding, {embd->dtype},
                             runtime::ShapeClass::kAny, w->output.layout)) {
       w->embd = w->output.data;
       w->embd_layout = w->output.layout;
     } else {
-      PC_ASSIGN_OR_RETURN(w->embd, up.Raw(*embd));
+      PC_ASSIGN_OR_RETURN(w->embd, table());
     }
   } else {
-    PC_ASSIGN_OR_RETURN(w->embd, up.Raw(*embd));
-    PC_ASSIGN_OR_RETURN(w->output, up.Matrix("output.weight"));
+    PC_ASSIGN_OR_RETURN(w->embd, table());
+    PC_ASSIGN_OR_RETURN(const GgufTensor* output, up.Find("output.weight"));
+    std::vector<uint8_t> output_rows;
+    if (vocab_parallel) {
+      PC_ASSIGN_OR_RETURN(output_rows, up.VocabRows(*output, w->vocab));
+    }
+    PC_ASSIGN_OR_RETURN(w->output, matrix(*output, output_rows));
   }
   PC_ASSIGN_OR_RETURN(w->output_norm, up.Vector("output_norm.weight", c.n_embd));
-  if (c.has_output_bias) {
+  if (c.has_output_bias && vocab_parallel) {
+    PC_ASSIGN_OR_RETURN(w->output_bias, up.VectorRange("output.bias", c.n_vocab, w->vocab.begin,
+                                                       w->vocab.count, w->vocab.rows));
+  } else if (c.has_output_bias) {
     PC_ASSIGN_OR_RETURN(w->output_bias, up.Vector("output.bias", c.n_vocab));
   }
   if (c.has_rope_freqs) {

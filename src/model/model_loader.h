@@ -15,6 +15,7 @@
 
 #include "model/gguf.h"
 #include "model/model_config.h"
+#include "model/tensor_parallel.h"
 #include "runtime/device.h"
 #include "runtime/memory_pool.h"
 #include "runtime/ops.h"
@@ -67,14 +68,16 @@ struct LayerWeights {
 
 struct ModelWeights {
   // token_embd: [n_vocab, n_embd] of embd_dtype in layout embd_layout (GGUF, or the output
-  // matrix's when tied and EMBEDDING reads it).
+  // matrix's when tied and EMBEDDING reads it). A tensor-parallel rank holds vocab.rows rows
+  // instead, of its share of the vocabulary (tensor_parallel.h), and so does `output`.
   runtime::DevPtr embd = 0;
   DType embd_dtype = DType::kF32;
   uint32_t embd_layout = runtime::kLayoutGguf;
   std::vector<LayerWeights> layers;
   runtime::DevPtr output_norm = 0;  // f32 [n_embd]
   MatrixRef output;                 // [n_vocab, n_embd] (token_embd when tied)
-  runtime::DevPtr output_bias = 0;  // f32 [n_vocab], or 0
+  runtime::DevPtr output_bias = 0;  // f32 [n_vocab] (sharded: [vocab.rows]), or 0
+  VocabShard vocab;                 // tensor parallel only: rows of embd and output held here
   runtime::DevPtr rope_freqs = 0;   // f32 [n_rot / 2], or 0
   uint64_t device_bytes = 0;        // everything uploaded
 
@@ -86,7 +89,8 @@ struct ModelWeights {
 
 // Uploads every tensor the configuration uses. `stream` carries the copies; the call returns
 // after they completed. With shard_size > 1, `config` is one tensor-parallel rank's share
-// (ShardConfig in tensor_parallel.h) and rank shard_rank's slices of the matrices are loaded.
+// (ShardConfig in tensor_parallel.h) and rank shard_rank's slices of the matrices are loaded,
+// the embedding and output layer by vocabulary rows (ShardVocab).
 // Only the layers [layer_begin, layer_end) are loaded (layer_end -1: all), for a pipeline stage.
 StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     const GgufFile& file, const ModelConfig& config,

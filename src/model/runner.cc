@@ -67,9 +67,9 @@ Status TransformerRunner::Init(const GgufFile& file) {
 
   const TensorParallel& tp = o.tensor_parallel;
   if (tp.size > 1) {
-    if (!tp.all_reduce || tp.rank < 0 || tp.rank >= tp.size) {
+    if (!tp.all_reduce || !tp.all_gather || tp.rank < 0 || tp.rank >= tp.size) {
       return InvalidArgument("tensor parallel: rank " + std::to_string(tp.rank) + " of " +
-                             std::to_string(tp.size) + " without an all-reduce");
+                             std::to_string(tp.size) + " without an all-reduce and all-gather");
     }
     PC_ASSIGN_OR_RETURN(config_, ShardConfig(config_, tp.size));
   }
@@ -151,7 +151,8 @@ Status TransformerRunner::Init(const GgufFile& file) {
   PC_ASSIGN_OR_RETURN(buf_.gate, alloc(T * c.n_ff));
   PC_ASSIGN_OR_RETURN(buf_.up, alloc(T * c.n_ff));
   PC_ASSIGN_OR_RETURN(h_, alloc(o.max_logit_rows * c.n_embd));
-  PC_ASSIGN_OR_RETURN(logits_, alloc(o.max_logit_rows * c.n_vocab));
+  PC_ASSIGN_OR_RETURN(logits_,
+                      alloc(o.max_logit_rows * (tp.size > 1 ? weights_->vocab.rows : c.n_vocab)));
 
   // tokens, positions, slots, rows: [T]; query_start [T + 1]; seq_lens [T];
   // block_tables [T, max_blocks_per_seq].
@@ -264,6 +265,9 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
     }
   }
   m[o_qstart + n_seqs] = static_cast<int32_t>(t);
+  if (options_.tensor_parallel.size > 1) {  // this rank's rows of the embedding table
+    for (int64_t i = 0; i < t; ++i) m[o_tokens + i] = int32_t(weights_->vocab.LocalId(m[o_tokens + i]));
+  }
 
   const DevPtr base = meta_.ptr();
   const uint64_t copy_bytes = uint64_t(o_tables + n_seqs * max_blocks) * 4;
@@ -292,11 +296,31 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
     const int64_t rows = std::min(options_.max_logit_rows, n_rows - r);
     PC_RETURN_IF_ERROR(transformer_->Logits(*stream_, buf_.x, n_tokens,
                                             base + (o_rows + r) * 4, rows, h_, logits_));
-    PC_RETURN_IF_ERROR(stream_->CopyD2H(logits->data() + out_base + size_t(r) * c.n_vocab,
-                                        logits_, uint64_t(rows) * c.n_vocab * 4));
+    PC_RETURN_IF_ERROR(CopyLogits(logits->data() + out_base + size_t(r) * c.n_vocab, rows));
   }
   // The host staging buffer and the logits must not be touched before the stream is done.
   return stream_->Synchronize();
+}
+
+Status TransformerRunner::CopyLogits(float* dst, int64_t rows) {
+  const int64_t n_vocab = config_.n_vocab;
+  const TensorParallel& tp = options_.tensor_parallel;
+  if (tp.size == 1) return stream_->CopyD2H(dst, logits_, uint64_t(rows) * n_vocab * 4);
+  // Every rank's [rows, vocab.rows] (its range, then zero rows), cut back to n_vocab columns.
+  const int64_t width = weights_->vocab.rows;
+  shard_logits_.resize(size_t(rows * width));
+  gathered_logits_.resize(size_t(tp.size * rows * width));
+  PC_RETURN_IF_ERROR(stream_->CopyD2H(shard_logits_.data(), logits_, uint64_t(rows) * width * 4));
+  PC_RETURN_IF_ERROR(stream_->Synchronize());
+  PC_RETURN_IF_ERROR(tp.all_gather(shard_logits_.data(), gathered_logits_.data(), rows * width));
+  for (int32_t q = 0; q < tp.size; ++q) {
+    const VocabShard v = ShardVocab(n_vocab, q, tp.size);
+    const float* from = gathered_logits_.data() + size_t(q) * rows * width;
+    for (int64_t i = 0; i < rows; ++i) {
+      std::copy_n(from + i * width, v.count, dst + i * n_vocab + v.begin);
+    }
+  }
+  return Status::Ok();
 }
 
 void TransformerRunner::RenderMetrics(std::string* out) const {

@@ -74,6 +74,9 @@ class TransformerRunner : public engine::ModelRunner {
   Status Init(const GgufFile& file);
   Status Validate(const engine::SequenceStep& s) const;
   Status RunPieces(std::span<const Piece> pieces, std::vector<float>* logits);
+  // The logits of `rows` rows just left in logits_, into dst [rows, n_vocab] (host memory). A
+  // tensor-parallel rank's are its vocabulary shard's, gathered from every rank here.
+  Status CopyLogits(float* dst, int64_t rows);
 
   ModelConfig config_;
   std::shared_ptr<runtime::Device> device_;
@@ -87,13 +90,14 @@ class TransformerRunner : public engine::ModelRunner {
   std::unique_ptr<runtime::Stream> stream_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<Transformer> transformer_;
+  std::vector<float> shard_logits_, gathered_logits_;  // tensor parallel: CopyLogits's staging
 
   std::vector<PoolBuffer> kv_buffers_;  // K and V of every layer
   KvCacheView kv_;
   std::vector<PoolBuffer> work_;        // activation buffers
   StepBuffers buf_;
   runtime::DevPtr h_ = 0;        // [max_logit_rows, n_embd]
-  runtime::DevPtr logits_ = 0;   // [max_logit_rows, n_vocab]
+  runtime::DevPtr logits_ = 0;   // [max_logit_rows, n_vocab] (tensor parallel: vocab.rows)
   PoolBuffer meta_;              // packed int32 index arrays of a step
   uint64_t meta_bytes_ = 0;
   std::vector<int32_t> host_meta_;  // staging for meta_ (alive until the step synchronizes)

@@ -1,8 +1,12 @@
 // Tensor parallelism inside one model: each of `size` ranks holds a contiguous share of the
 // attention heads (Wq/Wk/Wv rows, Wo columns) and of the FFN (Wgate/Wup rows, Wdown columns);
-// embedding, norms and the output layer are replicated. After the attention output projection
-// and after the FFN down projection, each rank holds a partial sum of the residual update;
-// `all_reduce` adds them up across ranks (Megatron-style, two all-reduces per layer).
+// norms are replicated. After the attention output projection and after the FFN down
+// projection, each rank holds a partial sum of the residual update; `all_reduce` adds them up
+// across ranks (Megatron-style, two all-reduces per layer).
+//
+// The embedding table and the output matrix are split by vocabulary rows (VocabShard): a rank
+// looks up only the tokens of its range (the others read a zero row) and the embeddings are
+// all-reduced; each rank computes the logits of its range, which `all_gather` collects.
 //
 // The model module knows nothing of communicators: whoever runs the ranks (src/dist) supplies
 // all_reduce.
@@ -24,7 +28,26 @@ struct TensorParallel {
   // Sums x [n_rows, n_embd] (f32, device memory, ordered on `stream`) over the ranks, in place:
   // on return every rank holds the total, and later work on the stream may read it.
   std::function<Status(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows)> all_reduce;
+  // Gathers `count` floats of host memory from every rank: out [size, count], rank-major, on
+  // every rank. Synchronous.
+  std::function<Status(const float* send, float* out, int64_t count)> all_gather;
 };
+
+// One rank's share of the vocabulary: the rows [begin, begin + count) of the token embedding
+// and of the output matrix, count = ceil(n_vocab / size) except where the vocabulary runs out
+// (the last ranks hold fewer, since the vocabulary need not divide). Every rank's tables have
+// the same `rows` = ceil(n_vocab / size) + 1: its own rows, then zero rows, so that every rank
+// gathers logits of one width, and a token outside the range looks up a zero row (LocalId)
+// and adds nothing to the all-reduced embedding.
+struct VocabShard {
+  int64_t begin = 0;
+  int64_t count = 0;
+  int64_t rows = 0;
+  int64_t LocalId(int64_t token) const {
+    return token >= begin && token < begin + count ? token - begin : rows - 1;
+  }
+};
+VocabShard ShardVocab(int64_t n_vocab, int32_t rank, int32_t size);
 
 // Pipeline parallelism: stage `stage` of `n_stages` runs layers [first_layer, end_layer) only.
 // Stage 0 embeds the tokens; every later stage receives the hidden states [n_rows, n_embd] from

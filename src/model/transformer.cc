@@ -105,9 +105,14 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
   emb.ids = in.tokens;
   emb.n_ids = T;
   emb.out = b.x;
+  const bool vocab_parallel = tp_ != nullptr && tp_->size > 1;
+  // A vocabulary shard's ids are local (VocabShard::LocalId): a token of another rank's range
+  // reads a zero row, so the sum over the ranks is each token's own row.
+  if (vocab_parallel) emb.n_rows = w_->vocab.rows;
   const bool pipeline = pp_ != nullptr && pp_->n_stages > 1;
   if (!pipeline || pp_->first()) {
     PC_RETURN_IF_ERROR(Launch(stream, emb));
+    if (vocab_parallel) PC_RETURN_IF_ERROR(tp_->all_reduce(stream, b.x, T));
   } else {
     PC_RETURN_IF_ERROR(pp_->recv(stream, b.x, T));  // the previous stage's hidden states
   }

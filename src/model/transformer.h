@@ -86,7 +86,9 @@ class Transformer {
   const ArchTraits& traits() const { return traits_; }
 
   // Tensor parallel (tensor_parallel.h): the weights are this rank's shard, and the partial
-  // results of the two down projections of each layer are all-reduced. `tp` must outlive this.
+  // results of the two down projections of each layer are all-reduced, as are the embeddings
+  // (StepInputs::tokens then hold VocabShard::LocalId of each token, and Logits gives this
+  // rank's [n_rows, vocab.rows] logits). `tp` must outlive this.
   void SetTensorParallel(const TensorParallel* tp) { tp_ = tp; }
   // Pipeline parallel: this transformer runs one stage's layers (tensor_parallel.h).
   void SetPipeline(const PipelineStage* pp) { pp_ = pp; }

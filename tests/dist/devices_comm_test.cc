@@ -6,9 +6,8 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/command.h"
 
@@ -22,15 +21,15 @@ Result Devices(const std::string& args, const std::string& env = "") {
 }
 
 bool Built(const std::string& comm) {
-  return access((std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_" + comm +
-                 ".so").c_str(), R_OK) == 0;
+  return access((std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip/libpolychip_comm_" + comm + ".so")
+                    .c_str(),
+                R_OK) == 0;
 }
 
 TEST(DevicesComm, DefaultsByTopologyWithTheirReach) {
   Result r = Devices("--tp-size 2 --pp-size 2 --nnodes 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("comm per group (tp 2 x pp 2 over 2 node(s)):"), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("comm per group (tp 2 x pp 2 over 2 node(s)):"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tp group 0 (ranks 0,1 on host node0): comm 'shm', default: every rank "
                        "on host node0; reach: one host (declared)"),
             std::string::npos)
@@ -87,8 +86,7 @@ TEST(DevicesComm, JsonCarriesTheLines) {
 // A plugin built against ABI 1.2 has no reach member: the host guesses as before 1.3 (only a
 // plugin named shm stays on one host), says so, and warns of nothing.
 TEST(DevicesComm, Abi12PluginReachIsGuessed) {
-  const std::string config =
-      "/tmp/polychip-devices-comm-" + std::to_string(getpid()) + ".yaml";
+  const std::string config = "/tmp/polychip-devices-comm-" + std::to_string(getpid()) + ".yaml";
   std::ofstream(config) << "comm: {pp: {path: " << POLYCHIP_ABI12_COMM << "}}\n";
   Result r = Devices("--config " + config + " --tp-size 1 --pp-size 2 --nnodes 2",
                      "POLYCHIP_TEST_WRAPPED_COMM=" + std::string(POLYCHIP_BUILD_DIR) +

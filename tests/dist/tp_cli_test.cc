@@ -1,6 +1,7 @@
 // Tensor and pipeline parallelism end to end through the polychip binary on emu devices, with
 // the trained tiny model (models/polychip-tiny.gguf): tp=2, pp=2 and tp=2 x pp=2 give the
-// single rank's greedy tokens and perplexity; a bad device list fails before anything starts;
+// single rank's greedy tokens and perplexity (tp: with 1/tp of the weights on rank 0, the
+// vocabulary tables included); a bad device list fails before anything starts;
 // a killed rank ends the job within 10 s.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -48,6 +49,14 @@ double Ppl(const std::string& text) {
   return at == std::string::npos ? -1 : std::atof(text.c_str() + at + 6);
 }
 
+// The weights on rank 0 in MiB, from the start-up line ("..., 6.1 MiB of weights"); -1 if absent.
+double WeightMib(const std::string& err) {
+  const size_t at = err.find(" MiB of weights");
+  if (at == std::string::npos) return -1;
+  const size_t from = err.rfind(' ', at - 1);
+  return std::atof(err.c_str() + from + 1);
+}
+
 // (tp, pp) layouts against the single-rank run: 2 ranks of tensor parallel, 2 pipeline
 // stages, and 2 x 2 (four processes, each on its own emu device).
 class Layouts : public ::testing::TestWithParam<std::pair<int, int>> {
@@ -74,6 +83,14 @@ TEST_P(Layouts, RunGivesTheSameGreedyTokens) {
             std::string::npos)
       << many.err;
   EXPECT_NE(many.err.find("comm plugin 'shm'"), std::string::npos) << many.err;
+  // Tensor parallel splits every matrix, the embedding and output tables by vocabulary rows
+  // included: rank 0 holds 1/tp of the weights, but for the replicated norms (replicated tables
+  // would add 2 MiB here).
+  if (pp == 1) {
+    const double one_mib = WeightMib(one.err), rank0_mib = WeightMib(many.err);
+    ASSERT_GT(one_mib, 1.0) << one.err;
+    EXPECT_LT(rank0_mib, one_mib / tp + 0.25) << many.err;
+  }
 }
 
 TEST_P(Layouts, PerplexityWithinATenthOfAPercent) {
