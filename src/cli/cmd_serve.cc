@@ -50,6 +50,7 @@ struct ServeOptions {
   std::string chat_template;
   std::string kv_cache_dtype = "f16";
   int http_threads = 320;
+  std::string pooling = "last";
   double shutdown_timeout = 5;
 };
 
@@ -98,6 +99,9 @@ Status ApplyYaml(CLI::App& app, const std::string& path) {
 int Serve(CLI::App& app, ServeOptions& o) {
   if (Status s = ApplyYaml(app, Globals().config_path); !s.ok()) return Fail(s);
   if (o.model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+  if (o.pooling != "mean" && o.pooling != "last") {
+    return Fail(InvalidArgument("--pooling must be mean or last, not '" + o.pooling + "'"));
+  }
   auto policy = engine::ParseSchedulePolicy(o.schedule_policy);
   if (!policy.ok()) return Fail(policy.status());
 
@@ -162,6 +166,7 @@ int Serve(CLI::App& app, ServeOptions& o) {
   so.model_name = o.served_model_name.empty() ? base : o.served_model_name;
   so.model_aliases = {o.model_path, base, "default"};
   so.http_threads = o.http_threads;
+  so.pooling = o.pooling == "mean" ? engine::Pooling::kMean : engine::Pooling::kLast;
   so.shutdown_timeout_s = o.shutdown_timeout;
   std::shared_ptr<runtime::Device> dev = *device;
   auto peak = std::make_shared<std::atomic<uint64_t>>(0);
@@ -227,6 +232,9 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
   app.add_option("--kv-cache-dtype,--kv-type", o->kv_cache_dtype, "f16, bf16 or f32");
   app.add_option("--http-threads", o->http_threads, "HTTP worker threads");
+  app.add_option("--pooling", o->pooling,
+                 "/v1/embeddings: last (the last token's final hidden state, default) or mean "
+                 "(over the input's tokens); L2-normalised");
   app.add_option("--shutdown-timeout", o->shutdown_timeout,
                  "on SIGTERM/SIGINT, seconds running requests may take to finish before they "
                  "are cancelled (default 5)")

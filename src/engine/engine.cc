@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <map>
 
 #include <spdlog/spdlog.h>
@@ -20,8 +21,10 @@ struct Engine::Sequence {
   int32_t cached_tokens = 0;
   bool matched = false;   // prefix lookup done since the last (re)admission
   bool admitted = false;  // admitted at least once (statistics count the first time only)
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<StopChecker> stop;
+  std::unique_ptr<Sampler> sampler;  // null for an embedding request
+  std::unique_ptr<StopChecker> stop;  // null for an embedding request
+  Pooling embed = Pooling::kNone;
+  std::vector<double> pooled;  // embedding: the sum (mean) or the last row of hidden states
   Clock::time_point arrive_time;
   Clock::time_point last_token_time;
   bool got_first_token = false;
@@ -92,8 +95,17 @@ void Engine::Wake() {
 
 StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerateInput input) {
   const int64_t n_prompt = static_cast<int64_t>(input.prompt.size());
+  const bool embed = input.embed != Pooling::kNone;
   if (n_prompt == 0) return InvalidArgument("the prompt is empty");
-  if (n_prompt >= max_seq_tokens_) {
+  if (embed && runner_->hidden_size() <= 0) {
+    return Unimplemented("this model runner cannot return hidden states (embeddings)");
+  }
+  if (embed && n_prompt > max_seq_tokens_) {
+    return InvalidArgument("the input has " + std::to_string(n_prompt) +
+                           " tokens; this server's maximum context length is " +
+                           std::to_string(max_seq_tokens_) + " tokens");
+  }
+  if (!embed && n_prompt >= max_seq_tokens_) {
     return InvalidArgument("the prompt has " + std::to_string(n_prompt) +
                            " tokens; this server's maximum context length is " +
                            std::to_string(max_seq_tokens_) +
@@ -108,7 +120,9 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerateInput input) {
   if (input.params.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0");
   // Generation stops at the context length even when max_tokens asks for more.
   const int64_t room = max_seq_tokens_ - n_prompt;
-  if (input.params.max_tokens == 0 || input.params.max_tokens > room) {
+  if (embed) {
+    input.params.max_tokens = 0;
+  } else if (input.params.max_tokens == 0 || input.params.max_tokens > room) {
     input.params.max_tokens = static_cast<int32_t>(room);
   }
 
@@ -118,9 +132,12 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerateInput input) {
   seq->max_total = static_cast<int32_t>(n_prompt + input.params.max_tokens);
   seq->priority = input.priority;
   seq->arrive_time = Clock::now();
-  seq->sampler =
-      std::make_unique<Sampler>(input.params, vocab_size_, eog_tokens_, input.prompt);
-  seq->stop = std::make_unique<StopChecker>(input.params, eog_tokens_);
+  seq->embed = input.embed;
+  if (!embed) {
+    seq->sampler =
+        std::make_unique<Sampler>(input.params, vocab_size_, eog_tokens_, input.prompt);
+    seq->stop = std::make_unique<StopChecker>(input.params, eog_tokens_);
+  }
   seq->tokens = std::move(input.prompt);
   auto stream = seq->stream;
   {
@@ -248,7 +265,9 @@ void Engine::FreeBlocks(Sequence* seq, bool cache_prefix) {
 }
 
 void Engine::Preempt(Sequence* seq) {
-  FreeBlocks(seq, /*cache_prefix=*/true);
+  // An embedding starts over (its pooling needs every row again); it never caches its blocks.
+  FreeBlocks(seq, /*cache_prefix=*/seq->embed == Pooling::kNone);
+  seq->pooled.clear();
   for (auto it = running_.begin(); it != running_.end(); ++it) {
     if (it->get() == seq) {
       waiting_.push_back(std::move(*it));
@@ -299,6 +318,7 @@ bool Engine::WaitsForSharedPrefill(const Sequence& s) const {
   const size_t limit = s.tokens.size() - 1;  // the last prompt token is always computed
   for (const auto& r : running_) {
     if (r->num_computed >= r->prompt_len) continue;  // not prefilling
+    if (r->embed != Pooling::kNone) continue;        // publishes nothing
     const size_t n = std::min<size_t>(limit, r->prompt_len);
     size_t common = 0;
     while (common < n && s.tokens[common] == r->tokens[common]) ++common;
@@ -318,8 +338,11 @@ void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
                                        options_.max_running_requests;) {
     Sequence* s = it->get();
     if (!s->matched) {
-      s->num_computed = blocks_.MatchPrefix(
-          s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, &s->blocks);
+      // An embedding needs the hidden state of every prompt token: none comes from the cache.
+      if (s->embed == Pooling::kNone) {
+        s->num_computed = blocks_.MatchPrefix(
+            s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, &s->blocks);
+      }
       s->matched = true;
     }
     auto unmatch = [&] {  // give the matched blocks back so they stay evictable
@@ -330,7 +353,7 @@ void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
     };
     // Requests that arrive together with a shared system prompt would each compute it; the
     // later ones wait until the first one's prefill has published those blocks.
-    if (WaitsForSharedPrefill(*s)) {
+    if (s->embed == Pooling::kNone && WaitsForSharedPrefill(*s)) {
       unmatch();
       ++it;
       continue;
@@ -381,7 +404,8 @@ void Engine::Finish(Sequence* seq, StreamEvent event) {
   event.prompt_tokens = seq->prompt_len;
   event.completion_tokens = static_cast<int32_t>(seq->tokens.size()) - seq->prompt_len;
   event.cached_tokens = seq->cached_tokens;
-  FreeBlocks(seq, /*cache_prefix=*/event.error.ok() || event.error.code() == StatusCode::kCancelled);
+  FreeBlocks(seq, /*cache_prefix=*/seq->embed == Pooling::kNone &&
+                      (event.error.ok() || event.error.code() == StatusCode::kCancelled));
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     if (event.error.ok()) {
@@ -444,19 +468,74 @@ Status Engine::RunPlan(const std::vector<Planned>& plan, std::vector<SequenceSte
     st.tokens = std::span<const int32_t>(p.seq->tokens).subspan(p.seq->num_computed, p.n_tokens);
     st.start_pos = p.seq->num_computed;
     st.block_table = p.seq->blocks;
-    st.logits = p.seq->num_computed + p.n_tokens == static_cast<int32_t>(p.seq->tokens.size())
-                    ? LogitsMode::kLast
-                    : LogitsMode::kNone;
+    const bool last = p.seq->num_computed + p.n_tokens == static_cast<int32_t>(p.seq->tokens.size());
+    switch (p.seq->embed) {
+      case Pooling::kNone:
+        st.logits = last ? LogitsMode::kLast : LogitsMode::kNone;
+        break;
+      case Pooling::kMean:
+        st.logits = LogitsMode::kHiddenAll;
+        break;
+      case Pooling::kLast:
+        st.logits = last ? LogitsMode::kHiddenLast : LogitsMode::kNone;
+        break;
+    }
     steps->push_back(st);
   }
   PC_RETURN_IF_ERROR(RunForward(*steps, &step_logits_));
-  size_t n_rows = 0;
-  for (const auto& st : *steps) n_rows += st.logits == LogitsMode::kLast ? 1 : 0;
-  if (step_logits_.size() < n_rows * static_cast<size_t>(vocab_size_)) {
+  size_t expected = 0;
+  for (const auto& st : *steps) expected += OutputFloats(st);
+  if (step_logits_.size() != expected) {
     return Internal("the model returned " + std::to_string(step_logits_.size()) +
-                    " logits, expected " + std::to_string(n_rows * vocab_size_));
+                    " output floats, expected " + std::to_string(expected));
   }
   return Status::Ok();
+}
+
+size_t Engine::OutputFloats(const SequenceStep& st) const {
+  const size_t hidden = static_cast<size_t>(runner_->hidden_size());
+  switch (st.logits) {
+    case LogitsMode::kNone:
+      return 0;
+    case LogitsMode::kLast:
+      return static_cast<size_t>(vocab_size_);
+    case LogitsMode::kAll:
+      return st.tokens.size() * static_cast<size_t>(vocab_size_);
+    case LogitsMode::kHiddenLast:
+      return hidden;
+    case LogitsMode::kHiddenAll:
+      return st.tokens.size() * hidden;
+  }
+  return 0;
+}
+
+void Engine::PoolEmbedding(Sequence* s, const SequenceStep& st, const float* rows) {
+  const size_t d = static_cast<size_t>(runner_->hidden_size());
+  if (s->pooled.empty()) s->pooled.assign(d, 0.0);
+  const size_t n_rows = OutputFloats(st) / d;
+  for (size_t r = 0; r < n_rows; ++r) {
+    for (size_t j = 0; j < d; ++j) {
+      if (s->embed == Pooling::kMean) {
+        s->pooled[j] += rows[r * d + j];
+      } else {
+        s->pooled[j] = rows[r * d + j];
+      }
+    }
+  }
+  if (s->num_computed < s->prompt_len) return;  // more chunks to come
+  // The whole prompt is in: mean, then L2-normalised (cosine similarity is a dot product).
+  const double scale = s->embed == Pooling::kMean ? 1.0 / s->prompt_len : 1.0;
+  double norm2 = 0;
+  for (double& v : s->pooled) {
+    v *= scale;
+    norm2 += v * v;
+  }
+  const double inv = norm2 > 0 ? 1.0 / std::sqrt(norm2) : 1.0;
+  StreamEvent ev;
+  ev.embedding.resize(d);
+  for (size_t j = 0; j < d; ++j) ev.embedding[j] = static_cast<float>(s->pooled[j] * inv);
+  ev.finish = FinishReason::kStop;
+  Finish(s, std::move(ev));
 }
 
 void Engine::FailPlan(const std::vector<Planned>& plan, const Status& status) {
@@ -472,12 +551,18 @@ void Engine::ProcessResults(const std::vector<Planned>& plan,
                             std::span<const SequenceStep> steps) {
   const std::vector<float>& logits = step_logits_;
   const auto now = Clock::now();
-  size_t row = 0;
+  size_t offset = 0;  // into logits: rows of different widths (logits, hidden states)
   int64_t generated = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence* s = plan[i].seq;
     const bool prefill = s->num_computed < s->prompt_len;
     s->num_computed += plan[i].n_tokens;
+    const float* out = logits.data() + offset;
+    offset += OutputFloats(steps[i]);
+    if (s->embed != Pooling::kNone) {
+      PoolEmbedding(s, steps[i], out);
+      continue;
+    }
     if (prefill) {
       // A prefill chunk (the last one too): publish its full blocks now, so that concurrent
       // requests with the same prefix (a shared system prompt) reuse them.
@@ -485,8 +570,7 @@ void Engine::ProcessResults(const std::vector<Planned>& plan,
                            &s->blocks);
     }
     if (steps[i].logits != LogitsMode::kLast) continue;
-    std::span<const float> row_logits(logits.data() + row * vocab_size_, vocab_size_);
-    ++row;
+    std::span<const float> row_logits(out, vocab_size_);
     SampleResult r = s->sampler->Sample(row_logits);
     s->tokens.push_back(r.token);
     ++generated;

@@ -119,6 +119,11 @@ class Engine {
   Status RunPlan(const std::vector<Planned>& plan, std::vector<SequenceStep>* steps);
   void ProcessResults(const std::vector<Planned>& plan, std::span<const SequenceStep> steps);
   void FailPlan(const std::vector<Planned>& plan, const Status& status);
+  // Floats the runner returns for one step (rows of logits or of hidden states).
+  size_t OutputFloats(const SequenceStep& st) const;
+  // Adds an embedding request's hidden-state rows of this step to its pooling; once the whole
+  // prompt is in, finishes it with the embedding.
+  void PoolEmbedding(Sequence* s, const SequenceStep& st, const float* rows);
   void TakeInbox();
   void DropCancelled();
   void SortRunning();

@@ -17,7 +17,15 @@ enum class LogitsMode {
   kNone,  // no logits (a prefill chunk that does not reach the end of the prompt)
   kLast,  // logits of the last token of this step (sampling)
   kAll,   // logits of every token of this step (perplexity, prompt logprobs)
+  // The final hidden states (after the output norm, before the output projection) instead of
+  // logits, hidden_size() floats per row: embeddings.
+  kHiddenLast,  // of the last token of this step
+  kHiddenAll,   // of every token of this step
 };
+
+inline bool IsHidden(LogitsMode m) {
+  return m == LogitsMode::kHiddenLast || m == LogitsMode::kHiddenAll;
+}
 
 // One sequence's share of a forward step.
 struct SequenceStep {
@@ -36,9 +44,13 @@ class ModelRunner {
   virtual int64_t context_length() const = 0;  // max positions per sequence
   virtual int64_t block_size() const = 0;      // token slots per KV block
   virtual int64_t num_kv_blocks() const = 0;   // KV blocks available to the engine
+  // Floats per hidden-state row (the model width); 0: this runner cannot return hidden states
+  // (a step asking for them fails).
+  virtual int64_t hidden_size() const { return 0; }
 
-  // Runs one step over the batch. `logits` receives, in batch order, one row of vocab_size()
-  // floats per requested logit (1 for kLast, tokens.size() for kAll, 0 for kNone).
+  // Runs one step over the batch. `logits` receives, in batch order, one row per requested
+  // output (1 for kLast and kHiddenLast, tokens.size() for kAll and kHiddenAll, 0 for kNone):
+  // vocab_size() floats for a logits row, hidden_size() floats for a hidden-state row.
   // RESOURCE_EXHAUSTED means the step did not fit on the device (the engine retries smaller).
   virtual Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) = 0;
 

@@ -16,11 +16,22 @@
 
 namespace polychip::engine {
 
+// How an embedding request turns the final hidden states of its prompt into one vector.
+enum class Pooling {
+  kNone,  // not an embedding request: a generation
+  kMean,  // the mean over every prompt token
+  kLast,  // the last prompt token's (what a causal model has seen the whole prompt in)
+};
+
 struct GenerateInput {
   std::string rid;                // request id, for logs and /generate's meta_info
   std::vector<int32_t> prompt;    // token ids, not empty
   SamplingParams params;          // params.max_tokens: generated tokens at most
   int32_t priority = 0;           // larger runs first under --schedule-policy priority
+  // Not kNone: an embedding request. The prompt is prefilled (its KV blocks freed after, never
+  // cached: pooling needs every token's hidden state), nothing is sampled, `params` is unused,
+  // and the final event carries the embedding.
+  Pooling embed = Pooling::kNone;
 };
 
 // One or more generated tokens, or the end of the request.
@@ -29,6 +40,9 @@ struct StreamEvent {
   std::vector<float> logprobs;                         // one per token
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // one list per token (may be empty)
   std::string text;                                    // new text (valid UTF-8, stops cut)
+  // An embedding request's final event: the pooled final hidden states, L2-normalised
+  // (hidden_size() floats).
+  std::vector<float> embedding;
 
   bool finished = false;
   FinishReason finish = FinishReason::kNone;  // kNone with finished: aborted or failed

@@ -244,6 +244,7 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
                 o_rows = 3 * Align64(T_cap), o_lens = 4 * Align64(T_cap),
                 o_qstart = 5 * Align64(T_cap), o_tables = o_qstart + Align64(T_cap + 1);
   int64_t t = 0, n_rows = 0;
+  row_hidden_.clear();
   for (int64_t s = 0; s < n_seqs; ++s) {
     const Piece& p = pieces[s];
     const SequenceStep& seq = *p.seq;
@@ -259,9 +260,14 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
       m[o_tokens + t] = seq.tokens[p.begin + i];
       m[o_pos + t] = static_cast<int32_t>(pos);
       m[o_slots + t] = static_cast<int32_t>(seq.block_table[pos / bs] * bs + pos % bs);
-      const bool want = seq.logits == LogitsMode::kAll ||
-                        (seq.logits == LogitsMode::kLast && last_piece && i == p.count - 1);
-      if (want) m[o_rows + n_rows++] = static_cast<int32_t>(t);
+      const bool every = seq.logits == LogitsMode::kAll || seq.logits == LogitsMode::kHiddenAll;
+      const bool last = (seq.logits == LogitsMode::kLast ||
+                         seq.logits == LogitsMode::kHiddenLast) &&
+                        last_piece && i == p.count - 1;
+      if (every || last) {
+        m[o_rows + n_rows++] = static_cast<int32_t>(t);
+        row_hidden_.push_back(engine::IsHidden(seq.logits));
+      }
     }
   }
   m[o_qstart + n_seqs] = static_cast<int32_t>(t);
@@ -286,17 +292,33 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   in.max_seq_len = max_len;
   PC_RETURN_IF_ERROR(transformer_->Layers(*stream_, in, buf_, kv_));
 
-  // Logits, max_logit_rows at a time, copied straight into the caller's vector.
-  const size_t out_base = logits->size();
-  logits->resize(out_base + size_t(n_rows) * c.n_vocab);
+  // Logits (or hidden states), max_logit_rows at a time over runs of rows of one kind, copied
+  // straight into the caller's vector.
+  size_t out = logits->size();
+  size_t out_floats = 0;
+  for (bool hidden : row_hidden_) out_floats += hidden ? c.n_embd : c.n_vocab;
+  logits->resize(out + out_floats);
   if (options_.pipeline.n_stages > 1 && !options_.pipeline.last()) {
     return stream_->Synchronize();  // only the last stage has the logits (these stay zero)
   }
-  for (int64_t r = 0; r < n_rows; r += options_.max_logit_rows) {
-    const int64_t rows = std::min(options_.max_logit_rows, n_rows - r);
-    PC_RETURN_IF_ERROR(transformer_->Logits(*stream_, buf_.x, n_tokens,
-                                            base + (o_rows + r) * 4, rows, h_, logits_));
-    PC_RETURN_IF_ERROR(CopyLogits(logits->data() + out_base + size_t(r) * c.n_vocab, rows));
+  for (int64_t r = 0; r < n_rows;) {
+    const bool hidden = row_hidden_[r];
+    int64_t rows = 1;
+    while (rows < options_.max_logit_rows && r + rows < n_rows && row_hidden_[r + rows] == hidden) {
+      ++rows;
+    }
+    const DevPtr row_ids = base + (o_rows + r) * 4;
+    if (hidden) {
+      PC_RETURN_IF_ERROR(transformer_->FinalHidden(*stream_, buf_.x, n_tokens, row_ids, rows, h_));
+      PC_RETURN_IF_ERROR(stream_->CopyD2H(logits->data() + out, h_, uint64_t(rows) * c.n_embd * 4));
+      out += size_t(rows) * c.n_embd;
+    } else {
+      PC_RETURN_IF_ERROR(
+          transformer_->Logits(*stream_, buf_.x, n_tokens, row_ids, rows, h_, logits_));
+      PC_RETURN_IF_ERROR(CopyLogits(logits->data() + out, rows));
+      out += size_t(rows) * c.n_vocab;
+    }
+    r += rows;
   }
   // The host staging buffer and the logits must not be touched before the stream is done.
   return stream_->Synchronize();

@@ -50,6 +50,7 @@ class TransformerRunner : public engine::ModelRunner {
   int64_t context_length() const override { return context_length_; }
   int64_t block_size() const override { return options_.block_size; }
   int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t hidden_size() const override { return config_.n_embd; }
 
   Status Forward(std::span<const engine::SequenceStep> batch,
                  std::vector<float>* logits) override;
@@ -101,6 +102,7 @@ class TransformerRunner : public engine::ModelRunner {
   PoolBuffer meta_;              // packed int32 index arrays of a step
   uint64_t meta_bytes_ = 0;
   std::vector<int32_t> host_meta_;  // staging for meta_ (alive until the step synchronizes)
+  std::vector<bool> row_hidden_;    // per output row of a sub-step: hidden state, not logits
 };
 
 }  // namespace polychip::model

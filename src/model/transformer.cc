@@ -213,8 +213,8 @@ Status Transformer::ReducedResidual(const runtime::Stream& stream, DevPtr in, co
   return Launch(stream, add);
 }
 
-Status Transformer::Logits(const runtime::Stream& stream, DevPtr x, int64_t n_tokens,
-                           DevPtr row_ids, int64_t n_rows, DevPtr h, DevPtr logits) const {
+Status Transformer::FinalHidden(const runtime::Stream& stream, DevPtr x, int64_t n_tokens,
+                                DevPtr row_ids, int64_t n_rows, DevPtr h) const {
   const ModelConfig& c = *c_;
   // Gather the rows that need logits with the EMBEDDING op over the F32 hidden states.
   runtime::EmbeddingArgs gather;
@@ -234,7 +234,12 @@ Status Transformer::Logits(const runtime::Stream& stream, DevPtr x, int64_t n_to
   norm.n_rows = n_rows;
   norm.dim = c.n_embd;
   norm.eps = c.rms_eps;
-  PC_RETURN_IF_ERROR(Launch(stream, norm));
+  return Launch(stream, norm);
+}
+
+Status Transformer::Logits(const runtime::Stream& stream, DevPtr x, int64_t n_tokens,
+                           DevPtr row_ids, int64_t n_rows, DevPtr h, DevPtr logits) const {
+  PC_RETURN_IF_ERROR(FinalHidden(stream, x, n_tokens, row_ids, n_rows, h));
   return Matmul(stream, h, w_->output, w_->output_bias, logits, n_rows, false);
 }
 

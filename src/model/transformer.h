@@ -9,6 +9,7 @@
 //              kv_store(k, v) ; a = paged_attention(q) ; x += a Wo^T
 //              xn = rms_norm(x) ; g = silu(xn Wg^T) * (xn Wu^T) ; x += g Wd^T
 //   logits:    h = rms_norm(gather(x, rows)) ; logits = h Wout^T (+ bias)
+//   (embeddings: h itself)
 #pragma once
 
 #include <cstdint>
@@ -77,8 +78,12 @@ class Transformer {
   Status Layers(const runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
                 const KvCacheView& kv) const;
 
+  // h [n_rows, n_embd] = output_norm(the rows `row_ids` (int32 [n_rows]) of x [n_tokens,
+  // n_embd]): the final hidden states, what embeddings are pooled from.
+  Status FinalHidden(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
+                     runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h) const;
   // logits [n_rows, n_vocab] of the rows `row_ids` (int32 [n_rows]) of x [n_tokens, n_embd];
-  // h is scratch [n_rows, n_embd].
+  // h is scratch [n_rows, n_embd] (left holding FinalHidden).
   Status Logits(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
                 runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h,
                 runtime::DevPtr logits) const;

@@ -22,6 +22,7 @@
 #include "grammar/cache.h"
 #include "server/api.h"
 #include "server/chat_page.h"
+#include "server/embeddings.h"
 #include "server/http_transport.h"
 #include "server/job.h"
 #include "server/response_util.h"
@@ -246,6 +247,8 @@ class HttpServer::Impl {
     for (const char* path : {"/detokenize", "/v1/detokenize"}) {
       svr_.Post(path, Guard([this](const auto& req, auto& res) { Detokenize(req, res); }, true));
     }
+    svr_.Post("/v1/embeddings",
+              Guard([this](const auto& req, auto& res) { Embeddings(req, res); }, true));
     svr_.Post("/v1/completions", Guard([this](const auto& req, auto& res) {
                 Generate(ApiKind::kCompletion, req, res);
               }, true));
@@ -386,6 +389,64 @@ class HttpServer::Impl {
     }
     engine_->Abort(*stream);
     SendError(res, Error(503, "generation did not finish in time", "server_error"));
+  }
+
+  // Every input is one engine request (prefill only), submitted together so that they share
+  // steps; the answer keeps the request's order.
+  void Embeddings(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    if (!ParseBody(req, res, &body)) return;
+    EmbeddingRequest er;
+    const int64_t hidden = engine_->runner().hidden_size();
+    if (auto e = ParseEmbeddingRequest(body, *codec_, hidden, &er)) return SendError(res, *e);
+    if (!KnownModel(er.model)) {
+      return SendError(res, Error(404, "the model '" + er.model + "' does not exist; this server serves '" + options_.model_name + "'", "not_found_error", "model"));
+    }
+    if (hidden <= 0) {
+      return SendError(res, Error(400, "this server's model runner cannot compute embeddings"));
+    }
+    const std::string id = RandomId("embd-");
+    std::vector<std::shared_ptr<engine::RequestStream>> streams;
+    auto abort_all = [&] {
+      for (auto& st : streams) engine_->Abort(st);
+    };
+    int64_t prompt_tokens = 0;
+    for (size_t i = 0; i < er.inputs.size(); ++i) {
+      engine::GenerateInput in;
+      in.rid = id + "-" + std::to_string(i);
+      prompt_tokens += static_cast<int64_t>(er.inputs[i].size());
+      in.prompt = std::move(er.inputs[i]);
+      in.embed = options_.pooling;
+      auto stream = engine_->Submit(std::move(in));
+      if (!stream.ok()) {
+        abort_all();
+        const bool busy = stream.status().code() == StatusCode::kUnavailable;
+        return SendError(res, Error(busy ? 503 : 400, "input " + std::to_string(i) + ": " + stream.status().message(),
+                                    busy ? "server_overloaded" : "invalid_request_error",
+                                    busy ? "" : "input"));
+      }
+      streams.push_back(*stream);
+    }
+    std::vector<std::vector<float>> vectors(streams.size());
+    for (size_t i = 0; i < streams.size(); ++i) {
+      bool finished = false;
+      while (!finished) {
+        if (stopping_) {
+          abort_all();
+          return SendError(res, Error(503, "the server is shutting down", "server_error"));
+        }
+        for (auto& ev : streams[i]->Pop(std::chrono::milliseconds(100))) {
+          if (!ev.finished) continue;
+          if (!ev.error.ok()) {
+            abort_all();
+            return SendError(res, Error(500, ev.error.message(), "server_error"));
+          }
+          vectors[i] = std::move(ev.embedding);
+          finished = true;
+        }
+      }
+    }
+    SendJson(res, 200, EmbeddingResponse(vectors, er.base64, options_.model_name, prompt_tokens));
   }
 
   // ---- generation ---------------------------------------------------------------------------

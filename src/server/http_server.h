@@ -37,6 +37,8 @@ struct ServerOptions {
   double shutdown_timeout_s = 5;
   std::function<DeviceMemory()> device_memory;   // for /metrics; may be empty
   nlohmann::json server_info = nlohmann::json::object();  // merged into /get_server_info
+  // /v1/embeddings: how the final hidden states of an input become its vector.
+  engine::Pooling pooling = engine::Pooling::kLast;
 };
 
 class HttpServer {

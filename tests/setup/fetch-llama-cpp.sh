@@ -4,6 +4,7 @@
 # test vectors under models/), and builds the two tools the tests run:
 #   llama-perplexity  perplexity with the method polychip perplexity reproduces
 #   llama-simple      greedy generation, non-interactive
+#   llama-embedding   pooled, normalised embeddings (/v1/embeddings is checked against it)
 # Everything goes to $POLYCHIP_CACHE (default ~/.cache/polychip): npm/, llama.cpp/,
 # llama.cpp/build/. An existing checkout and build are reused (only the missing targets are
 # built, with the same configuration, so ccache and CI caches stay warm).
@@ -48,7 +49,7 @@ fi
 #    quantized model), and the oracle must run on every x86-64. GCC lets an explicit -mno-*
 #    win over -march=native whatever their order. A cached build configured with other flags
 #    is rebuilt from scratch (the flags are recorded in $build/polychip-oracle-flags).
-targets=(llama-perplexity llama-simple)
+targets=(llama-perplexity llama-simple llama-embedding)
 cflags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
         -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
