@@ -582,6 +582,13 @@ const DtypeInfo* GetDtypeInfo(pc_dtype_t dtype) {
   return nullptr;
 }
 
+const DtypeInfo* GetDtypeInfoOfValue(int32_t value) {
+  for (const DtypeEntry& e : kDtypes) {
+    if (static_cast<int32_t>(e.dtype) == value) return &e.info;
+  }
+  return nullptr;
+}
+
 const DtypeInfo* FindDtypeByName(const char* name, pc_dtype_t* dtype) {
   if (name == nullptr) return nullptr;
   for (const DtypeEntry& e : kDtypes) {

@@ -9,9 +9,7 @@ namespace {
 const sdk::DtypeInfo* Info(DType d) { return sdk::GetDtypeInfo(static_cast<pc_dtype_t>(d)); }
 }  // namespace
 
-bool IsKnownDType(int32_t value) {
-  return sdk::GetDtypeInfo(static_cast<pc_dtype_t>(value)) != nullptr;
-}
+bool IsKnownDType(int32_t value) { return sdk::GetDtypeInfoOfValue(value) != nullptr; }
 const char* DTypeName(DType d) { return Info(d) ? Info(d)->name : "UNKNOWN"; }
 std::optional<DType> DTypeFromName(std::string_view name) {
   pc_dtype_t d;

@@ -299,6 +299,13 @@ TEST(GgufTest, UnknownTensorType) {
   ExpectOneLineError(ParseError(bytes), "tensor 'tb' has unknown or unsupported type 16");
   Patch<int32_t>(bytes, type_at, 12345);
   ExpectOneLineError(ParseError(bytes), "unknown or unsupported type 12345");
+  // Found by fuzz_gguf: a number outside pc_dtype_t's range was converted to the enum before
+  // the lookup (undefined behaviour, reported by the asan preset's UBSan).
+  for (int32_t type : {1802466304, std::numeric_limits<int32_t>::min(), -2, 64}) {
+    Patch<int32_t>(bytes, type_at, type);
+    ExpectOneLineError(ParseError(bytes),
+                       "unknown or unsupported type " + std::to_string(type));
+  }
 }
 
 TEST(GgufTest, TensorDataBeyondEof) {

@@ -21,6 +21,9 @@ struct DtypeInfo {
 
 // nullptr for an unknown dtype.
 const DtypeInfo* GetDtypeInfo(pc_dtype_t dtype);
+// The same for a raw number (a type read from a file): converting a number outside the enum's
+// range to pc_dtype_t is undefined behaviour, so untrusted values are looked up as numbers.
+const DtypeInfo* GetDtypeInfoOfValue(int32_t value);
 // nullptr if unknown; accepts upper or lower case ("q8_0").
 const DtypeInfo* FindDtypeByName(const char* name, pc_dtype_t* dtype);
 // Bytes of a row of n elements; -1 if n is not a multiple of the block or dtype is unknown.
