@@ -18,6 +18,7 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "cli/serve_reload.h"
 #include "engine/engine.h"
 #include "dist/kv_budget.h"
 #include "dist/parallel.h"
@@ -35,6 +36,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 30000;
   std::string api_key;
+  std::string admin_key;
   int64_t context_length = 0;
   int max_running_requests = 256;
   int max_queued_requests = 4096;
@@ -56,6 +58,9 @@ struct ServeOptions {
 
 std::atomic<bool> g_stop{false};
 extern "C" void OnSignal(int) { g_stop.store(true); }
+// SIGHUP: re-read --config and reload the backend if it changed (serve_reload.h).
+std::atomic<bool> g_reload{false};
+extern "C" void OnHangup(int) { g_reload.store(true); }
 
 int Fail(const Status& status) {
   std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
@@ -138,10 +143,21 @@ int Serve(CLI::App& app, ServeOptions& o) {
   }
   if (kv_tokens <= 0) kv_tokens = std::max<int64_t>(65536, ctx);
   ro.kv_tokens = std::max(kv_tokens, ctx);
-  // tp_size x pp_size > 1: one process per rank (dist/parallel.h); rank 0 serves, and in the other
-  // ranks this call never returns.
-  auto runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
-                                   {o.tp_size, o.pp_size});
+  // One rank: a runner whose plugin can be hot reloaded. tp_size x pp_size > 1: one process per
+  // rank (dist/parallel.h); rank 0 serves, and in the other ranks this call never returns.
+  const int ranks = o.tp_size * o.pp_size;
+  model::ReloadableRunner* reloadable = nullptr;
+  StatusOr<std::unique_ptr<engine::ModelRunner>> runner = Internal("no runner");
+  if (ranks == 1 && !dist::IsFollowerRank()) {
+    auto r = CreateReloadableRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
+                                    std::move(*device));
+    if (!r.ok()) return Fail(r.status());
+    reloadable = r->get();
+    runner = std::unique_ptr<engine::ModelRunner>(std::move(*r));
+  } else {
+    runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
+                                {o.tp_size, o.pp_size});
+  }
   if (!runner.ok()) return Fail(runner.status());
   auto codec = server::MakeTokenizerCodec(mf->tokenizer.get(), o.chat_template);
   if (!codec.ok()) return Fail(codec.status());
@@ -168,12 +184,19 @@ int Serve(CLI::App& app, ServeOptions& o) {
   so.http_threads = o.http_threads;
   so.pooling = o.pooling == "mean" ? engine::Pooling::kMean : engine::Pooling::kLast;
   so.shutdown_timeout_s = o.shutdown_timeout;
-  std::shared_ptr<runtime::Device> dev = *device;
+  // The device serving now: a hot reload replaces it, so it is asked each time, never held.
+  std::function<std::shared_ptr<runtime::Device>()> current_device;
+  if (reloadable != nullptr) {
+    current_device = [reloadable] { return reloadable->device(); };
+  } else {
+    current_device = [dev = *device] { return dev; };
+  }
   auto peak = std::make_shared<std::atomic<uint64_t>>(0);
-  so.device_memory = [dev, peak] {
+  so.device_memory = [current_device, peak] {
     server::DeviceMemory m;
     uint64_t free_bytes = 0, total_bytes = 0;
-    if (dev->MemoryInfo(&free_bytes, &total_bytes).ok() && total_bytes >= free_bytes) {
+    const std::shared_ptr<runtime::Device> dev = current_device();
+    if (dev && dev->MemoryInfo(&free_bytes, &total_bytes).ok() && total_bytes >= free_bytes) {
       m.total_bytes = total_bytes;
       m.in_use_bytes = total_bytes - free_bytes;
       uint64_t p = peak->load();
@@ -187,13 +210,21 @@ int Serve(CLI::App& app, ServeOptions& o) {
                     {"kv_cache_dtype", o.kv_cache_dtype}, {"tp_size", o.tp_size},
                     {"pp_size", o.pp_size}, {"nnodes", dist::GlobalLaunchFlags().nnodes},
                     {"comm_groups", dist::DescribeComms(**runner)}};
+  ServeReloader reloader(&engine, reloadable, ranks, Globals().config_path, o.threads);
+  so.admin_key = o.admin_key;
+  so.reload_plugin = [&reloader](const nlohmann::json& body) { return reloader.Handle(body); };
+  so.live_info = [&reloader] { return reloader.Info(); };
   server::HttpServer http(so, &engine, text);
   if (Status s = http.Bind(); !s.ok()) return Fail(s);
 
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  std::thread watcher([&http] {
-    while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::signal(SIGHUP, OnHangup);
+  std::thread watcher([&http, &reloader] {
+    while (!g_stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (g_reload.exchange(false)) reloader.ReloadFromConfig();
+    }
     http.Stop();
   });
   spdlog::info("polychip serve: model {} on {}:{} (context {}, {} KV blocks of {} tokens)",
@@ -215,6 +246,9 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--host", o->host, "address to bind (default 127.0.0.1)");
   app.add_option("--port", o->port, "port (0: any free port)");
   app.add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY'");
+  app.add_option("--admin-key", o->admin_key,
+                 "key of the admin routes (POST /admin/reload_plugin); default: --api-key; "
+                 "with neither, they are refused");
   app.add_option("--context-length", o->context_length, "max tokens per sequence");
   app.add_option("--max-running-requests", o->max_running_requests, "running batch size limit");
   app.add_option("--max-queued-requests", o->max_queued_requests,

@@ -83,6 +83,8 @@ void Engine::Stop() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& p : flush_requests_) p.set_value(false);
   flush_requests_.clear();
+  for (auto& t : kv_dropped_tasks_) t.preempted.set_value(-1);
+  kv_dropped_tasks_.clear();
 }
 
 void Engine::Wake() {
@@ -175,6 +177,52 @@ bool Engine::FlushCache() {
   if (!thread_.joinable()) Step();  // tests without the engine thread
   if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return false;
   return done.get();
+}
+
+StatusOr<int32_t> Engine::RunWithKvDropped(std::function<void()> fn) {
+  std::future<int32_t> done;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!thread_.joinable()) {
+      lock.unlock();
+      return DropKvAndRun(fn);
+    }
+    if (stop_) return Unavailable("the server is shutting down");
+    kv_dropped_tasks_.push_back({std::move(fn), {}});
+    done = kv_dropped_tasks_.back().preempted.get_future();
+    wake_ = true;
+  }
+  cv_.notify_all();
+  const int32_t preempted = done.get();
+  if (preempted < 0) return Unavailable("the server is shutting down");
+  return preempted;
+}
+
+void Engine::RunKvDroppedTasks() {
+  std::vector<KvDroppedTask> tasks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks.swap(kv_dropped_tasks_);
+  }
+  for (auto& t : tasks) t.preempted.set_value(DropKvAndRun(t.fn));
+}
+
+int32_t Engine::DropKvAndRun(const std::function<void()>& fn) {
+  TakeInbox();
+  DropCancelled();
+  const int32_t preempted = static_cast<int32_t>(running_.size());
+  while (!running_.empty()) Preempt(running_.back().get());
+  for (auto& s : waiting_) {  // a prefix match held since the last admission pass
+    if (s->blocks.empty()) continue;
+    blocks_.Release(s->blocks);
+    s->blocks.clear();
+    s->num_computed = 0;
+    s->matched = false;
+  }
+  blocks_.Flush();
+  fn();
+  PublishStats();
+  return preempted;
 }
 
 void Engine::TakeInbox() {
@@ -630,6 +678,7 @@ void Engine::Loop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
     }
+    RunKvDroppedTasks();
     if (Step()) continue;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || wake_; });

@@ -87,6 +87,15 @@ class Engine {
   // SGLang, which only flushes an idle cache).
   bool FlushCache();
 
+  // Runs `fn` on the engine thread between two steps with no KV in use, and blocks until it
+  // ran: every running request is preempted first (its tokens and sampler state kept; its KV is
+  // recomputed by prefill when it runs again, so greedy output is unchanged) and the prefix
+  // cache is emptied, since `fn` may replace the memory the cache lives in (a plugin hot
+  // reload, model/hot_reload.h). Requests submitted meanwhile wait in the queue. Returns how
+  // many requests were preempted; UNAVAILABLE when the engine stopped before running `fn`.
+  // Without Start() (tests) `fn` runs on the calling thread.
+  StatusOr<int32_t> RunWithKvDropped(std::function<void()> fn);
+
   // Runs one step on the calling thread (tests drive the engine without Start()). Returns
   // false when there was nothing to do.
   bool Step();
@@ -110,7 +119,14 @@ class Engine {
     int32_t n_tokens;
   };
 
+  struct KvDroppedTask {
+    std::function<void()> fn;
+    std::promise<int32_t> preempted;  // -1: not run (the engine stopped)
+  };
+
   void Loop();
+  void RunKvDroppedTasks();
+  int32_t DropKvAndRun(const std::function<void()>& fn);
   // One step is these three: which sequences run and with how many tokens (empty: nothing to
   // do); the forward pass over them; the sampling, streaming and finishing of every sequence
   // that reached the end of its tokens. FailPlan ends every planned sequence when the forward
@@ -161,6 +177,7 @@ class Engine {
   std::condition_variable cv_;
   std::vector<std::unique_ptr<Sequence>> inbox_;
   std::vector<std::promise<bool>> flush_requests_;
+  std::vector<KvDroppedTask> kv_dropped_tasks_;
   int32_t num_queued_ = 0;  // inbox + waiting, for max_queued_requests
   bool stop_ = false;
   bool wake_ = false;

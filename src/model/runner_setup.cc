@@ -20,13 +20,18 @@ StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_
   if (!selection.backend) {
     return NotFound("no device backend found (set --device, e.g. --device cpu:0)");
   }
-  PC_ASSIGN_OR_RETURN(auto devices, runtime::OpenDevices(selection.backend, config.devices));
+  return OpenFirstDevice(selection.backend, config);
+}
+
+StatusOr<std::shared_ptr<runtime::Device>> OpenFirstDevice(
+    const std::shared_ptr<runtime::Backend>& backend, const runtime::RuntimeConfig& config) {
+  PC_ASSIGN_OR_RETURN(auto devices, runtime::OpenDevices(backend, config.devices));
   if (devices.empty()) {
-    return NotFound("backend " + selection.backend->name() + " has no visible device");
+    return NotFound("backend " + backend->name() + " has no visible device");
   }
   if (!config.op_fallback.empty()) {
     PC_ASSIGN_OR_RETURN(auto fallback, OpenFallbackDevice(config));
-    if (fallback->backend() != selection.backend) devices.front()->SetOpFallback(fallback);
+    if (fallback->backend() != backend) devices.front()->SetOpFallback(fallback);
   }
   return devices.front();
 }

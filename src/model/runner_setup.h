@@ -21,6 +21,11 @@ StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_
                                                       const std::string& device_flag,
                                                       int threads = 0);
 
+// The first device of config.devices on `backend` (already loaded), with config.op_fallback
+// set on it. OpenDevice's second half; hot reload opens the new plugin's device with it.
+StatusOr<std::shared_ptr<runtime::Device>> OpenFirstDevice(
+    const std::shared_ptr<runtime::Backend>& backend, const runtime::RuntimeConfig& config);
+
 // The device of config.op_fallback (its first), for Device::SetOpFallback.
 StatusOr<std::shared_ptr<runtime::Device>> OpenFallbackDevice(
     const runtime::RuntimeConfig& config);

@@ -76,6 +76,7 @@ struct BackendImpl {
   const pc_backend_iface_t* table = nullptr;
   std::string name, path, version;
   bool initialized = false;
+  uint64_t generation = 0;  // this load's number (Backend::generation())
   std::mutex mu;
   std::vector<std::weak_ptr<Device>> open_devices;  // by physical ordinal
 };

@@ -83,6 +83,7 @@ const std::string& Backend::path() const { return impl_->path; }
 const std::string& Backend::version() const { return impl_->version; }
 uint32_t Backend::abi_major() const { return impl_->table->abi_major; }
 uint32_t Backend::abi_minor() const { return impl_->table->abi_minor; }
+uint64_t Backend::generation() const { return impl_->generation; }
 
 std::string Backend::visible_devices_env() const {
   const auto* t = impl_->table;

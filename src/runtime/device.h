@@ -61,6 +61,10 @@ class Backend : public std::enable_shared_from_this<Backend> {
   const std::string& version() const;  // the plugin's own version string
   uint32_t abi_major() const;
   uint32_t abi_minor() const;
+  // The number of this load in the process: every backend load (a reload too, and a restore of
+  // the old plugin after a failed one) gets the next number, starting at 1. A metrics label and
+  // /get_server_info field that tells which library served a sample.
+  uint64_t generation() const;
   // Environment variable the plugin honours to restrict visible devices; empty if none.
   std::string visible_devices_env() const;
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -435,8 +436,14 @@ StatusOr<std::shared_ptr<Plugin>> MakePlugin(std::unique_ptr<PluginLibrary> lib,
   impl->path = path;
   impl->version = table->version;
   impl->initialized = true;
-  Log().info("loaded {} '{}' {} (ABI {}) from {}{}", PluginKindName(Traits::kKind), impl->name,
-             impl->version, AbiPair(table->abi_major, table->abi_minor), path,
+  std::string generation;
+  if constexpr (std::is_same_v<Plugin, Backend>) {
+    static std::atomic<uint64_t> loads{0};
+    impl->generation = ++loads;
+    generation = ", generation " + std::to_string(impl->generation);
+  }
+  Log().info("loaded {} '{}' {} (ABI {}{}) from {}{}", PluginKindName(Traits::kKind), impl->name,
+             impl->version, AbiPair(table->abi_major, table->abi_minor), generation, path,
              params.empty() ? "" : " with " + ParamsText(params));
   return std::make_shared<Plugin>(std::move(impl));
 }
@@ -715,6 +722,17 @@ std::vector<std::shared_ptr<Backend>> PluginRegistry::Backends() const { return 
 
 std::vector<std::shared_ptr<CommPlugin>> PluginRegistry::Comms() const {
   return All<CommPlugin>();
+}
+
+void PluginRegistry::Release(const std::shared_ptr<Backend>& backend) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto drop = [&](auto& map) {
+    for (auto it = map.begin(); it != map.end();) {
+      it = it->second == backend ? map.erase(it) : std::next(it);
+    }
+  };
+  drop(backends_.by_name);
+  drop(backends_.by_path);
 }
 
 void PluginRegistry::Clear() {

@@ -128,6 +128,10 @@ class PluginRegistry {
   std::vector<std::shared_ptr<Backend>> Backends() const;
   std::vector<std::shared_ptr<CommPlugin>> Comms() const;
 
+  // Forgets `backend` (by name and by path), so that another plugin of its name may load: it
+  // shuts down and is dlclose'd when the last reference to it (its Devices, the caller's) goes.
+  // Hot reload (model/hot_reload.h) releases the old plugin this way.
+  void Release(const std::shared_ptr<Backend>& backend);
   // Drops the registry's references (plugins unload when their last object goes). For tests.
   void Clear();
 

@@ -154,14 +154,27 @@ class HttpServer::Impl {
 
   std::optional<ApiError> CheckKey(const httplib::Request& req) const {
     if (options_.api_key.empty()) return std::nullopt;
+    return CheckBearer(req, options_.api_key, "API key");
+  }
+
+  // The admin routes replace plugins, that is run code in this process: never open.
+  std::optional<ApiError> CheckAdminKey(const httplib::Request& req) const {
+    const std::string& key = options_.admin_key.empty() ? options_.api_key : options_.admin_key;
+    if (key.empty()) {
+      return Error(403, "admin routes are disabled: start the server with --admin-key (or "
+                        "--api-key) to enable them", "permission_error");
+    }
+    return CheckBearer(req, key, options_.admin_key.empty() ? "API key" : "admin key");
+  }
+
+  static std::optional<ApiError> CheckBearer(const httplib::Request& req, const std::string& key,
+                                             const std::string& what) {
     const std::string auth = req.get_header_value("Authorization");
     if (auth.empty()) {
-      return Error(401, "missing API key: send 'Authorization: Bearer <key>'",
+      return Error(401, "missing " + what + ": send 'Authorization: Bearer <key>'",
                    "authentication_error");
     }
-    if (auth != "Bearer " + options_.api_key) {
-      return Error(401, "invalid API key", "authentication_error");
-    }
+    if (auth != "Bearer " + key) return Error(401, "invalid " + what, "authentication_error");
     return std::nullopt;
   }
 
@@ -177,6 +190,8 @@ class HttpServer::Impl {
     } else if (req.has_header("Transfer-Encoding") &&
         req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
       e = Error(411, "chunked request bodies are not accepted: send Content-Length");
+    } else if (req.path.rfind("/admin/", 0) == 0) {
+      e = CheckAdminKey(req);
     } else if (req.path != "/health" && req.path != "/") {
       e = CheckKey(req);
     }
@@ -258,6 +273,12 @@ class HttpServer::Impl {
     svr_.Post("/generate", Guard([this](const auto& req, auto& res) {
                 Generate(ApiKind::kGenerate, req, res);
               }, true));
+    // The key was checked before the body was read (BeforeBody); checked again here so that the
+    // route never depends on the hook alone.
+    svr_.Post("/admin/reload_plugin", Guard([this](const auto& req, auto& res) {
+                if (auto e = CheckAdminKey(req)) return SendError(res, *e);
+                ReloadPlugin(req, res);
+              }, false));
     svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (res.status == 404) {
@@ -266,6 +287,17 @@ class HttpServer::Impl {
         SendError(res, Error(res.status, "HTTP error " + std::to_string(res.status)));
       }
     });
+  }
+
+  void ReloadPlugin(const httplib::Request& req, httplib::Response& res) {
+    if (!options_.reload_plugin) {
+      return SendError(res, Error(501, "this server cannot reload plugins", "server_error"));
+    }
+    json body;
+    if (!ParseBody(req, res, &body)) return;
+    if (!body.is_object()) return SendError(res, Error(400, "the body must be a JSON object"));
+    auto [status, reply] = options_.reload_plugin(body);
+    SendJson(res, status, reply);
   }
 
   void Models(httplib::Response& res) {
@@ -290,12 +322,14 @@ class HttpServer::Impl {
     info["max_running_requests"] = engine_->options().max_running_requests;
     info["max_queued_requests"] = engine_->options().max_queued_requests;
     info["chunked_prefill_size"] = engine_->options().chunked_prefill_size;
+    info["max_itl_ms"] = engine_->options().max_itl_ms;
     info["disable_radix_cache"] = !engine_->options().enable_prefix_cache;
     info["num_running_reqs"] = s.running;
     info["num_queue_reqs"] = s.queued;
     info["kv_blocks_used"] = s.kv_blocks_held;
     info["prefix_cache_hit_rate"] = s.prefix.hit_rate();
     info["num_preemptions"] = s.preemptions;
+    if (options_.live_info) info.update(options_.live_info());
     SendJson(res, 200, info);
   }
 

@@ -39,6 +39,12 @@ struct ServerOptions {
   nlohmann::json server_info = nlohmann::json::object();  // merged into /get_server_info
   // /v1/embeddings: how the final hidden states of an input become its vector.
   engine::Pooling pooling = engine::Pooling::kLast;
+  // Fields computed at each /get_server_info (the backend and its generation); may be empty.
+  std::function<nlohmann::json()> live_info;
+  // The key of the admin routes (/admin/...); empty: api_key. With neither, they answer 403.
+  std::string admin_key;
+  // POST /admin/reload_plugin: the JSON body -> (HTTP status, JSON reply). Empty: 501.
+  std::function<std::pair<int, nlohmann::json>(const nlohmann::json&)> reload_plugin;
 };
 
 class HttpServer {
