@@ -170,8 +170,19 @@ SampleResult Sampler::Sample(std::span<const float> raw) {
                             params_.temperature <= 0.f && params_.repetition_penalty == 1.f &&
                             params_.frequency_penalty == 0.f && params_.presence_penalty == 0.f &&
                             (n_generated_ >= params_.min_tokens || masked_until_min_.empty());
+  // Greedy under a grammar alone: the best allowed token read through the mask, without the
+  // copy, the -inf writes and the second scan of a masked row (a third of a millisecond per
+  // token at a 152k vocabulary, x16 requests per step).
+  const bool masked_greedy = matcher_ && params_.logit_bias.empty() &&
+                             params_.temperature <= 0.f && params_.repetition_penalty == 1.f &&
+                             params_.frequency_penalty == 0.f && params_.presence_penalty == 0.f &&
+                             (n_generated_ >= params_.min_tokens || masked_until_min_.empty());
+  int32_t fast = -1;
+  if (masked_greedy) fast = matcher_->ArgMaxAllowed(raw);
   if (plain_greedy) {
     result.token = ArgMax(raw);  // nothing modifies the logits: no copy
+  } else if (fast >= 0 && raw[fast] != kNegInf) {
+    result.token = fast;
   } else {
     std::vector<float> logits(raw.begin(), raw.end());
     ApplyPenalties(logits);

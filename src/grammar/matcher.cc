@@ -1,6 +1,7 @@
 #include "grammar/matcher.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -276,6 +277,43 @@ void Matcher::ApplyMask(std::span<float> logits) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count(),
       std::memory_order_relaxed);
+}
+
+int32_t Matcher::ArgMaxAllowed(std::span<const float> logits) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto mask = grammar_->Mask(state_);
+  const size_t n = std::min<size_t>(logits.size(), grammar_->vocab().size());
+  int32_t best = -1;
+  float best_value = -std::numeric_limits<float>::infinity();
+  for (size_t w = 0; w * 64 < n; ++w) {
+    uint64_t bits = (*mask)[w];
+    if (bits == 0) continue;
+    const size_t base = w * 64;
+    if (bits == ~uint64_t{0} && base + 64 <= n) {
+      // A word of allowed tokens: a plain scan (vectorized); the strict > keeps the lowest id.
+      for (size_t j = 0; j < 64; ++j) {
+        if (logits[base + j] > best_value || best < 0) {
+          best_value = logits[base + j];
+          best = static_cast<int32_t>(base + j);
+        }
+      }
+      continue;
+    }
+    while (bits != 0) {
+      const size_t j = base + static_cast<size_t>(std::countr_zero(bits));
+      bits &= bits - 1;
+      if (j >= n) break;
+      if (logits[j] > best_value || best < 0) {
+        best_value = logits[j];
+        best = static_cast<int32_t>(j);
+      }
+    }
+  }
+  Counters().mask_nanos.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count(),
+      std::memory_order_relaxed);
+  return best;
 }
 
 bool Matcher::Accept(int32_t token) {

@@ -141,6 +141,10 @@ class Matcher {
   // Sets the logits of every token the grammar does not allow to -infinity. `logits` has the
   // vocabulary's size (a longer row's tail is left alone).
   void ApplyMask(std::span<float> logits);
+  // The allowed token of the largest logit (the lowest id among equals), read through the mask
+  // without copying or writing the row: greedy decoding's fast path. -1 when the grammar allows
+  // no token of the row.
+  int32_t ArgMaxAllowed(std::span<const float> logits);
   // Moves past `token`; false (and no change) when the grammar does not allow it.
   bool Accept(int32_t token);
   // True once an end-of-generation token was accepted.

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "grammar/cache.h"
@@ -246,6 +249,34 @@ TEST(Mask, ApplyMaskMatchesAccept) {
     ASSERT_TRUE(m.Accept(next)) << next;
   }
   EXPECT_TRUE(m.CanEnd());
+}
+
+TEST(Mask, ArgMaxAllowedIsTheArgMaxOfTheMaskedRow) {
+  // Random logits at every step of a walk (ties included): the greedy fast path picks what
+  // ApplyMask followed by an argmax (lowest id among equals) picks.
+  auto vocab = ToyVocab({"true", "tr", "ue,", "[1", ", 2", "]", "\"x\"", "nul", "l]"});
+  auto g = Compile(
+      ConstraintKind::kJsonSchema,
+      R"({"type":"array","items":{"anyOf":[{"type":"integer"},{"type":"boolean"},{"type":"null"}]}})",
+      vocab);
+  const std::vector<int32_t> walk = {259, 260, ',', ' ', 256, ',', 257, 258, ' ', 263, 264};
+  Matcher m(g);
+  uint32_t rng = 12345;
+  for (int32_t next : walk) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> logits(vocab->size());
+      for (float& x : logits) {
+        rng = rng * 1664525u + 1013904223u;
+        x = static_cast<float>((rng >> 24) % 8);  // few values: many ties
+      }
+      std::vector<float> masked = logits;
+      m.ApplyMask(masked);
+      const auto best = std::max_element(masked.begin(), masked.end());
+      ASSERT_NE(*best, -std::numeric_limits<float>::infinity());
+      EXPECT_EQ(m.ArgMaxAllowed(logits), best - masked.begin()) << "before " << next;
+    }
+    ASSERT_TRUE(m.Accept(next)) << next;
+  }
 }
 
 TEST(Cache, SameTextSameGrammar) {
