@@ -5,7 +5,8 @@
 //              then N steps decoding all B together; aggregate generated tokens/s
 // Each test runs once to warm up, then -r times; the result is mean ± stdev over repetitions.
 // `-o json` prints a JSON array of records using llama-bench's field names (n_prompt, n_gen,
-// n_threads, avg_ts, stddev_ts, ...) so a script can compare the two tools. `--membw` measures
+// n_threads, avg_ts, stddev_ts, ...) so a script can compare the two tools, plus ops_per_step:
+// the plugin's per-op counters per forward step (docs/profiling.md). `--membw` measures
 // the host's read bandwidth instead (the roofline for decode on a host-memory device).
 #include <CLI/CLI.hpp>
 
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -24,8 +26,10 @@
 
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "cli/profiling.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
+#include "runtime/op_counters.h"
 
 namespace polychip::cli {
 namespace {
@@ -48,7 +52,28 @@ struct Record {
   int n_prompt = 0, n_gen = 0, n_seqs = 1;
   std::vector<double> ts;  // tokens/s per repetition
   std::vector<double> ns;  // nanoseconds per repetition
+  // The plugin's per-op counters over the timed repetitions (absent without them), and the
+  // forward steps they cover.
+  std::optional<std::vector<runtime::OpCounters>> ops;
+  int op_steps = 0;
 };
+
+// Adds `delta` into `sum` op by op.
+void Accumulate(const std::vector<runtime::OpCounters>& delta,
+                std::vector<runtime::OpCounters>* sum) {
+  for (const runtime::OpCounters& d : delta) {
+    auto it = std::find_if(sum->begin(), sum->end(), [&](const auto& c) { return c.op == d.op; });
+    if (it == sum->end()) {
+      sum->push_back(d);
+      continue;
+    }
+    it->launches += d.launches;
+    it->device_ns += d.device_ns;
+    it->bytes_read += d.bytes_read;
+    it->bytes_written += d.bytes_written;
+    it->flops += d.flops;
+  }
+}
 
 double Mean(const std::vector<double>& v) {
   double s = 0;
@@ -69,43 +94,6 @@ int Fail(const Status& status) {
 }
 
 using Clock = std::chrono::steady_clock;
-
-// Streams a buffer with `threads` threads, summing it in 32-byte vectors (GCC vector
-// extensions: plain C++ that compiles to whatever SIMD the baseline target has; the sum keeps
-// the reads from being optimised away); best of several passes, in bytes per second.
-double MeasureReadBandwidth(int threads, size_t bytes) {
-  typedef uint64_t V4 __attribute__((vector_size(32)));
-  const size_t n = bytes / sizeof(V4);
-  std::unique_ptr<V4[]> buf(new V4[n]);
-  for (size_t i = 0; i < n; ++i) buf[i] = V4{i, i + 1, i + 2, i + 3};  // touch every page
-  double best = 0;
-  std::vector<uint64_t> sums(threads * 8);
-  for (int pass = 0; pass < 7; ++pass) {
-    const auto t0 = Clock::now();
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t) {
-      ts.emplace_back([&, t] {
-        const size_t b = n * t / threads, e = n * (t + 1) / threads;
-        V4 s0 = {}, s1 = {}, s2 = {}, s3 = {};
-        for (size_t i = b; i + 4 <= e; i += 4) {
-          s0 += buf[i];
-          s1 += buf[i + 1];
-          s2 += buf[i + 2];
-          s3 += buf[i + 3];
-        }
-        const V4 s = s0 + s1 + s2 + s3;
-        sums[t * 8] = s[0] + s[1] + s[2] + s[3];
-      });
-    }
-    for (auto& t : ts) t.join();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, bytes / s);
-  }
-  uint64_t total = 0;
-  for (uint64_t s : sums) total += s;
-  if (total == 42) std::fprintf(stderr, " ");  // keeps `total` alive
-  return best;
-}
 
 int Run(const BenchOptions& o) {
   const int threads = o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency());
@@ -187,16 +175,25 @@ int Run(const BenchOptions& o) {
   };
 
   std::vector<Record> records;
+  const runtime::Device& dev = r.device();
+  // `steps`: forward steps one body() runs (for the per-op records per step).
   auto measure = [&](Record rec, const std::function<Status()>& setup,
-                     const std::function<Status()>& body, int tokens) -> Status {
+                     const std::function<Status()>& body, int tokens, int steps) -> Status {
     for (int rep = -1; rep < o.reps; ++rep) {  // rep -1 warms up
       PC_RETURN_IF_ERROR(setup());
+      const auto before = dev.backend()->ReadOpCounters(dev);
       const auto a = Clock::now();
       PC_RETURN_IF_ERROR(body());
       const double s = std::chrono::duration<double>(Clock::now() - a).count();
+      const auto after = dev.backend()->ReadOpCounters(dev);
       if (rep >= 0) {
         rec.ts.push_back(tokens / s);
         rec.ns.push_back(s * 1e9);
+        if (before && after) {
+          if (!rec.ops) rec.ops.emplace();
+          Accumulate(runtime::OpCountersDelta(*before, *after), &*rec.ops);
+          rec.op_steps += steps;
+        }
       }
     }
     std::fprintf(stderr, "bench: %s %.2f ± %.2f t/s\n", rec.test.c_str(), Mean(rec.ts),
@@ -208,13 +205,15 @@ int Run(const BenchOptions& o) {
   if (B == 1) {
     if (o.n_prompt > 0) {
       Record rec{"pp" + std::to_string(o.n_prompt), o.n_prompt, 0, 1, {}, {}};
-      if (Status s = measure(rec, nothing, [&] { return prefill(0, o.n_prompt); }, o.n_prompt);
+      if (Status s =
+              measure(rec, nothing, [&] { return prefill(0, o.n_prompt); }, o.n_prompt, 1);
           !s.ok())
         return Fail(s);
     }
     if (o.n_gen > 0) {
       Record rec{"tg" + std::to_string(o.n_gen), 0, o.n_gen, 1, {}, {}};
-      if (Status s = measure(rec, nothing, [&] { return decode(1, 0, o.n_gen); }, o.n_gen);
+      if (Status s =
+              measure(rec, nothing, [&] { return decode(1, 0, o.n_gen); }, o.n_gen, o.n_gen);
           !s.ok())
         return Fail(s);
     }
@@ -227,7 +226,7 @@ int Run(const BenchOptions& o) {
       return Status::Ok();
     };
     if (Status s = measure(rec, setup, [&] { return decode(B, o.n_prompt, o.n_gen); },
-                           o.n_gen * B);
+                           o.n_gen * B, o.n_gen);
         !s.ok())
       return Fail(s);
   }
@@ -239,10 +238,14 @@ int Run(const BenchOptions& o) {
     type = DTypeName(t->dtype);
   // Bytes a decode step reads from the model file: every tensor but the embedding table (one
   // row is gathered), unless the table doubles as the output projection.
+  // Of a mixture of experts' expert tensors, a token reads the share it runs (expert_used_count
+  // of expert_count).
   uint64_t bytes_per_token = 0;
+  const model::ModelConfig& mc = mf->config;
   for (const model::GgufTensor& t : mf->file->tensors()) {
-    if (t.name == "token_embd.weight" && !mf->config.tied_output) continue;
-    bytes_per_token += t.n_bytes;
+    if (t.name == "token_embd.weight" && !mc.tied_output) continue;
+    const bool experts = mc.n_expert > 0 && t.name.find("_exps.weight") != std::string::npos;
+    bytes_per_token += experts ? t.n_bytes / mc.n_expert * mc.n_expert_used : t.n_bytes;
   }
   const std::string model_type = std::string(model::ArchName(mf->config.arch)) + " " + type;
   if (o.output == "json") {
@@ -265,6 +268,9 @@ int Run(const BenchOptions& o) {
                      {"avg_ts", Mean(rec.ts)},
                      {"stddev_ts", Stdev(rec.ts)},
                      {"samples_ts", rec.ts}});
+      // Per forward step, averaged over the repetitions; null without per-op counters.
+      out.back()["ops_per_step"] =
+          rec.ops ? OpRecordsJson(*rec.ops, rec.op_steps) : nlohmann::json();
     }
     std::printf("%s\n", out.dump(2).c_str());
   } else {

@@ -44,6 +44,7 @@ struct ServeOptions {
   int64_t max_total_tokens = 0;
   int page_size = 16;
   int chunked_prefill_size = 512;
+  double max_itl_ms = 0;
   bool disable_radix_cache = false;
   std::string schedule_policy = "fcfs";
   int threads = 0;
@@ -166,6 +167,7 @@ int Serve(CLI::App& app, ServeOptions& o) {
   eo.max_running_requests = o.max_running_requests;
   eo.max_queued_requests = o.max_queued_requests;
   eo.chunked_prefill_size = o.chunked_prefill_size;
+  eo.max_itl_ms = o.max_itl_ms;
   eo.context_length = o.context_length;
   eo.enable_prefix_cache = !o.disable_radix_cache;
   eo.policy = *policy;
@@ -257,6 +259,11 @@ std::function<int()> SetupServe(CLI::App& app) {
                  "fraction of free device memory for the KV cache");
   app.add_option("--max-total-tokens", o->max_total_tokens, "KV cache size in tokens");
   app.add_option("--page-size", o->page_size, "tokens per KV block");
+  app.add_option("--max-itl-ms", o->max_itl_ms,
+                 "inter-token latency target: while streams decode, each step's prompt tokens "
+                 "are sized from the learned step costs to keep it (default off; "
+                 "--chunked-prefill-size stays the ceiling)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--chunked-prefill-size", o->chunked_prefill_size,
                  "prompt tokens per step (<= 0: unlimited)");
   app.add_flag("--disable-radix-cache", o->disable_radix_cache, "no prefix cache");

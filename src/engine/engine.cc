@@ -486,8 +486,19 @@ bool Engine::Step() {
     return false;
   }
   std::vector<SequenceStep> steps;
+  const auto start = Clock::now();
   const Status status = RunPlan(plan, &steps);
   if (status.ok()) {
+    int64_t decode_seqs = 0, prefill_tokens = 0;
+    for (const Planned& p : plan) {
+      // A sequence's one new token is a decode; anything longer is prompt (or recompute).
+      (p.n_tokens == 1 && p.seq->num_computed >= p.seq->prompt_len ? decode_seqs
+                                                                   : prefill_tokens) +=
+          p.n_tokens;
+    }
+    step_cost_.Observe(decode_seqs, prefill_tokens,
+                       std::chrono::duration<double>(Clock::now() - start).count(),
+                       runner_->LastStepDeviceSeconds());
     ProcessResults(plan, steps);
   } else {
     FailPlan(plan, status);
@@ -502,10 +513,24 @@ std::vector<Engine::Planned> Engine::Schedule() {
   std::vector<Planned> plan;
   if (running_.empty() && waiting_.empty()) return plan;
   SortRunning();
-  int32_t budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : INT_MAX;
+  int32_t budget = PrefillBudget();
   // After a preemption the cache is tight: let the survivors run before admitting more.
   if (!PlanRunning(&plan, &budget)) AdmitWaiting(&plan, &budget);
   return plan;
+}
+
+int32_t Engine::PrefillBudget() const {
+  const int32_t ceiling =
+      options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : INT_MAX;
+  if (options_.max_itl_ms <= 0 || !step_cost_.ready()) return ceiling;
+  int64_t decoding = 0;
+  for (const auto& s : running_) {
+    if (static_cast<int64_t>(s->tokens.size()) - s->num_computed == 1) ++decoding;
+  }
+  if (decoding == 0) return ceiling;  // no stream waits on this step
+  // A block's worth of prompt tokens at least, so that a prefill always moves on.
+  const int32_t floor = static_cast<int32_t>(std::min<int64_t>(blocks_.block_size(), ceiling));
+  return step_cost_.PrefillBudget(decoding, options_.max_itl_ms / 1000.0, floor, ceiling);
 }
 
 Status Engine::RunPlan(const std::vector<Planned>& plan, std::vector<SequenceStep>* steps) {

@@ -31,6 +31,7 @@
 #include "engine/metrics.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
+#include "engine/step_cost.h"
 #include "util/status.h"
 
 namespace polychip::engine {
@@ -42,6 +43,10 @@ struct EngineOptions {
   int32_t max_running_requests = 256;
   int32_t max_queued_requests = 4096;  // Submit() beyond this: UNAVAILABLE
   int32_t chunked_prefill_size = 2048; // prompt tokens per step; <= 0: unlimited
+  // > 0: while sequences are decoding, each step's prompt tokens are sized from the learned
+  // step costs (step_cost.h) so that the step stays within this many milliseconds (the
+  // running streams' inter-token latency); chunked_prefill_size stays the ceiling.
+  double max_itl_ms = 0;
   int32_t context_length = 0;          // 0: the runner's
   bool enable_prefix_cache = true;
   SchedulePolicy policy = SchedulePolicy::kFcfs;
@@ -154,6 +159,9 @@ class Engine {
   void FreeBlocks(Sequence* seq, bool cache_prefix);
   void PublishStats();
   void Wake();
+  // Prompt tokens this step may carry: --chunked-prefill-size, or with --max-itl-ms and
+  // sequences decoding, what keeps the step within the target by the learned costs.
+  int32_t PrefillBudget() const;
 
   ModelRunner* runner_;
   EngineOptions options_;
@@ -168,6 +176,7 @@ class Engine {
   // The step's logits (one vocab row per sampled sequence, ~10 MB at 16 x 152k): kept across
   // steps so its pages are not mapped, faulted in and zeroed by the kernel every step.
   std::vector<float> step_logits_;
+  StepCostModel step_cost_;
   std::list<std::unique_ptr<Sequence>> running_;
   std::list<std::unique_ptr<Sequence>> waiting_;
   int64_t next_arrival_ = 0;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ class ModelRunner {
 
   // Appends the runner's own Prometheus series to /metrics (e.g. op fallback launches).
   virtual void RenderMetrics(std::string* out) const {}
+
+  // Device seconds of the last Forward's ops, as the plugin's per-op counters measured them;
+  // nullopt when the plugin does not time its ops. The scheduler learns step costs from it.
+  virtual std::optional<double> LastStepDeviceSeconds() const { return std::nullopt; }
 };
 
 }  // namespace polychip::engine

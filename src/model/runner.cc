@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/op_coverage.h"
+#include "runtime/op_counters.h"
 #include "runtime/op_fallback.h"
 
 namespace polychip::model {
@@ -200,6 +201,9 @@ Status TransformerRunner::Forward(std::span<const SequenceStep> batch,
                                   std::vector<float>* logits) {
   logits->clear();
   for (const SequenceStep& s : batch) PC_RETURN_IF_ERROR(Validate(s));
+  // The step's device time, from the plugin's per-op counters (two reads of a few records).
+  last_step_device_s_.reset();
+  const auto counters_before = device_->backend()->ReadOpCounters(*device_);
 
   // Pack the batch into sub-steps of at most max_tokens_per_step tokens.
   const int64_t cap = options_.max_tokens_per_step;
@@ -221,6 +225,12 @@ Status TransformerRunner::Forward(std::span<const SequenceStep> batch,
     }
   }
   if (!pieces.empty()) PC_RETURN_IF_ERROR(RunPieces(pieces, logits));
+  if (counters_before) {
+    if (auto after = device_->backend()->ReadOpCounters(*device_)) {
+      last_step_device_s_ =
+          runtime::DeviceSeconds(runtime::OpCountersDelta(*counters_before, *after));
+    }
+  }
   return Status::Ok();
 }
 
@@ -346,6 +356,7 @@ Status TransformerRunner::CopyLogits(float* dst, int64_t rows) {
 }
 
 void TransformerRunner::RenderMetrics(std::string* out) const {
+  runtime::AppendOpCounterMetrics({device_.get()}, out);
   const runtime::OpFallback* fallback = device_->op_fallback();
   if (fallback == nullptr) return;
   *out +=

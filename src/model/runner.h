@@ -54,8 +54,10 @@ class TransformerRunner : public engine::ModelRunner {
 
   Status Forward(std::span<const engine::SequenceStep> batch,
                  std::vector<float>* logits) override;
+  // The device's per-op counters (runtime/op_counters.h), then
   // polychip_op_fallback_launches_total{op, backend, fallback} when ops fall back.
   void RenderMetrics(std::string* out) const override;
+  std::optional<double> LastStepDeviceSeconds() const override { return last_step_device_s_; }
 
   const ModelConfig& config() const { return config_; }
   const RunnerOptions& options() const { return options_; }
@@ -98,6 +100,7 @@ class TransformerRunner : public engine::ModelRunner {
   std::vector<PoolBuffer> work_;        // activation buffers
   StepBuffers buf_;
   runtime::DevPtr h_ = 0;        // [max_logit_rows, n_embd]
+  std::optional<double> last_step_device_s_;
   runtime::DevPtr logits_ = 0;   // [max_logit_rows, n_vocab] (tensor parallel: vocab.rows)
   PoolBuffer meta_;              // packed int32 index arrays of a step
   uint64_t meta_bytes_ = 0;

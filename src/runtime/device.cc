@@ -165,6 +165,45 @@ std::vector<std::pair<std::string, double>> Backend::ReadCounters(const Device& 
   return out;
 }
 
+std::optional<std::vector<OpCounters>> Backend::ReadOpCounters(const Device& device) const {
+  const auto* t = impl_->table;
+  if (!PC_HAS_MEMBER(t, pc_backend_iface_t, op_counters_read) || t->op_counters_read == nullptr) {
+    return std::nullopt;
+  }
+  auto* dev = static_cast<pc_device_t*>(device.raw());
+  // Sized for every op of this host; grown once if the plugin knows more.
+  std::vector<pc_op_counters_t> records(PC_OP_COUNT + 1);
+  int32_t n = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    records[0].struct_size = sizeof(pc_op_counters_t);
+    n = t->op_counters_read(dev, records.data(), static_cast<int32_t>(records.size()));
+    if (n < 0) return std::nullopt;
+    if (static_cast<size_t>(n) <= records.size()) break;
+    records.assign(n, pc_op_counters_t{});
+  }
+  std::vector<OpCounters> out;
+  for (int32_t i = 0; i < n && static_cast<size_t>(i) < records.size(); ++i) {
+    const pc_op_counters_t& r = records[i];
+    // A record shorter than its flags member carries nothing we can read.
+    if (!PC_HAS_MEMBER(&r, pc_op_counters_t, flags)) continue;
+    OpCounters c;
+    c.op = r.op;
+    c.launches = PC_HAS_MEMBER(&r, pc_op_counters_t, launches) ? r.launches : 0;
+    c.has_time = (r.flags & PC_OP_COUNTERS_TIME) && PC_HAS_MEMBER(&r, pc_op_counters_t, device_ns);
+    c.has_bytes =
+        (r.flags & PC_OP_COUNTERS_BYTES) && PC_HAS_MEMBER(&r, pc_op_counters_t, bytes_written);
+    c.has_flops = (r.flags & PC_OP_COUNTERS_FLOPS) && PC_HAS_MEMBER(&r, pc_op_counters_t, flops);
+    if (c.has_time) c.device_ns = r.device_ns;
+    if (c.has_bytes) {
+      c.bytes_read = r.bytes_read;
+      c.bytes_written = r.bytes_written;
+    }
+    if (c.has_flops) c.flops = r.flops;
+    out.push_back(c);
+  }
+  return out;
+}
+
 StatusOr<std::vector<std::shared_ptr<Device>>> OpenDevices(
     const std::shared_ptr<Backend>& backend, const std::vector<int32_t>& physical_ids) {
   std::vector<int32_t> ids = physical_ids;

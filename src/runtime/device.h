@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,20 @@ struct DeviceProps {
   int32_t priority_high = 0;
   int32_t compute_units = 0;
   std::vector<std::string> FlagNames() const;  // {"ASYNC_EXEC", "TIMING", ...}
+};
+
+// What a device did for one op (pc_op_counters_t, see pc_backend.h). A quantity the plugin
+// does not measure is 0 with its `has_` flag false.
+struct OpCounters {
+  int32_t op = 0;  // runtime::Op value (ops.h); OpName() names it
+  uint64_t launches = 0;
+  uint64_t device_ns = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t flops = 0;
+  bool has_time = false;
+  bool has_bytes = false;
+  bool has_flops = false;
 };
 
 class Device;
@@ -74,8 +89,13 @@ class Backend : public std::enable_shared_from_this<Backend> {
   // The plugin allows one open handle per ordinal: opening it twice returns the same Device.
   StatusOr<std::shared_ptr<Device>> OpenDevice(int32_t physical, int32_t logical = -1);
 
-  // Performance counters of an open device (optional in the ABI; empty if absent).
+  // Performance counters of an open device (optional in the ABI; empty if absent): the
+  // plugin's own extras, by name.
   std::vector<std::pair<std::string, double>> ReadCounters(const Device& device) const;
+  // Per-op counters of an open device (ABI 1.3 op_counters_read), cumulative since the device
+  // was opened, one record per op it has run; nullopt when the plugin has none (a 1.2 plugin,
+  // or counting switched off).
+  std::optional<std::vector<OpCounters>> ReadOpCounters(const Device& device) const;
 
   BackendImpl& impl() const { return *impl_; }
   explicit Backend(std::unique_ptr<BackendImpl> impl);  // runtime-internal

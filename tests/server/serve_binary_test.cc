@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <regex>
 #include <thread>
 
 #include "serve_process.h"
@@ -382,6 +383,46 @@ TEST(ServeBinary, SigtermWithAStreamInFlightExitsZero) {
   client.join();  // the stream ends (cancelled) rather than hanging
   EXPECT_NE(result.second.find("data: "), std::string::npos);
   EXPECT_NE(s.Log().find("stopped"), std::string::npos);
+}
+
+// /metrics after a request carries the plugin's per-op counters, labelled backend, device, op
+// and generation; the ITL target is accepted and reported.
+TEST(ServeBinary, MetricsHavePerOpCountersWithLabels) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--context-length", "256", "--max-itl-ms", "50"});
+  ASSERT_TRUE(s.ok());
+  auto [status, r] = s.Post("/v1/completions", {{"prompt", "The quick brown fox"},
+                                                {"max_tokens", 4},
+                                                {"temperature", 0},
+                                                {"ignore_eos", true}});
+  ASSERT_EQ(status, 200) << r.dump();
+  auto info = s.Client()->Get("/get_server_info");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(json::parse(info->body)["max_itl_ms"], 50.0);
+  auto m = s.Client()->Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string& text = m->body;
+  EXPECT_NE(text.find("# TYPE polychip_op_launches_total counter"), std::string::npos) << text;
+  for (const char* op : {"matmul", "attention", "rms_norm", "kv_store"}) {
+    const std::regex launches(std::string(R"(
+polychip_op_launches_total\{backend="cpu",)"
+                                          R"(device="0",generation="[0-9]+",op=")") +
+                              op + R"("\} ([0-9.e+]+)
+)");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(text, match, launches)) << op << "\n" << text;
+    // 4 prompt tokens and 4 generated ones: at least 4 steps of every op.
+    EXPECT_GE(std::stod(match[1]), 4) << op;
+    const std::regex seconds(std::string(R"(
+polychip_op_device_seconds_total\{backend="cpu",)"
+                                         R"(device="0",generation="[0-9]+",op=")") +
+                             op + R"("\} ([0-9.e+-]+)
+)");
+    ASSERT_TRUE(std::regex_search(text, match, seconds)) << op;
+    EXPECT_GT(std::stod(match[1]), 0) << op;
+  }
+  EXPECT_NE(text.find("polychip_op_read_bytes_total{backend=\"cpu\""), std::string::npos);
+  EXPECT_NE(text.find("polychip_op_flops_total{backend=\"cpu\""), std::string::npos);
 }
 
 // Issue 16, --shutdown-timeout through the binary: on SIGTERM a stream that finishes inside the

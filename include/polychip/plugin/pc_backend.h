@@ -68,6 +68,30 @@ typedef struct pc_weight {
   uint64_t bytes;    /* device memory used */
 } pc_weight_t;
 
+/* Per-op counters (ABI 1.3): which members of a pc_op_counters record the plugin measures. A
+ * member whose flag is absent reads 0 and means "not measured", never "took no time". */
+#define PC_OP_COUNTERS_TIME (1u << 0)  /* device_ns */
+#define PC_OP_COUNTERS_BYTES (1u << 1) /* bytes_read, bytes_written */
+#define PC_OP_COUNTERS_FLOPS (1u << 2) /* flops */
+
+/* What one device did for one op since the device was opened. Cumulative and never reset: a
+ * reader that wants the cost of a step takes a snapshot before and after and subtracts, so
+ * several readers (the metrics exporter, the scheduler, a profiler) never disturb each other.
+ * A plugin may count a launch when it is enqueued or when it completes (its time only then);
+ * either way a snapshot taken after stream_synchronize of every stream that launched includes
+ * every launch made before it, time included. */
+typedef struct pc_op_counters {
+  size_t struct_size;
+  int32_t op;             /* pc_op_t */
+  uint32_t flags;         /* PC_OP_COUNTERS_*: the members below that are measured */
+  uint64_t launches;      /* op_launch calls accepted (that returned NULL) */
+  uint64_t device_ns;     /* time the device spent running the op: device timestamps or events
+                           * on an accelerator, the host's monotonic clock on a CPU plugin */
+  uint64_t bytes_read;    /* operand bytes read (a weight at its stored size) */
+  uint64_t bytes_written; /* operand bytes written */
+  uint64_t flops;         /* arithmetic operations (a multiply-add counts as two) */
+} pc_op_counters_t;
+
 typedef struct pc_backend_iface {
   size_t struct_size;
   uint32_t abi_major; /* PC_ABI_MAJOR the plugin was built with */
@@ -174,6 +198,19 @@ typedef struct pc_backend_iface {
   int32_t (*counter_count)(pc_device_t* device);
   /* [optional][sync] Name (static string) and current value of counter i. */
   pc_error_t* (*counter_get)(pc_device_t* device, int32_t i, const char** name, double* value);
+  /* The two members above carry the plugin's own extras (cache hits of a repacked layout,
+   * queue depth, allocated bytes); the framework exports them as they are. */
+
+  /* ---- appended in ABI 1.3 ----------------------------------------------------------------- */
+  /* [optional][sync][any thread] Per-op counters of the device (see pc_op_counters_t). The
+   * caller sets out[0].struct_size to sizeof(pc_op_counters_t) as it was compiled; that is the
+   * stride of the array. The plugin fills up to `capacity` records, one per op the device has
+   * run at least once, in ascending op order, writing at most its own record size of each and
+   * setting each record's struct_size to what it wrote. Returns the number of such ops (which
+   * may exceed capacity: call again with a larger array), or -1 when counting is switched off
+   * (for example by a plugin parameter), which the host reads as "absent". Counting must be
+   * cheap enough to stay on in production. */
+  int32_t (*op_counters_read)(pc_device_t* device, pc_op_counters_t* out, int32_t capacity);
 } pc_backend_iface_t;
 
 typedef void (*pc_backend_probe_fn)(pc_probe_result_t* result);

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "polychip/plugin/pc_backend.h"
+#include "polychip/sdk/op_counters.h"  // per-op counters: launches, time, bytes, FLOPs
 #include "polychip/sdk/plugin_util.h"  // error objects, Guard
 #include "polychip/sdk/ref_kernels.h"  // RefSupports / RefLaunch: every op, correct, slow
 
@@ -41,6 +42,7 @@ using polychip::sdk::MakeError;
 // and event objects in these structs.
 struct pc_device {
   int32_t ordinal;
+  polychip::sdk::OpCounterTable op_counters;  // read by op_counters_read
 };
 struct pc_stream {
   pc_device* device;
@@ -250,9 +252,22 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
     //     return ChipMatmul(stream, *static_cast<const pc_matmul_args_t*>(args));
     //   }
     // Every other op: the reference kernel, validated first, on the calling thread.
-    const char* why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
-    return why ? BadArg(why) : nullptr;
+    // Per-op counters: here the kernel runs on the calling thread, so the host clock around it
+    // is the op's time. VENDOR: on a device, take the time from device timestamps or events
+    // around the kernel (see the Vulkan plugin) and record when the stream reaches them.
+    const uint64_t start = polychip::sdk::OpCounterTable::Now();
+    const polychip::sdk::DeviceMemory mem = polychip::sdk::IdentityMemory();
+    const char* why = polychip::sdk::RefLaunch(op, args, mem);
+    if (why) return BadArg(why);
+    stream->device->op_counters.Record(op, polychip::sdk::OpCounterTable::Now() - start,
+                                       polychip::sdk::OpWorkOf(op, args, &mem));
+    return nullptr;
   });
+}
+
+// Per-op counters (ABI 1.3): launches, time, bytes and FLOPs of each op since device_open.
+int32_t OpCountersRead(pc_device_t* device, pc_op_counters_t* out, int32_t capacity) {
+  return device ? device->op_counters.Read(out, capacity) : -1;
 }
 
 const pc_backend_iface_t kIface = [] {
@@ -289,6 +304,7 @@ const pc_backend_iface_t kIface = [] {
   t.event_synchronize = EventSynchronize;
   t.op_supports = OpSupports;
   t.op_launch = OpLaunch;
+  t.op_counters_read = OpCountersRead;
   return t;
 }();
 

@@ -4,10 +4,13 @@
 // for matmul, attention, rope, rms_norm and swiglu; the SDK reference kernels for the rest.
 // At weight_upload, quantized weights are repacked into the layout of packed.h and, on AVX-512
 // and AVX2, float weights into the panels of panel.h; MATMUL and EMBEDDING both read those layouts (a tied
-// embedding table is held once). One counter: allocated_bytes.
+// embedding table is held once). One counter: allocated_bytes. Per-op counters (ABI 1.3):
+// launches, time on the host's monotonic clock around each kernel, bytes and FLOPs
+// (sdk/op_counters.h).
 //
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
-// environment variable POLYCHIP_CPU_ISA), devices (default 1).
+// environment variable POLYCHIP_CPU_ISA), devices (default 1), op_counters (on|off, default
+// on; also the environment variable POLYCHIP_OP_COUNTERS).
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "kernels.h"
 #include "packed.h"
 #include "panel.h"
+#include "polychip/sdk/op_counters.h"
 #include "thread_pool.h"
 #include "polychip/plugin/pc_backend.h"
 #include "polychip/sdk/plugin_util.h"
@@ -42,6 +46,7 @@ struct pc_device {
   std::mutex mu;
   std::unordered_map<void*, uint64_t> allocations;  // live allocations and their sizes
   uint64_t allocated = 0;
+  polychip::sdk::OpCounterTable op_counters;
 };
 
 struct pc_stream {
@@ -62,6 +67,7 @@ struct State {
   const pc_host_services_t* host = nullptr;
   int threads = 1;
   int n_devices = 1;
+  bool count_ops = true;  // parameter op_counters
   const polychip::cpu::KernelTable* kernels = nullptr;
   std::unique_ptr<polychip::cpu::ThreadPool> pool;
   std::mutex launch_mu;  // the pool runs one op at a time
@@ -111,11 +117,15 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     s.n_devices = 1;
     const char* env_isa = std::getenv("POLYCHIP_CPU_ISA");
     std::string isa = env_isa ? env_isa : "auto";
+    const char* env_counters = std::getenv("POLYCHIP_OP_COUNTERS");
+    std::string op_counters = env_counters ? env_counters : "on";
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       long long v = 0;
       if (key == "isa") {
         isa = params[i].value ? params[i].value : "";
+      } else if (key == "op_counters") {
+        op_counters = params[i].value ? params[i].value : "";
       } else if (key == "threads" || key == "devices") {
         if (!polychip::sdk::ParseInt(params[i].value, &v) || v < 1 || v > 1024) {
           return BadArg("parameter " + key + " must be a positive integer, got '" +
@@ -126,6 +136,10 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         Log(PC_LOG_WARNING, "unknown parameter '" + key + "' ignored");
       }
     }
+    if (op_counters != "on" && op_counters != "off") {
+      return BadArg("parameter op_counters must be on or off, got '" + op_counters + "'");
+    }
+    s.count_ops = op_counters == "on";
     const polychip::cpu::KernelTable* kernels = polychip::cpu::SelectKernels(isa.c_str());
     if (!kernels) {
       return BadArg("parameter isa must be auto, scalar, avx2 or avx512 (and supported by this "
@@ -440,6 +454,7 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
     }
     const char* why = nullptr;
     std::lock_guard<std::mutex> launch(G().launch_mu);
+    const uint64_t start = G().count_ops ? polychip::sdk::OpCounterTable::Now() : 0;
     const polychip::cpu::OpContext c = Ctx();
     switch (op) {
       case PC_OP_EMBEDDING:
@@ -455,7 +470,13 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
       case PC_OP_SWIGLU: why = Swiglu(c, *static_cast<const pc_swiglu_args_t*>(args)); break;
       default: why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
     }
-    return why ? MakeError(PC_CODE_INVALID_ARGUMENT, why) : nullptr;
+    if (why) return MakeError(PC_CODE_INVALID_ARGUMENT, why);
+    if (G().count_ops) {
+      const polychip::sdk::DeviceMemory host = polychip::sdk::IdentityMemory();
+      stream->device->op_counters.Record(op, polychip::sdk::OpCounterTable::Now() - start,
+                                         polychip::sdk::OpWorkOf(op, args, &host));
+    }
+    return nullptr;
   });
 }
 
@@ -469,6 +490,11 @@ pc_error_t* CounterGet(pc_device_t* device, int32_t i, const char** name, double
   *name = "allocated_bytes";
   *value = static_cast<double>(device->allocated);
   return nullptr;
+}
+
+int32_t OpCountersRead(pc_device_t* device, pc_op_counters_t* out, int32_t capacity) {
+  if (!device || !G().count_ops) return -1;
+  return device->op_counters.Read(out, capacity);
 }
 
 const pc_backend_iface_t kIface = [] {
@@ -512,6 +538,7 @@ const pc_backend_iface_t kIface = [] {
   t.op_launch = OpLaunch;
   t.counter_count = CounterCount;
   t.counter_get = CounterGet;
+  t.op_counters_read = OpCountersRead;
   return t;
 }();
 

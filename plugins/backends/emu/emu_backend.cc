@@ -15,6 +15,9 @@
 //     Nth launch (of OP, else of any op) fail on its stream as a device fault would, reported
 //     by the next stream_synchronize; stall_stream_ms=MS[@N] holds the stream (and so the device) of
 //     the Nth op launch (default the 1st) for MS ms before it runs. Each op fault happens once.
+//   - Per-op counters (ABI 1.3): launches, time each command ran on the executor (the host
+//     clock: the emulated device's clock), bytes and FLOPs (sdk/op_counters.h); parameter
+//     op_counters=off switches them off.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -34,6 +37,7 @@
 
 #include "polychip/plugin/pc_backend.h"
 #include "polychip/sdk/plugin_util.h"
+#include "polychip/sdk/op_counters.h"
 #include "polychip/sdk/op_list.h"
 #include "polychip/sdk/ref_kernels.h"
 
@@ -87,6 +91,7 @@ struct pc_device {
   std::map<uint64_t, uint64_t> free;  // offset -> size of each free range (coalesced)
   uint64_t used = 0;
   Executor executor;
+  polychip::sdk::OpCounterTable op_counters;
   // Commands enqueued on any stream of this device and not yet finished (mem_free waits).
   std::mutex work_mu;
   std::condition_variable work_cv;
@@ -212,6 +217,7 @@ struct State {
   // op coverage errors and --op-fallback can be exercised without writing a plugin. Empty:
   // every op.
   std::set<pc_op_t> only_ops;
+  bool count_ops = true;  // parameter op_counters
   // Fault injection (see the top of the file). 0 / PC_OP_COUNT: off.
   uint64_t fail_alloc_after_bytes = 0;
   std::atomic<uint64_t> allocated_bytes{0};
@@ -240,6 +246,7 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     s.n_devices = 4;
     s.memory_bytes = 4096ull << 20;
     s.only_ops.clear();
+    s.count_ops = true;
     s.fail_alloc_after_bytes = 0;
     s.allocated_bytes = 0;
     s.fail_op = PC_OP_COUNT;
@@ -256,6 +263,11 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         if (!polychip::sdk::ParseInt(value, &v) || v < 1 || v > 16)
           return BadArg(std::string("parameter devices must be 1..16, got '") + value + "'");
         s.n_devices = static_cast<int>(v);
+      } else if (key == "op_counters") {
+        if (std::strcmp(value, "on") != 0 && std::strcmp(value, "off") != 0)
+          return BadArg(std::string("parameter op_counters must be on or off, got '") + value +
+                        "'");
+        s.count_ops = std::strcmp(value, "on") == 0;
       } else if (key == "memory_mb") {
         if (!polychip::sdk::ParseInt(value, &v) || v < 1 || v > (1ll << 24))
           return BadArg(std::string("parameter memory_mb must be positive, got '") + value + "'");
@@ -721,7 +733,9 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
       fail = nth == s.fail_op_launch;
     }
     const int64_t stall_ms = s.stall_ms > 0 && launch == s.stall_launch ? s.stall_ms : 0;
-    stream->Enqueue({[op, mem, copy = std::move(copy), fail, stall_ms, launch]() -> const char* {
+    const bool count = s.count_ops;
+    stream->Enqueue({[op, mem, copy = std::move(copy), fail, stall_ms, launch,
+                      count]() -> const char* {
       if (stall_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
       if (fail) {
         // Static storage: the stream copies the text into its error object.
@@ -730,10 +744,22 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
               std::to_string(launch) + ") failed (fail_op_launch)";
         return why.c_str();
       }
-      return polychip::sdk::RefLaunch(op, copy.data(), mem);
+      const uint64_t start = count ? polychip::sdk::OpCounterTable::Now() : 0;
+      const char* why = polychip::sdk::RefLaunch(op, copy.data(), mem);
+      if (why == nullptr && count) {
+        static_cast<pc_device*>(mem.ctx)->op_counters.Record(
+            op, polychip::sdk::OpCounterTable::Now() - start,
+            polychip::sdk::OpWorkOf(op, copy.data(), &mem));
+      }
+      return why;
     }});
     return nullptr;
   });
+}
+
+int32_t OpCountersRead(pc_device_t* device, pc_op_counters_t* out, int32_t capacity) {
+  if (!device || !G().count_ops) return -1;
+  return device->op_counters.Read(out, capacity);
 }
 
 const pc_backend_iface_t kIface = [] {
@@ -777,6 +803,7 @@ const pc_backend_iface_t kIface = [] {
   t.event_elapsed_ms = EventElapsedMs;
   t.op_supports = OpSupports;
   t.op_launch = OpLaunch;
+  t.op_counters_read = OpCountersRead;
   return t;
 }();
 

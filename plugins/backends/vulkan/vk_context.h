@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "polychip/plugin/pc_backend.h"
+#include "polychip/sdk/op_counters.h"
 
 namespace polychip::vulkan {
 
@@ -203,6 +204,10 @@ struct Device {
   void DestroyHostBuffer(HostBuffer* b);
 
   pc_devptr_t dummy = 0;  // bound where an optional operand is absent
+
+  // Per-op counters (op_counters_read): counted at enqueue, no per-op time.
+  bool count_ops = true;  // parameter op_counters
+  polychip::sdk::OpCounterTable op_counters{PC_OP_COUNTERS_BYTES | PC_OP_COUNTERS_FLOPS};
 };
 
 // vk_ops.cc: the compute domain.

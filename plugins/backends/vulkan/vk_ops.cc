@@ -440,6 +440,9 @@ int32_t OpSupports(const Device& d, const pc_op_query_t& q) {
   }
 }
 
+// Records the op's kernels on the stream. Per-op counters: launches, bytes and FLOPs counted at
+// enqueue (the KV extent of ATTENTION at its upper bound: device memory is not read from the
+// host); no per-op time yet (it would take a timestamp pair per op, resolved at retire).
 pc_error_t* OpLaunch(StreamState& s, pc_op_t op, const void* args) {
   if (const char* why = sdk::ValidateOpArgs(op, args)) {
     return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT : PC_CODE_UNIMPLEMENTED,
@@ -452,24 +455,30 @@ pc_error_t* OpLaunch(StreamState& s, pc_op_t op, const void* args) {
   const void* a = copy.data();
   std::lock_guard<std::mutex> lock(s.mu);
   Launcher L(s);
-  switch (op) {
-    case PC_OP_EMBEDDING: return Embedding(L, *static_cast<const pc_embedding_args_t*>(a));
-    case PC_OP_RMS_NORM: return RmsNorm(L, *static_cast<const pc_rms_norm_args_t*>(a));
-    case PC_OP_MATMUL: return Matmul(L, *static_cast<const pc_matmul_args_t*>(a));
-    case PC_OP_ROPE: return Rope(L, *static_cast<const pc_rope_args_t*>(a));
-    case PC_OP_KV_STORE: return KvStore(L, *static_cast<const pc_kv_store_args_t*>(a));
-    case PC_OP_ATTENTION: return Attention(L, *static_cast<const pc_attention_args_t*>(a));
-    case PC_OP_SWIGLU: {
-      const auto& sw = *static_cast<const pc_swiglu_args_t*>(a);
-      return Binary(L, "swiglu", sw.gate, sw.up, sw.out, sw.n);
+  pc_error_t* error = [&]() -> pc_error_t* {
+    switch (op) {
+      case PC_OP_EMBEDDING: return Embedding(L, *static_cast<const pc_embedding_args_t*>(a));
+      case PC_OP_RMS_NORM: return RmsNorm(L, *static_cast<const pc_rms_norm_args_t*>(a));
+      case PC_OP_MATMUL: return Matmul(L, *static_cast<const pc_matmul_args_t*>(a));
+      case PC_OP_ROPE: return Rope(L, *static_cast<const pc_rope_args_t*>(a));
+      case PC_OP_KV_STORE: return KvStore(L, *static_cast<const pc_kv_store_args_t*>(a));
+      case PC_OP_ATTENTION: return Attention(L, *static_cast<const pc_attention_args_t*>(a));
+      case PC_OP_SWIGLU: {
+        const auto& sw = *static_cast<const pc_swiglu_args_t*>(a);
+        return Binary(L, "swiglu", sw.gate, sw.up, sw.out, sw.n);
+      }
+      case PC_OP_ADD: {
+        const auto& ad = *static_cast<const pc_add_args_t*>(a);
+        return Binary(L, "add", ad.a, ad.b, ad.out, ad.n);
+      }
+      case PC_OP_CONVERT: return Convert(L, *static_cast<const pc_convert_args_t*>(a));
+      default: return MakeError(PC_CODE_UNIMPLEMENTED, "unknown op");
     }
-    case PC_OP_ADD: {
-      const auto& ad = *static_cast<const pc_add_args_t*>(a);
-      return Binary(L, "add", ad.a, ad.b, ad.out, ad.n);
-    }
-    case PC_OP_CONVERT: return Convert(L, *static_cast<const pc_convert_args_t*>(a));
-    default: return MakeError(PC_CODE_UNIMPLEMENTED, "unknown op");
+  }();
+  if (error == nullptr && s.device->count_ops) {
+    s.device->op_counters.Record(op, 0, sdk::OpWorkOf(op, a, nullptr));
   }
+  return error;
 }
 
 void DestroyKernels(Device& d) {

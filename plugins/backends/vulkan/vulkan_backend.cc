@@ -8,7 +8,8 @@
 //   - no stream priorities (low == high): the global-priority extension is not used yet.
 // Parameters: devices ("0,2": indices among the visible devices; a bare "2": a count, the first
 // two, as for the emu plugin), block_mb (device memory
-// block size), staging_mb (per-stream staging ring). POLYCHIP_VULKAN_DEVICE restricts the
+// block size), staging_mb (per-stream staging ring), op_counters (on|off, default on: per-op
+// launches, bytes and FLOPs; no per-op time yet). POLYCHIP_VULKAN_DEVICE restricts the
 // visible devices (indices into vkEnumeratePhysicalDevices), like CUDA_VISIBLE_DEVICES.
 #include <algorithm>
 #include <cstdio>
@@ -36,6 +37,7 @@ struct State {
   std::vector<pv::PhysicalInfo> devices;
   uint64_t block_bytes = 256ull << 20;
   uint64_t staging_bytes = 32ull << 20;
+  bool count_ops = true;
   std::mutex mu;
   std::vector<pc_device*> open;
 };
@@ -94,12 +96,18 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     std::string devices_param;
     s.block_bytes = 256ull << 20;
     s.staging_bytes = 32ull << 20;
+    s.count_ops = true;
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       const char* value = params[i].value ? params[i].value : "";
       long long v = 0;
       if (key == "devices") {
         devices_param = value;
+      } else if (key == "op_counters") {
+        if (std::strcmp(value, "on") != 0 && std::strcmp(value, "off") != 0)
+          return BadArg(std::string("parameter op_counters must be on or off, got '") + value +
+                        "'");
+        s.count_ops = std::strcmp(value, "on") == 0;
       } else if (key == "block_mb" || key == "staging_mb") {
         if (!polychip::sdk::ParseInt(value, &v) || v < 1 || v > (1 << 20))
           return BadArg("parameter " + key + " must be a positive number of MiB, got '" +
@@ -215,6 +223,7 @@ pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
     d.alignment = Alignment(d.info);
     d.info.max_alloc = MaxAlloc(d.info);
     d.block_bytes = std::min(s.block_bytes, d.info.max_alloc);
+    d.count_ops = s.count_ops;
 
     const uint32_t n_queues = std::min<uint32_t>(d.info.queue_count, 4);
     std::vector<float> priorities(n_queues, 1.0f);
@@ -624,6 +633,11 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
   return Guard([&] { return pv::OpLaunch(*stream->s, op, args); });
 }
 
+int32_t OpCountersRead(pc_device_t* device, pc_op_counters_t* out, int32_t capacity) {
+  if (!device || !device->d.count_ops) return -1;
+  return device->d.op_counters.Read(out, capacity);
+}
+
 const pc_backend_iface_t kIface = [] {
   pc_backend_iface_t t{};
   t.struct_size = sizeof(t);
@@ -665,6 +679,7 @@ const pc_backend_iface_t kIface = [] {
   t.event_elapsed_ms = EventElapsedMs;
   t.op_supports = OpSupports;
   t.op_launch = OpLaunch;
+  t.op_counters_read = OpCountersRead;
   return t;
 }();
 

@@ -44,6 +44,7 @@ std::vector<Check> AllBackendChecks() {
   AddApiChecks(checks);
   AddMemoryChecks(checks);
   AddOpChecks(checks);
+  AddCounterChecks(checks);
   return checks;
 }
 

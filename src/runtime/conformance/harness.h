@@ -118,6 +118,7 @@ struct Check {
 void AddApiChecks(std::vector<Check>& checks);     // checks_api.cc
 void AddMemoryChecks(std::vector<Check>& checks);  // checks_memory.cc (memory and streams)
 void AddOpChecks(std::vector<Check>& checks);      // checks_ops.cc
+void AddCounterChecks(std::vector<Check>& checks);  // checks_counters.cc (per-op counters)
 
 // Comm plugins (comm_checks.cc): runs every comm check on options.ranks ranks (threads) and
 // appends the rows to the report.

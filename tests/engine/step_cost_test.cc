@@ -1,0 +1,94 @@
+// The learned step cost and the prefill chunk it sizes for an inter-token latency target:
+// deterministic, costs fed in, chunk sizes checked.
+#include "engine/step_cost.h"
+
+#include <gtest/gtest.h>
+
+namespace polychip::engine {
+namespace {
+
+// A device where a step costs 4 ms, plus 0.5 ms per decoding sequence, plus 0.1 ms per prompt
+// token; the host adds 1 ms to every step.
+constexpr double kFixed = 4e-3, kPerSeq = 0.5e-3, kPerToken = 0.1e-3, kHost = 1e-3;
+double DeviceTime(int64_t seqs, int64_t tokens) {
+  return kFixed + kPerSeq * seqs + kPerToken * tokens;
+}
+
+void Feed(StepCostModel* m, bool with_device_time) {
+  const int64_t seqs[] = {8, 8, 7, 8, 9, 8, 6, 8};
+  const int64_t tokens[] = {0, 256, 0, 512, 0, 128, 64, 0};
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int i = 0; i < 8; ++i) {
+      const double device = DeviceTime(seqs[i], tokens[i]);
+      m->Observe(seqs[i], tokens[i], device + kHost,
+                 with_device_time ? std::optional<double>(device) : std::nullopt);
+    }
+  }
+}
+
+TEST(StepCostTest, NotReadyUntilItHasSeenPrefillAndDecodeSteps) {
+  StepCostModel m;
+  EXPECT_FALSE(m.ready());
+  for (int i = 0; i < 10; ++i) m.Observe(8, 0, DeviceTime(8, 0), std::nullopt);
+  EXPECT_FALSE(m.ready());  // no step with prompt tokens yet: their cost is unknown
+  for (int i = 1; i <= 3; ++i) m.Observe(8, 100 * i, DeviceTime(8, 100 * i), std::nullopt);
+  EXPECT_TRUE(m.ready());
+}
+
+TEST(StepCostTest, LearnsTheCostsFromDeviceTimeAndAddsTheHostShare) {
+  StepCostModel m;
+  Feed(&m, /*with_device_time=*/true);
+  ASSERT_TRUE(m.ready());
+  EXPECT_NEAR(m.PrefillTokenSeconds(), kPerToken, 1e-7);
+  EXPECT_NEAR(m.Predict(8, 0), DeviceTime(8, 0) + kHost, 2e-5);
+  EXPECT_NEAR(m.Predict(8, 1000), DeviceTime(8, 1000) + kHost, 2e-5);
+}
+
+TEST(StepCostTest, LearnsFromWallTimeWithoutDeviceTime) {
+  StepCostModel m;
+  Feed(&m, /*with_device_time=*/false);
+  EXPECT_NEAR(m.PrefillTokenSeconds(), kPerToken, 1e-7);
+  EXPECT_NEAR(m.Predict(8, 300), DeviceTime(8, 300) + kHost, 2e-5);
+}
+
+TEST(StepCostTest, BudgetKeepsTheStepWithinTheTarget) {
+  StepCostModel m;
+  Feed(&m, true);
+  // 8 sequences decoding: 4 + 8 · 0.5 + 1 (host) = 9 ms without prompt tokens. A 20 ms target
+  // leaves 11 ms: 110 tokens at 0.1 ms.
+  EXPECT_NEAR(m.PrefillBudget(8, 20e-3, 16, 2048), 110, 1);
+  // A looser target, more tokens; a tighter one, fewer.
+  EXPECT_NEAR(m.PrefillBudget(8, 50e-3, 16, 2048), 410, 1);
+  EXPECT_NEAR(m.PrefillBudget(8, 12e-3, 16, 2048), 30, 1);
+  // More streams decoding take more of the step: 16 seqs = 4 + 8 + 1 = 13 ms, 7 ms left.
+  EXPECT_NEAR(m.PrefillBudget(16, 20e-3, 16, 2048), 70, 1);
+  const int32_t b = m.PrefillBudget(8, 20e-3, 16, 2048);
+  EXPECT_LE(m.Predict(8, b), 20e-3 + 1e-6);
+  EXPECT_GT(m.Predict(8, b + 2), 20e-3);
+}
+
+TEST(StepCostTest, BudgetIsClampedToTheFloorAndTheCeiling) {
+  StepCostModel m;
+  Feed(&m, true);
+  EXPECT_EQ(m.PrefillBudget(8, 5e-3, 16, 2048), 16);    // even decode alone misses 5 ms
+  EXPECT_EQ(m.PrefillBudget(8, 10.0, 16, 512), 512);    // the ceiling
+  EXPECT_EQ(m.PrefillBudget(8, 9.5e-3, 16, 2048), 16);  // 0.5 ms left = 5 tokens < floor
+}
+
+TEST(StepCostTest, FollowsAChangeOfCost) {
+  StepCostModel m;
+  Feed(&m, true);
+  // The device slows down 2x (another tenant, a clock change): the recent steps win.
+  for (int rep = 0; rep < 40; ++rep) {
+    for (int64_t tokens : {0, 256, 0, 128}) {
+      const double device = 2 * DeviceTime(8, tokens);
+      m.Observe(8, tokens, device + kHost, device);
+    }
+  }
+  EXPECT_NEAR(m.PrefillTokenSeconds(), 2 * kPerToken, 2 * kPerToken * 0.05);
+  // 8 seqs: 16 ms + 1 ms host, 30 ms target: 13 ms left at 0.2 ms = 65 tokens.
+  EXPECT_NEAR(m.PrefillBudget(8, 30e-3, 16, 2048), 65, 3);
+}
+
+}  // namespace
+}  // namespace polychip::engine

@@ -1,0 +1,105 @@
+// `polychip profile` and `polychip bench -o json` on every backend plugin the build produced,
+// over the bundled model: the per-op table has rows for the model's ops with the calls a step
+// makes, honest times (a number > 0 where the plugin measures them, "-" where it does not), and
+// bench's JSON carries the same per-op records.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/command.h"
+
+namespace polychip {
+namespace {
+
+using testing::CommandResult;
+using testing::RunCommand;
+using testing::ShellQuote;
+
+const std::string kPolychip = std::string(POLYCHIP_BUILD_DIR) + "/bin/polychip";
+const std::string kBundledModel = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.gguf";
+
+struct Row {
+  double calls = 0;
+  std::string time;  // "-" when the plugin does not time its ops
+};
+
+// The rows of each "## <step>" table: step -> op -> row.
+std::map<std::string, std::map<std::string, Row>> Tables(const std::string& out) {
+  std::map<std::string, std::map<std::string, Row>> tables;
+  static const std::regex row(R"(^\| ([a-z_0-9]+) \| ([0-9.e+]+) \| ([-0-9.]+) \|)");
+  std::string step;
+  size_t begin = 0;
+  while (begin < out.size()) {
+    size_t end = out.find('\n', begin);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(begin, end - begin);
+    begin = end + 1;
+    if (line.rfind("## ", 0) == 0) step = line.substr(3, line.find(' ', 3) - 3);
+    std::smatch m;
+    if (std::regex_search(line, m, row)) tables[step][m[1]] = {std::stod(m[2]), m[3]};
+  }
+  return tables;
+}
+
+class ProfileCliTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ProfileCliTest, PrintsPerOpRowsForAPrefillAndADecodeStep) {
+  const std::string backend = GetParam();
+  const CommandResult r =
+      RunCommand(kPolychip + " profile --device " + backend + ":0 --model-path " +
+                 ShellQuote(kBundledModel) + " -p 12 -n 3 --membw-mib 16");
+  if (r.exit_code != 0 && r.err.find("no per-op counters") != std::string::npos) {
+    GTEST_SKIP() << r.err;
+  }
+  if (r.exit_code != 0 && backend == "vulkan") GTEST_SKIP() << "no Vulkan device: " << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto tables = Tables(r.out);
+  ASSERT_TRUE(tables.count("prefill") && tables.count("decode")) << r.out;
+  for (const auto& [step, rows] : tables) {
+    for (const char* op : {"embedding", "rms_norm", "matmul", "rope", "kv_store", "attention"}) {
+      ASSERT_TRUE(rows.count(op)) << step << " has no " << op << " row:\n" << r.out;
+      const Row& row = rows.at(op);
+      EXPECT_GT(row.calls, 0) << step << " " << op;
+      if (row.time != "-") EXPECT_GT(std::stod(row.time), 0) << step << " " << op;
+    }
+    // One KV store and one attention per layer.
+    EXPECT_EQ(rows.at("kv_store").calls, rows.at("attention").calls) << step;
+    EXPECT_GE(rows.at("matmul").calls, 4 * rows.at("attention").calls) << step;  // q k v o ...
+  }
+  if (backend == "cpu") {  // the cpu plugin times every op on the host clock
+    EXPECT_NE(tables.at("decode").at("matmul").time, "-") << r.out;
+    EXPECT_NE(r.out.find("host read bandwidth"), std::string::npos) << r.out;
+  }
+}
+
+TEST_P(ProfileCliTest, BenchJsonHasPerOpRecords) {
+  const std::string backend = GetParam();
+  const CommandResult r =
+      RunCommand(kPolychip + " bench -o json -r 1 -p 8 -n 2 --device " + backend +
+                 ":0 --model-path " + ShellQuote(kBundledModel));
+  if (r.exit_code != 0 && backend == "vulkan") GTEST_SKIP() << "no Vulkan device: " << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto records = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(records.is_array() && records.size() == 2) << r.out;
+  for (const auto& rec : records) {
+    ASSERT_TRUE(rec.contains("ops_per_step")) << rec.dump();
+    if (rec["ops_per_step"].is_null()) GTEST_SKIP() << backend << " has no per-op counters";
+    double matmul_calls = 0, attention_calls = 0;
+    for (const auto& op : rec["ops_per_step"]) {
+      if (op["op"] == "matmul") matmul_calls = op["calls"];
+      if (op["op"] == "attention") attention_calls = op["calls"];
+    }
+    EXPECT_GT(attention_calls, 0) << rec.dump();
+    EXPECT_GE(matmul_calls, 4 * attention_calls) << rec.dump();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ProfileCliTest, ::testing::Values(POLYCHIP_BACKEND_PLUGINS),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace polychip
