@@ -175,23 +175,6 @@ class Uploader {
     return ptr;
   }
 
-  // An expert tensor [n_expert, rows, cols] for MOE: uploaded like a matrix (the plugin may
-  // repack it) when the device's MOE reads the layout it chose, else as GGUF bytes.
-  StatusOr<MatrixRef> Experts(const std::string& name, const std::vector<DType>& moe_dtypes) {
-    PC_ASSIGN_OR_RETURN(MatrixRef ref, Matrix(name));
-    if (ref.layout == runtime::kLayoutGguf) return ref;
-    std::initializer_list<DType> dtypes{moe_dtypes[0], moe_dtypes[1], moe_dtypes[2]};
-    if (runtime::SupportsOp(*device_, runtime::Op::kMoe, dtypes, runtime::ShapeClass::kAny,
-                            ref.layout)) {
-      return ref;
-    }
-    w_.matrices.pop_back();  // frees the repacked copy
-    PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
-    PC_ASSIGN_OR_RETURN(ref.data, Raw(*t));
-    ref.layout = runtime::kLayoutGguf;
-    return ref;
-  }
-
   StatusOr<DevPtr> OptionalVector(const std::string& name, int64_t expected_len,
                                   int32_t shard = 0, int32_t shards = 1) {
     if (file_.FindTensor(name) == nullptr) return DevPtr{0};
