@@ -1,11 +1,16 @@
 # The two commands of the README:
 #   make run   build, serve the bundled model, send one chat request, print the answer
 #   make test  build, fetch the test oracle (llama.cpp from npm), run every test
+# and for hardening:
+#   make fuzz  build the libFuzzer targets with clang in $(FUZZ_BUILD_DIR), run each for
+#              FUZZ_SECONDS on its corpus (tests/fuzz/)
 BUILD_DIR ?= build
 PRESET ?= default
 JOBS ?= $(shell nproc)
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
 
-.PHONY: all build run test test-setup clean
+.PHONY: all build run test test-setup fuzz clean
 
 all: build
 
@@ -25,6 +30,9 @@ test-setup:
 
 test: build test-setup
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+fuzz:
+	scripts/fuzz.sh --build-dir $(FUZZ_BUILD_DIR) --seconds $(FUZZ_SECONDS) --jobs $(JOBS)
 
 clean:
 	rm -rf $(BUILD_DIR)
