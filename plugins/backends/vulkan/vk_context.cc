@@ -179,6 +179,7 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
   if (info.props.apiVersion >= VK_API_VERSION_1_2) vk.vkGetPhysicalDeviceFeatures2(pd, &f2);
   info.timeline = f12.timelineSemaphore;
   info.buffer_device_address = f12.bufferDeviceAddress;
+  info.int64 = f2.features.shaderInt64;
 
   VkPhysicalDeviceMemoryProperties mp{};
   vk.vkGetPhysicalDeviceMemoryProperties(pd, &mp);

@@ -82,6 +82,7 @@ struct PhysicalInfo {
   bool subgroup_shuffle = false;  // matvec.comp's xor shuffles (with subgroup_size >= 8)
   bool timestamps = false;
   bool buffer_device_address = false, timeline = false;
+  bool int64 = false;  // shaderInt64, enabled when present (the matrow64_* kernels)
   std::string why_unusable;  // empty when usable
 };
 PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd);

@@ -260,12 +260,23 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
   const char* suffix = WeightSuffix(a.w_dtype);
   if (!suffix || a.w_layout != PC_LAYOUT_GGUF)
     return MakeError(PC_CODE_UNIMPLEMENTED, "matmul: weight dtype/layout not supported");
-  // Tiles of 8 columns x 8 rows reduced by shuffles (matvec.comp) where the subgroups allow,
-  // else one column x 8 rows reduced through shared memory (matmul.comp).
-  const bool matvec = L.device().info.subgroup_shuffle;
-  const char* kind = !matvec ? "matmul_" : a.m == 1 ? "matvec_" : "mattile_";
-  Kernel* k = nullptr;
-  PCV_TRY(GetKernel(L.device(), std::string(kind) + suffix, 4, &k));
+  // A CPU device (lavapipe) gets matrow.comp: each invocation walks all of k for 16 columns
+  // (decode) or 8 columns x 8 rows (tiles), so that its x loads are the same for every SIMD lane
+  // and serve that many weights each; it reads x as vec4s (k, the x stride and the x offset
+  // multiples of 4; otherwise the GPU kernels), and F16/Q4_0 weights 32 or 16 bytes a load
+  // where the device has shaderInt64 (matrow64_*). A GPU gets tiles of 8 columns x 8 rows
+  // reduced by shuffles (matvec.comp) where the subgroups allow, else one column x 8 rows
+  // reduced through shared memory (matmul.comp).
+  const Device& dev = L.device();
+  const bool cpu = dev.info.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU && a.k % 4 == 0 &&
+                   a.x_stride % 4 == 0;
+  const bool matvec = dev.info.subgroup_shuffle;
+  const char* gpu_kind = !matvec ? "matmul_" : a.m == 1 ? "matvec_" : "mattile_";
+  const bool wide =
+      dev.info.int64 && (a.w_dtype == PC_DTYPE_F16 || a.w_dtype == PC_DTYPE_Q4_0);
+  const char* cpu_kind = a.m != 1 ? "matrowtile_" : wide ? "matrow64_" : "matrow_";
+  // Columns of a matrow.comp workgroup: 64 invocations of COLS (16 to decode, 8 in tiles).
+  const uint64_t row_cols = a.m == 1 ? 16 * 64 : 8 * 64;
   const uint64_t row_bytes = sdk::RowBytes(a.w_dtype, a.k);
   const uint64_t max = L.MaxBytes();
   // Tiles of [mc rows of x/out] x [nc rows of W] whose windows each fit one binding.
@@ -289,7 +300,12 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
       } push{w[0].first / 4, w[1].first, w[2].first / 4, w[3].first / 4, U32(mm), U32(nn),
              U32(a.k), U32(a.x_stride), U32(a.out_stride), U32(row_bytes), a.bias ? 1u : 0u,
              a.accumulate ? 1u : 0u};
-      PCV_TRY(L.Dispatch(*k, w, &push, sizeof(push), (matvec ? Ceil(nn, 8) : nn) * (a.m == 1 && matvec ? mm : Ceil(mm, 8))));
+      const bool row = cpu && push.x_off % 4 == 0;
+      Kernel* k = nullptr;
+      PCV_TRY(GetKernel(L.device(), std::string(row ? cpu_kind : gpu_kind) + suffix, 4, &k));
+      const uint64_t col_groups = row ? Ceil(nn, row_cols) : matvec ? Ceil(nn, 8) : nn;
+      const uint64_t row_groups = a.m == 1 && (row || matvec) ? mm : Ceil(mm, 8);
+      PCV_TRY(L.Dispatch(*k, w, &push, sizeof(push), col_groups * row_groups));
     }
   }
   return nullptr;

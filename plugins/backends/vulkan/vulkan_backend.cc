@@ -236,6 +236,7 @@ pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
     f12.bufferDeviceAddress = d.info.buffer_device_address ? VK_TRUE : VK_FALSE;
     VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
     f2.pNext = &f12;
+    f2.features.shaderInt64 = d.info.int64 ? VK_TRUE : VK_FALSE;
     VkDeviceCreateInfo ci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
     ci.pNext = &f2;
     ci.queueCreateInfoCount = 1;
