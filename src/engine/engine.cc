@@ -220,6 +220,7 @@ int32_t Engine::DropKvAndRun(const std::function<void()>& fn) {
     s->matched = false;
   }
   blocks_.Flush();
+  PublishStats();  // what `fn` (and /metrics meanwhile) see: nothing running, nothing cached
   fn();
   PublishStats();
   return preempted;

@@ -83,6 +83,12 @@ class FakeRunner : public ModelRunner {
     return Status::Ok();
   }
 
+  // Forgets every KV slot, as a plugin hot reload loses the device memory the cache was in: a
+  // sequence whose KV is not recomputed afterwards reads a hole and fails its step.
+  void WipeKv() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(kv_.begin(), kv_.end(), Slot{-1, -1});
+  }
   // Makes every step take at least this long (so that tests can act mid-request).
   void set_step_delay_us(int64_t us) { step_delay_us_ = us; }
   int64_t steps() const { return steps_; }

@@ -127,6 +127,45 @@ TEST(Engine, PreemptionWithTooFewBlocksKeepsOutputs) {
   EXPECT_EQ(st.kv_blocks_held, 0);
 }
 
+TEST(Engine, RunWithKvDroppedPreemptsEveryoneAndOutputsStayTheSame) {
+  FakeRunner runner(kVocab, 256, 4, 64);
+  EngineOptions opt;
+  opt.chunked_prefill_size = 16;
+  Engine engine(&runner, opt, Piece, {0});
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(Prompt(10, 300 + i));
+    auto s = engine.Submit(Input(prompts.back(), 16));
+    ASSERT_TRUE(s.ok());
+    streams.push_back(*s);
+  }
+  for (int i = 0; i < 6; ++i) engine.Step();  // all four prefilled and decoding
+  bool ran = false;
+  auto preempted = engine.RunWithKvDropped([&] {
+    // No sequence holds a block while the "device" is replaced.
+    ran = engine.Stats().kv_blocks_held == 0 && engine.Stats().kv_blocks_cached == 0;
+    runner.WipeKv();
+  });
+  ASSERT_TRUE(preempted.ok()) << preempted.status().ToString();
+  EXPECT_EQ(*preempted, 4);
+  EXPECT_TRUE(ran);
+  // A request submitted after the swap runs too, beside the resumed ones.
+  prompts.push_back(Prompt(10, 399));
+  auto late = engine.Submit(Input(prompts.back(), 16));
+  ASSERT_TRUE(late.ok());
+  streams.push_back(*late);
+  engine.RunUntilIdle(100000);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Result r;
+    Drain(*streams[i], &r);
+    ASSERT_TRUE(r.finished) << i;
+    EXPECT_TRUE(r.last.error.ok()) << r.last.error.ToString();
+    EXPECT_EQ(r.tokens, FakeRunner::Reference(prompts[i], 16, kVocab)) << "request " << i;
+  }
+  EXPECT_EQ(engine.Stats().kv_blocks_held, 0);
+}
+
 TEST(Engine, RequestLargerThanTheCacheIsRejected) {
   FakeRunner runner(kVocab, 1024, 4, 8);  // 32 token slots
   Engine engine(&runner, {}, Piece, {0});
