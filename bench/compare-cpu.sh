@@ -3,7 +3,8 @@
 # in one run, and prints one markdown table (stdout; progress on stderr):
 #   model | test | polychip t/s | llama.cpp t/s | ratio | decode % of bandwidth (ours, theirs)
 # "% of bandwidth" = tokens/s x bytes read per token (model tensors, minus the embedding table
-# unless tied) / measured read bandwidth of this machine with the same threads.
+# unless tied; of a mixture of experts' expert tensors only the share a token runs) / measured
+# read bandwidth of this machine with the same threads.
 #
 # usage: bench/compare-cpu.sh [-t THREADS] [-r REPS] [-p N_PROMPT] [-n N_GEN] [-B BATCH]
 #                             [--models "qwen05-q4_0 ..."]
@@ -14,7 +15,7 @@ set -euo pipefail
 
 source "$(dirname "$0")/paths.sh"
 THREADS=2 REPS=3 NP=128 NG=64 BATCH=16
-MODELS="qwen05-q8_0 qwen05-q4_0 qwen05-q4_k qwen05-f16 llama1b-q4_0"
+MODELS="qwen05-q8_0 qwen05-q4_0 qwen05-q4_k qwen05-f16 llama1b-q4_0 qwen3moe-q4_k_m"
 BATCH_MODELS="qwen05-q4_0"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -44,6 +45,7 @@ model_spec() {  # name -> "shape vocab type"
     qwen05-q4_k) echo "qwen2.5-0.5b qwen2 Q4_K" ;;
     qwen05-f16) echo "qwen2.5-0.5b qwen2 F16" ;;
     llama1b-q4_0) echo "llama-3.2-1b llama-bpe Q4_0" ;;
+    qwen3moe-q4_k_m) echo "qwen3moe-1.5b qwen2 Q4_K_M" ;;
     *) echo "unknown model $1" >&2; exit 2 ;;
   esac
 }

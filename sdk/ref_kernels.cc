@@ -293,6 +293,78 @@ const char* RefKernel(const pc_convert_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
+void MoeRoute(const float* logits, int64_t n_experts, int64_t n_used, bool norm_weights,
+              int32_t* experts, float* weights) {
+  float max_logit = -INFINITY;
+  for (int64_t e = 0; e < n_experts; ++e) max_logit = std::max(max_logit, logits[e]);
+  double denom = 0;
+  for (int64_t e = 0; e < n_experts; ++e) denom += std::exp(logits[e] - max_logit);
+  // Selection by repeated maximum: n_used is small (8 of 128 for Qwen3-30B-A3B). A larger
+  // logit is a larger probability, so the logits decide; the strict '>' keeps the lower index
+  // of a tie.
+  for (int64_t j = 0; j < n_used; ++j) {
+    int32_t best = -1;
+    for (int64_t e = 0; e < n_experts; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || experts[i] == e;
+      if (!taken && (best < 0 || logits[e] > logits[best])) best = static_cast<int32_t>(e);
+    }
+    experts[j] = best;
+    weights[j] = static_cast<float>(std::exp(logits[best] - max_logit) / denom);
+  }
+  if (norm_weights) {
+    float sum = 0;
+    for (int64_t j = 0; j < n_used; ++j) sum += weights[j];
+    // As llama.cpp: the sum is clamped to the smallest normal F16 (2^-14) before dividing.
+    sum = std::max(sum, 6.103515625e-5f);
+    for (int64_t j = 0; j < n_used; ++j) weights[j] /= sum;
+  }
+}
+
+const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem) {
+  if (a.n_tokens == 0) return nullptr;
+  const int64_t gate_row = RowBytes(a.gate_dtype, a.n_embd);
+  const int64_t up_row = RowBytes(a.up_dtype, a.n_embd);
+  const int64_t down_row = RowBytes(a.down_dtype, a.n_ff);
+  auto* x = Map<const float>(mem, a.x, a.n_tokens * a.n_embd * 4);
+  auto* logits = Map<const float>(mem, a.logits, a.n_tokens * a.n_experts * 4);
+  auto* gate = Map<const uint8_t>(mem, a.gate, a.n_experts * a.n_ff * gate_row);
+  auto* up = Map<const uint8_t>(mem, a.up, a.n_experts * a.n_ff * up_row);
+  auto* down = Map<const uint8_t>(mem, a.down, a.n_experts * a.n_embd * down_row);
+  auto* out = Map<float>(mem, a.out, a.n_tokens * a.n_embd * 4);
+  if (!x || !logits || !gate || !up || !down || !out) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  std::vector<int32_t> experts(a.n_used);
+  std::vector<float> weights(a.n_used), w_row(std::max(a.n_embd, a.n_ff));
+  std::vector<float> h(a.n_ff), y(a.n_embd);
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const float* xt = x + t * a.n_embd;  // [n_embd]
+    MoeRoute(logits + t * a.n_experts, a.n_experts, a.n_used, a.norm_weights != 0,
+             experts.data(), weights.data());
+    std::fill(y.begin(), y.end(), 0.f);
+    for (int64_t j = 0; j < a.n_used; ++j) {
+      const int64_t e = experts[j];
+      for (int64_t r = 0; r < a.n_ff; ++r) {  // h = silu(gate_e x) * up_e x   [n_ff]
+        float g = 0, u = 0;
+        DequantizeRow(a.gate_dtype, gate + (e * a.n_ff + r) * gate_row, w_row.data(), a.n_embd);
+        for (int64_t k = 0; k < a.n_embd; ++k) g += xt[k] * w_row[k];
+        DequantizeRow(a.up_dtype, up + (e * a.n_ff + r) * up_row, w_row.data(), a.n_embd);
+        for (int64_t k = 0; k < a.n_embd; ++k) u += xt[k] * w_row[k];
+        h[r] = g / (1.0f + std::exp(-g)) * u;
+      }
+      for (int64_t r = 0; r < a.n_embd; ++r) {  // y += w_e * down_e h   [n_embd]
+        DequantizeRow(a.down_dtype, down + (e * a.n_embd + r) * down_row, w_row.data(), a.n_ff);
+        float d = 0;
+        for (int64_t k = 0; k < a.n_ff; ++k) d += h[k] * w_row[k];
+        y[r] += weights[j] * d;
+      }
+    }
+    float* ot = out + t * a.n_embd;
+    for (int64_t r = 0; r < a.n_embd; ++r) ot[r] = a.accumulate ? ot[r] + y[r] : y[r];
+  }
+  return nullptr;
+}
+
 namespace {
 
 bool IsFloatType(pc_dtype_t t) { return IsCacheDtype(t); }
@@ -363,6 +435,20 @@ const char* Validate(const pc_convert_args_t& a) {
   if (GetDtypeInfo(a.src_dtype)->quantized && a.dst_dtype != PC_DTYPE_F32)
     return "a quantized source converts to F32 only";
   if (a.n < 0 || RowBytes(a.src_dtype, a.n) < 0) return "n not a multiple of the block";
+  return nullptr;
+}
+
+const char* Validate(const pc_moe_args_t& a) {
+  if (a.gate_layout != PC_LAYOUT_GGUF || a.up_layout != PC_LAYOUT_GGUF ||
+      a.down_layout != PC_LAYOUT_GGUF)
+    return "unknown weight layout";
+  if (!Decodable(a.gate_dtype) || !Decodable(a.up_dtype) || !Decodable(a.down_dtype))
+    return "unsupported weight dtype";
+  if (a.n_tokens < 0 || a.n_embd <= 0 || a.n_ff <= 0 || a.n_experts <= 0) return "bad shape";
+  if (a.n_used < 1 || a.n_used > a.n_experts) return "n_used outside 1..n_experts";
+  if (RowBytes(a.gate_dtype, a.n_embd) < 0 || RowBytes(a.up_dtype, a.n_embd) < 0 ||
+      RowBytes(a.down_dtype, a.n_ff) < 0)
+    return "row length not a multiple of the weight block";
   return nullptr;
 }
 

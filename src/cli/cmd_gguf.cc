@@ -172,13 +172,19 @@ int RunSynth(const SynthArgs& a) {
   if (!a.arch.empty()) {
     auto arch = model::ArchFromName(a.arch);
     if (!arch.ok()) return Error(arch.status());
-    const bool qwen = *arch == model::Arch::kQwen2 || *arch == model::Arch::kQwen3;
+    const bool qwen = *arch == model::Arch::kQwen2 || *arch == model::Arch::kQwen3 ||
+                      *arch == model::Arch::kQwen3Moe;
     if (*arch != c.arch && qwen) {  // the qwen families' usual settings
       c.rope_freq_base = 1e6f;
       c.rms_eps = 1e-6f;
     }
     c.has_qkv_bias = *arch == model::Arch::kQwen2;  // every qwen2 model has q/k/v biases
-    c.has_qk_norm = *arch == model::Arch::kQwen3;   // and every qwen3 model q/k norms
+    // and every qwen3 model q/k norms
+    c.has_qk_norm = *arch == model::Arch::kQwen3 || *arch == model::Arch::kQwen3Moe;
+    if (*arch == model::Arch::kQwen3Moe && c.n_expert == 0) {
+      return Error(InvalidArgument("qwen3moe: give --shape qwen3moe-tiny or qwen3moe-1.5b (the "
+                                   "expert counts come from a shape)"));
+    }
     if (*arch == model::Arch::kPhi3) c.fused_qkv = c.fused_gate_up = true;  // as phi3 writes them
     c.arch = *arch;
   }

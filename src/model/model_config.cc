@@ -15,6 +15,7 @@ const char* ArchName(Arch arch) {
     case Arch::kQwen2: return "qwen2";
     case Arch::kQwen3: return "qwen3";
     case Arch::kPhi3: return "phi3";
+    case Arch::kQwen3Moe: return "qwen3moe";
   }
   return "?";
 }
@@ -24,8 +25,9 @@ StatusOr<Arch> ArchFromName(std::string_view name) {
   if (name == "qwen2") return Arch::kQwen2;
   if (name == "qwen3") return Arch::kQwen3;
   if (name == "phi3") return Arch::kPhi3;
+  if (name == "qwen3moe") return Arch::kQwen3Moe;
   return Unimplemented(fmt::format("unsupported architecture {} (supported: llama, qwen2, qwen3, "
-                                   "phi3)",
+                                   "phi3, qwen3moe)",
                                    name.empty() ? "(none)" : name));
 }
 
@@ -53,7 +55,13 @@ std::string ModelConfig::Summary() const {
   }
   if (has_rope_freqs) s += " llama3-freqs";
   if (has_rope_factors) s += fmt::format(" longrope(attn x{:g})", rope_attn_factor);
-  return s + fmt::format(") eps={:g} {}{}{}", rms_eps, tied_output ? "tied" : "untied",
+  if (n_expert > 0) {
+    s += fmt::format(") experts={} used={} expert_ff={}{}", n_expert, n_expert_used, n_ff_exp,
+                     moe_norm_weights ? " norm-weights" : "");
+  } else {
+    s += ")";
+  }
+  return s + fmt::format(" eps={:g} {}{}{}", rms_eps, tied_output ? "tied" : "untied",
                          has_qkv_bias ? " qkv-bias" : "", has_qk_norm ? " qk-norm" : "");
 }
 
@@ -235,7 +243,24 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.has_output_bias = f.FindTensor("output.bias") != nullptr;
   c.has_qkv_bias = f.FindTensor(LayerTensorName(0, "attn_q.bias")) != nullptr;
   c.has_rope_freqs = f.FindTensor("rope_freqs.weight") != nullptr;
-  c.has_qk_norm = c.arch == Arch::kQwen3;
+  c.has_qk_norm = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
+  if (c.arch == Arch::kQwen3Moe) {
+    // As llama.cpp: the expert size defaults to the dense size over the experts used, and
+    // qwen3moe always renormalises the chosen experts' weights.
+    PC_ASSIGN_OR_RETURN(c.n_expert, GetCount(f, key("expert_count"), true, 0));
+    PC_ASSIGN_OR_RETURN(c.n_expert_used, GetCount(f, key("expert_used_count"), true, 0));
+    if (c.n_expert <= 0 || c.n_expert_used <= 0 || c.n_expert_used > c.n_expert) {
+      return InvalidArgument(fmt::format("invalid experts: {} = {}, {} = {}", key("expert_count"),
+                                         c.n_expert, key("expert_used_count"), c.n_expert_used));
+    }
+    PC_ASSIGN_OR_RETURN(c.n_ff_exp, GetCount(f, key("expert_feed_forward_length"), false,
+                                             c.n_ff / c.n_expert_used));
+    if (c.n_ff_exp <= 0) {
+      return InvalidArgument(fmt::format("invalid '{}' {}", key("expert_feed_forward_length"),
+                                         c.n_ff_exp));
+    }
+    c.moe_norm_weights = true;
+  }
   c.fused_qkv = f.FindTensor(LayerTensorName(0, "attn_qkv.weight")) != nullptr;
   if (c.fused_qkv && c.arch != Arch::kPhi3) {
     return Unimplemented(fmt::format("{}: fused attn_qkv weights are not supported (separate "

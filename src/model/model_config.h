@@ -12,9 +12,10 @@
 
 namespace polychip::model {
 
-enum class Arch { kLlama, kQwen2, kQwen3, kPhi3 };
-const char* ArchName(Arch arch);  // "llama", "qwen2", "qwen3", "phi3"
-// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3, phi3)" otherwise.
+enum class Arch { kLlama, kQwen2, kQwen3, kPhi3, kQwen3Moe };
+const char* ArchName(Arch arch);  // "llama", "qwen2", "qwen3", "phi3", "qwen3moe"
+// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3, phi3, qwen3moe)"
+// otherwise.
 StatusOr<Arch> ArchFromName(std::string_view name);
 
 enum class RopeScaling { kNone, kLinear, kYarn };
@@ -62,6 +63,16 @@ struct ModelConfig {
   bool has_rope_factors = false;
   bool rope_long_factors = false;
   float rope_attn_factor = 1.0f;
+
+  // Mixture of experts (qwen3moe): every layer's feed-forward is n_expert experts of
+  // n_ff_exp rows (blk.N.ffn_{gate,up,down}_exps, 3-D) behind a router blk.N.ffn_gate_inp
+  // [n_embd -> n_expert]; each token runs the n_expert_used experts of largest softmax
+  // probability, weighted by it (renormalised over the chosen ones when moe_norm_weights).
+  // n_expert 0: a dense feed-forward of n_ff rows.
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t n_ff_exp = 0;
+  bool moe_norm_weights = false;
 
   int64_t q_dim() const { return n_head * head_dim; }      // rows of attn_q
   int64_t kv_dim() const { return n_head_kv * head_dim; }  // rows of attn_k

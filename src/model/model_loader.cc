@@ -175,6 +175,23 @@ class Uploader {
     return ptr;
   }
 
+  // An expert tensor [n_expert, rows, cols] for MOE: uploaded like a matrix (the plugin may
+  // repack it) when the device's MOE reads the layout it chose, else as GGUF bytes.
+  StatusOr<MatrixRef> Experts(const std::string& name, const std::vector<DType>& moe_dtypes) {
+    PC_ASSIGN_OR_RETURN(MatrixRef ref, Matrix(name));
+    if (ref.layout == runtime::kLayoutGguf) return ref;
+    std::initializer_list<DType> dtypes{moe_dtypes[0], moe_dtypes[1], moe_dtypes[2]};
+    if (runtime::SupportsOp(*device_, runtime::Op::kMoe, dtypes, runtime::ShapeClass::kAny,
+                            ref.layout)) {
+      return ref;
+    }
+    w_.matrices.pop_back();  // frees the repacked copy
+    PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
+    PC_ASSIGN_OR_RETURN(ref.data, Raw(*t));
+    ref.layout = runtime::kLayoutGguf;
+    return ref;
+  }
+
   StatusOr<DevPtr> OptionalVector(const std::string& name, int64_t expected_len,
                                   int32_t shard = 0, int32_t shards = 1) {
     if (file_.FindTensor(name) == nullptr) return DevPtr{0};
@@ -195,6 +212,11 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     const GgufFile& file, const ModelConfig& c, const std::shared_ptr<runtime::Device>& device,
     const std::shared_ptr<runtime::MemoryPool>& pool, runtime::Stream& stream,
     int32_t shard_rank, int32_t shard_size, int64_t layer_begin, int64_t layer_end) {
+  if (c.n_expert > 0 && shard_size > 1) {
+    return Unimplemented(ArchName(c.arch) + std::string(": tensor parallel over the experts of a "
+                                                        "mixture-of-experts model is not "
+                                                        "supported yet"));
+  }
   auto w = std::make_unique<ModelWeights>();
   Uploader up(file, device, pool, stream, *w);
 
@@ -289,9 +311,22 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
       PC_ASSIGN_OR_RETURN(L.wk, up.Matrix(name("attn_k.weight")));
       PC_ASSIGN_OR_RETURN(L.wv, up.Matrix(name("attn_v.weight")));
       PC_ASSIGN_OR_RETURN(L.wo, up.Matrix(name("attn_output.weight")));
-      PC_ASSIGN_OR_RETURN(L.w_gate, up.Matrix(name("ffn_gate.weight")));
-      PC_ASSIGN_OR_RETURN(L.w_up, up.Matrix(name("ffn_up.weight")));
-      PC_ASSIGN_OR_RETURN(L.w_down, up.Matrix(name("ffn_down.weight")));
+      if (c.n_expert > 0) {
+        PC_ASSIGN_OR_RETURN(L.router, up.Matrix(name("ffn_gate_inp.weight")));
+        std::vector<DType> dtypes;
+        for (const char* m :
+             {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}) {
+          PC_ASSIGN_OR_RETURN(const GgufTensor* t, up.Find(name(m)));
+          dtypes.push_back(t->dtype);
+        }
+        PC_ASSIGN_OR_RETURN(L.gate_exps, up.Experts(name("ffn_gate_exps.weight"), dtypes));
+        PC_ASSIGN_OR_RETURN(L.up_exps, up.Experts(name("ffn_up_exps.weight"), dtypes));
+        PC_ASSIGN_OR_RETURN(L.down_exps, up.Experts(name("ffn_down_exps.weight"), dtypes));
+      } else {
+        PC_ASSIGN_OR_RETURN(L.w_gate, up.Matrix(name("ffn_gate.weight")));
+        PC_ASSIGN_OR_RETURN(L.w_up, up.Matrix(name("ffn_up.weight")));
+        PC_ASSIGN_OR_RETURN(L.w_down, up.Matrix(name("ffn_down.weight")));
+      }
     } else {
       // Tensor parallel: `c` is this rank's share (see tensor_parallel.h).
       using Cut = Uploader::Cut;

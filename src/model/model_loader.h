@@ -64,6 +64,11 @@ struct LayerWeights {
   MatrixRef wq, wk, wv, wo;     // [q_dim, n_embd], [kv_dim, n_embd], [v_dim, n_embd], [n_embd, q_dim]
   MatrixRef w_gate, w_up;       // [n_ff, n_embd]
   MatrixRef w_down;             // [n_embd, n_ff]
+  // Mixture of experts (n_expert > 0) instead of w_gate/w_up/w_down: the router, and the
+  // experts' 3-D tensors as matrices of n_expert blocks of rows (the MOE op's operands).
+  MatrixRef router;                    // [n_expert, n_embd] ffn_gate_inp
+  MatrixRef gate_exps, up_exps;        // [n_expert * n_ff_exp, n_embd]
+  MatrixRef down_exps;                 // [n_expert * n_embd, n_ff_exp]
 };
 
 struct ModelWeights {

@@ -37,6 +37,16 @@ std::vector<TensorSpec> ArchTensors(const ModelConfig& c) {
       t.push_back({n("attn_k_norm.weight"), {c.head_dim}, TensorRole::kNorm});
     }
     t.push_back({n("ffn_norm.weight"), {c.n_embd}, TensorRole::kNorm});
+    if (c.n_expert > 0) {  // qwen3moe: the router and the experts' 3-D tensors
+      t.push_back({n("ffn_gate_inp.weight"), {c.n_embd, c.n_expert}, TensorRole::kMatrix});
+      t.push_back({n("ffn_gate_exps.weight"), {c.n_embd, c.n_ff_exp, c.n_expert},
+                   TensorRole::kMatrix});
+      t.push_back({n("ffn_down_exps.weight"), {c.n_ff_exp, c.n_embd, c.n_expert},
+                   TensorRole::kMatrix});
+      t.push_back({n("ffn_up_exps.weight"), {c.n_embd, c.n_ff_exp, c.n_expert},
+                   TensorRole::kMatrix});
+      continue;
+    }
     if (c.fused_gate_up) {
       t.push_back({n("ffn_up.weight"), {c.n_embd, 2 * c.n_ff}, TensorRole::kMatrix});
     } else {
@@ -73,8 +83,8 @@ ModelConfig Make(Arch arch, int64_t layers, int64_t embd, int64_t heads, int64_t
 }  // namespace
 
 std::vector<std::string> ShapePresetNames() {
-  return {"qwen2.5-0.5b", "qwen3-0.6b", "phi-3-mini-4k", "llama-3.2-1b", "tinyllama-1.1b",
-          "tiny",         "qwen3-tiny", "phi3-tiny"};
+  return {"qwen2.5-0.5b", "qwen3-0.6b",   "phi-3-mini-4k", "llama-3.2-1b",  "tinyllama-1.1b",
+          "tiny",         "qwen3-tiny",   "phi3-tiny",     "qwen3moe-1.5b", "qwen3moe-tiny"};
 }
 
 StatusOr<ModelConfig> ShapePreset(std::string_view name) {
@@ -118,6 +128,21 @@ StatusOr<ModelConfig> ShapePreset(std::string_view name) {
     c.has_rope_factors = true;
     c.rope_orig_ctx = 1024;
     c.rope_attn_factor = 1.1f;
+  } else if (name == "qwen3moe-1.5b") {
+    // Qwen3-30B-A3B (48 layers, width 2048, 32 heads of 128, GQA 8, 128 experts of 768, 8
+    // used) scaled down to about 1.5B parameters, 0.3B active: 12 layers, width 1024, 16 heads
+    // of 128, GQA 4, 64 experts of 512 with 8 used. The CPU benchmark shape of issue 14.
+    c = Make(Arch::kQwen3Moe, 12, 1024, 16, 4, 3072, 40960, 1e6f, 1e-6f, /*tied=*/false);
+    c.head_dim = c.head_dim_v = c.n_rot = 128;
+    c.has_qk_norm = true;
+    c.n_expert = 64, c.n_expert_used = 8, c.n_ff_exp = 512, c.moe_norm_weights = true;
+  } else if (name == "qwen3moe-tiny") {
+    // For tests: qwen3's attention (4 heads of 128 over 256) and 8 experts of 256 with 2 used,
+    // every row a multiple of 256 (the K-quants apply to every matrix).
+    c = Make(Arch::kQwen3Moe, 2, 256, 4, 2, 512, 2048, 1e6f, 1e-6f, /*tied=*/false);
+    c.head_dim = c.head_dim_v = c.n_rot = 128;
+    c.has_qk_norm = true;
+    c.n_expert = 8, c.n_expert_used = 2, c.n_ff_exp = 256, c.moe_norm_weights = true;
   } else {
     std::string names;
     for (const std::string& n : ShapePresetNames()) names += (names.empty() ? "" : ", ") + n;

@@ -21,7 +21,9 @@ bool Supported(const runtime::Device& device, const OpUse& use) {
   switch (use.dtypes.size()) {
     case 0: return runtime::SupportsOp(device, use.op, {DType::kF32});
     case 1: return runtime::SupportsOp(device, use.op, {use.dtypes[0]});
-    default: return runtime::SupportsOp(device, use.op, {use.dtypes[0], use.dtypes[1]});
+    case 2: return runtime::SupportsOp(device, use.op, {use.dtypes[0], use.dtypes[1]});
+    default:
+      return runtime::SupportsOp(device, use.op, {use.dtypes[0], use.dtypes[1], use.dtypes[2]});
   }
 }
 
@@ -76,12 +78,27 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType
       add(Op::kMatmul, {dtype}, std::string("blk.*.") + m + ".weight" + n);
     }
   }
+  if (c.n_expert > 0) {  // qwen3moe: the router's matmul, and MOE per dtype combination
+    std::map<std::vector<DType>, int64_t> per_dtypes;
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      add(Op::kMatmul, {dtype_of(LayerTensorName(l, "ffn_gate_inp.weight"))},
+          "blk.*.ffn_gate_inp.weight (router)");
+      ++per_dtypes[{dtype_of(LayerTensorName(l, "ffn_gate_exps.weight")),
+                    dtype_of(LayerTensorName(l, "ffn_up_exps.weight")),
+                    dtype_of(LayerTensorName(l, "ffn_down_exps.weight"))}];
+    }
+    for (const auto& [dtypes, count] : per_dtypes) {
+      add(Op::kMoe, dtypes,
+          "blk.*.ffn_{gate,up,down}_exps.weight (" + std::to_string(count) + " of " +
+              std::to_string(c.n_layer) + " layers)");
+    }
+  }
   const std::string output = c.tied_output ? "token_embd.weight" : "output.weight";
   add(Op::kMatmul, {dtype_of(output)}, output + " (logits)");
   add(Op::kRope, {}, "q and k of every layer");
   add(Op::kKvStore, {kv_dtype}, "KV cache");
   add(Op::kAttention, {kv_dtype}, "KV cache");
-  add(Op::kSwiglu, {}, "feed-forward of every layer");
+  if (c.n_expert == 0) add(Op::kSwiglu, {}, "feed-forward of every layer");
   add(Op::kEmbedding, {DType::kF32}, "logits rows of the hidden states");
   if (tensor_parallel) add(Op::kAdd, {}, "tensor-parallel residual");
   return uses;

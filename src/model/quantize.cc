@@ -99,7 +99,7 @@ DType MixTensorType(const std::string& name, const std::vector<int64_t>& dims, Q
       default: return base;
     }
   }
-  if (role == "ffn_down") {
+  if (role == "ffn_down" || role == "ffn_down_exps") {  // the experts' as the dense one's
     switch (mix) {
       case M::kQ3_K_M: return layer < n / 16 ? DType::kQ5_K : DType::kQ4_K;
       case M::kQ3_K_L: return DType::kQ5_K;
@@ -143,7 +143,11 @@ DType ChooseTensorType(const std::string& name, const std::vector<int64_t>& dims
                        const QuantScheme& scheme, const MixModel& model, std::string* warning) {
   size_t real_dims = dims.size();
   while (real_dims > 1 && dims[real_dims - 1] == 1) --real_dims;  // [n, 1] is still a vector
-  if (real_dims <= 1 || name == "rope_freqs.weight") return DType::kF32;
+  // A mixture-of-experts router (ffn_gate_inp) stays F32, as llama.cpp's converter writes it
+  // and its quantizer leaves it: it is small, and a near-tie between experts decides a route.
+  const bool router = name.size() >= 19 && name.compare(name.size() - 19, 19,
+                                                         "ffn_gate_inp.weight") == 0;
+  if (real_dims <= 1 || name == "rope_freqs.weight" || router) return DType::kF32;
   int64_t row = dims[0];
   DType t = MixTensorType(name, dims, scheme.mix, scheme.type, model);
   while (RowBytes(t, row) < 0) {

@@ -149,7 +149,8 @@ Status TransformerRunner::Init(const GgufFile& file) {
   PC_ASSIGN_OR_RETURN(buf_.k, alloc(T * c.kv_dim()));
   PC_ASSIGN_OR_RETURN(buf_.v, alloc(T * c.kv_dim()));
   PC_ASSIGN_OR_RETURN(buf_.attn, alloc(T * c.q_dim()));
-  PC_ASSIGN_OR_RETURN(buf_.gate, alloc(T * c.n_ff));
+  // The gate buffer also holds a mixture of experts' router logits [T, n_expert].
+  PC_ASSIGN_OR_RETURN(buf_.gate, alloc(T * std::max(c.n_ff, c.n_expert)));
   PC_ASSIGN_OR_RETURN(buf_.up, alloc(T * c.n_ff));
   PC_ASSIGN_OR_RETURN(h_, alloc(o.max_logit_rows * c.n_embd));
   PC_ASSIGN_OR_RETURN(logits_,

@@ -66,6 +66,11 @@ void SetHyperParameters(const ModelConfig& c, const QuantScheme& scheme, GgufWri
     w.SetU32(key("rope.scaling.original_context_length"), static_cast<uint32_t>(c.rope_orig_ctx));
   }
   w.SetF32(key("attention.layer_norm_rms_epsilon"), c.rms_eps);
+  if (c.n_expert > 0) {
+    w.SetU32(key("expert_count"), static_cast<uint32_t>(c.n_expert));
+    w.SetU32(key("expert_used_count"), static_cast<uint32_t>(c.n_expert_used));
+    w.SetU32(key("expert_feed_forward_length"), static_cast<uint32_t>(c.n_ff_exp));
+  }
   if (c.has_rope_factors) {
     w.SetU32(key("rope.scaling.original_context_length"), static_cast<uint32_t>(c.rope_orig_ctx));
     w.SetF32(key("rope.scaling.attn_factor"), c.rope_attn_factor);

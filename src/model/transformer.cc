@@ -15,6 +15,8 @@ ArchTraits TraitsFor(Arch arch) {
       return Qwen3Traits();
     case Arch::kPhi3:
       return Phi3Traits();
+    case Arch::kQwen3Moe:
+      return Qwen3MoeTraits();
     case Arch::kLlama:
     default:
       return LlamaTraits();
@@ -183,6 +185,10 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     // ---- feed-forward ----
     norm.weight = L.ffn_norm;
     PC_RETURN_IF_ERROR(Launch(stream, norm));
+    if (c.n_expert > 0) {
+      PC_RETURN_IF_ERROR(Experts(stream, L, b, T));
+      continue;
+    }
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_gate, 0, b.gate, T, false));  // [T, n_ff]
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_up, 0, b.up, T, false));      // [T, n_ff]
     runtime::SwigluArgs act;
@@ -199,6 +205,35 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
   }
   if (pipeline && !pp_->last()) PC_RETURN_IF_ERROR(pp_->send(stream, b.x, T));
   return Status::Ok();
+}
+
+Status Transformer::Experts(const runtime::Stream& stream, const LayerWeights& L,
+                            const StepBuffers& b, int64_t T) const {
+  const ModelConfig& c = *c_;
+  // Router logits [T, n_expert] in the gate buffer; the op routes, runs the chosen experts and
+  // adds their weighted sum into the residual stream.
+  PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.router, 0, b.gate, T, false));
+  runtime::MoeArgs moe;
+  moe.x = b.xn;
+  moe.logits = b.gate;
+  moe.gate = L.gate_exps.data;
+  moe.gate_dtype = L.gate_exps.dtype;
+  moe.gate_layout = L.gate_exps.layout;
+  moe.up = L.up_exps.data;
+  moe.up_dtype = L.up_exps.dtype;
+  moe.up_layout = L.up_exps.layout;
+  moe.down = L.down_exps.data;
+  moe.down_dtype = L.down_exps.dtype;
+  moe.down_layout = L.down_exps.layout;
+  moe.out = b.x;
+  moe.n_tokens = T;
+  moe.n_embd = c.n_embd;
+  moe.n_ff = c.n_ff_exp;
+  moe.n_experts = c.n_expert;
+  moe.n_used = c.n_expert_used;
+  moe.norm_weights = c.moe_norm_weights ? 1 : 0;
+  moe.accumulate = 1;
+  return Launch(stream, moe);
 }
 
 Status Transformer::ReducedResidual(const runtime::Stream& stream, DevPtr in, const MatrixRef& w,

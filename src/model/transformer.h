@@ -8,6 +8,7 @@
 //              (qwen3: q,k = rms_norm per head) ; rope(q), rope(k)
 //              kv_store(k, v) ; a = paged_attention(q) ; x += a Wo^T
 //              xn = rms_norm(x) ; g = silu(xn Wg^T) * (xn Wu^T) ; x += g Wd^T
+//              (qwen3moe: x += moe(xn, router logits xn Wr^T), the MOE op)
 //   logits:    h = rms_norm(gather(x, rows)) ; logits = h Wout^T (+ bias)
 //   (embeddings: h itself)
 #pragma once
@@ -32,6 +33,7 @@ ArchTraits LlamaTraits();  // llama.cc
 ArchTraits Qwen2Traits();  // qwen2.cc
 ArchTraits Qwen3Traits();  // qwen3.cc
 ArchTraits Phi3Traits();   // phi3.cc
+ArchTraits Qwen3MoeTraits();  // qwen3moe.cc
 ArchTraits TraitsFor(Arch arch);
 
 // The paged KV cache: per layer one K and one V buffer of
@@ -108,6 +110,9 @@ class Transformer {
   // RMSNorm of every head of x [n_tokens, n_heads, head_dim] in place, by `weight` [head_dim].
   Status HeadNorm(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr weight,
                   int64_t n_tokens, int64_t n_heads) const;
+  // x += the routed experts of b.xn (n_expert > 0): the router's matmul into b.gate, then MOE.
+  Status Experts(const runtime::Stream& stream, const LayerWeights& L, const StepBuffers& b,
+                 int64_t n_tokens) const;
   // x += all_reduce(in W^T + bias) over the tensor-parallel ranks; scratch [m, n_embd].
   Status ReducedResidual(const runtime::Stream& stream, runtime::DevPtr in, const MatrixRef& w,
                          runtime::DevPtr bias, runtime::DevPtr scratch, runtime::DevPtr x,

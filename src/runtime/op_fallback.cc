@@ -72,7 +72,10 @@ pc_op_query_t QueryFor(const typename T::Args& args) {
   if (i == 0) q.dtypes[0] = PC_DTYPE_F32;
   q.shape_class = PC_SHAPE_ANY;
   q.layout = PC_LAYOUT_GGUF;
-  T::Layout([&](auto member) { q.layout = args.*member; });
+  // An op with several weights (MOE) is asked about the private layout any of them has.
+  T::Layout([&](auto member) {
+    if (q.layout == PC_LAYOUT_GGUF) q.layout = args.*member;
+  });
   return q;
 }
 
@@ -150,12 +153,12 @@ Status OpFallback::Launch(const Stream& main_stream, int32_t op, const void* arg
 template <typename T>
 Status OpFallback::LaunchGeneric(Stream& stream, typename T::Args args) {
   using Args = typename T::Args;
-  pc_dtype_t weight_dtype = PC_DTYPE_F32;
-  bool has_dtype = false;
-  T::Dtypes([&](auto member, const char*, sdk::DtypeKind) {
-    if (!has_dtype) weight_dtype = args.*member;
-    has_dtype = true;
-  });
+  // The i-th Weight member has the i-th dtype and the i-th layout member (pc_ops.def).
+  std::vector<pc_dtype_t> dtypes;
+  T::Dtypes([&](auto member, const char*, sdk::DtypeKind) { dtypes.push_back(args.*member); });
+  std::vector<uint32_t Args::*> layouts;
+  T::Layout([&](auto member) { layouts.push_back(member); });
+  size_t weight_index = 0;
   std::vector<Staged> staged;
   std::vector<std::pair<pc_devptr_t Args::*, size_t>> rewrites;  // member -> staged index
   Status status = Status::Ok();
@@ -175,6 +178,9 @@ Status OpFallback::LaunchGeneric(Stream& stream, typename T::Args args) {
         if (ptr == 0) return;
         Extent e = extent_fn(original);
         if (access == Access::kWeight) {
+          const size_t index = weight_index++;
+          const pc_dtype_t weight_dtype =
+              dtypes.empty() ? PC_DTYPE_F32 : dtypes[std::min(index, dtypes.size() - 1)];
           const int64_t row_bytes = RowBytes(Cpp(weight_dtype), e.cols);
           const uint64_t bytes = row_bytes > 0 ? static_cast<uint64_t>(row_bytes * e.rows) : 0;
           if (IsImmutable(ptr, bytes)) {
@@ -184,7 +190,7 @@ Status OpFallback::LaunchGeneric(Stream& stream, typename T::Args args) {
               return;
             }
             args.*member = (*w)->data();
-            T::Layout([&](auto layout_member) { args.*layout_member = (*w)->layout(); });
+            if (index < layouts.size()) args.*layouts[index] = (*w)->layout();
             return;
           }
           // Not a weight (e.g. hidden states gathered by EMBEDDING): staged like an input.

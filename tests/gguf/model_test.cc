@@ -156,6 +156,62 @@ TEST(ModelConfigTest, Qwen3HeadSizeAndQkNorms) {
       << bad.status().ToString();
 }
 
+// qwen3moe: the expert hyper-parameters, the router kept F32 and the 3-D expert tensors in
+// llama.cpp's shapes; in the Q4_K_M mixture the experts' down projections follow ffn_down's rule.
+TEST(ModelConfigTest, Qwen3MoeExperts) {
+  POLYCHIP_REQUIRE_VOCAB(VocabDir() / "ggml-vocab-qwen2.gguf");
+  SynthOptions o;
+  o.vocab_path = (VocabDir() / "ggml-vocab-qwen2.gguf").string();
+  auto preset = ShapePreset("qwen3moe-tiny");
+  ASSERT_TRUE(preset.ok());
+  o.config = *preset;
+  o.type = DType::kQ4_K;
+  o.mix = QuantMix::kQ4_K_M;
+  o.threads = 2;
+  o.progress = false;
+  const std::string path = (TempDir() / "qwen3moe.gguf").string();
+  ASSERT_TRUE(SynthesizeModel(o, path).ok());
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->GetI64("qwen3moe.expert_count", 0), 8);
+  auto c = ModelConfig::FromGguf(**f);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->arch, Arch::kQwen3Moe);
+  EXPECT_EQ(c->n_expert, 8);
+  EXPECT_EQ(c->n_expert_used, 2);
+  EXPECT_EQ(c->n_ff_exp, 256);
+  EXPECT_TRUE(c->moe_norm_weights);
+  EXPECT_TRUE(c->has_qk_norm);
+  const GgufTensor* router = (*f)->FindTensor("blk.0.ffn_gate_inp.weight");
+  ASSERT_NE(router, nullptr);
+  EXPECT_EQ(router->dims, (std::vector<int64_t>{256, 8}));
+  EXPECT_EQ(router->dtype, DType::kF32);
+  EXPECT_EQ((*f)->FindTensor("blk.1.ffn_gate_exps.weight")->dims,
+            (std::vector<int64_t>{256, 256, 8}));
+  EXPECT_EQ((*f)->FindTensor("blk.1.ffn_down_exps.weight")->dims,
+            (std::vector<int64_t>{256, 256, 8}));
+  EXPECT_EQ((*f)->FindTensor("blk.1.ffn_up_exps.weight")->dtype, DType::kQ4_K);
+  EXPECT_EQ((*f)->FindTensor("blk.1.ffn_down_exps.weight")->dtype, DType::kQ6_K);  // last layer
+  EXPECT_EQ((*f)->FindTensor("blk.0.ffn_gate.weight"), nullptr);
+
+  // Without expert_used_count the file is refused by its key.
+  GgufWriter w;
+  for (const auto& [key, value] : (*f)->metadata()) {
+    if (key != "qwen3moe.expert_used_count") w.SetValue(key, value);
+  }
+  for (const GgufTensor& t : (*f)->tensors()) {
+    ASSERT_TRUE(w.AddTensor(t.name, t.dims, t.dtype, t.data).ok());
+  }
+  const std::string broken = (TempDir() / "qwen3moe-no-used.gguf").string();
+  ASSERT_TRUE(w.Write(broken).ok());
+  auto g = GgufFile::Open(broken);
+  ASSERT_TRUE(g.ok());
+  auto bad = ModelConfig::FromGguf(**g);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expert_used_count"), std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(ModelConfigTest, Llama3RopeFreqs) {
   auto preset = ShapePreset("llama-3.2-1b");
   ASSERT_TRUE(preset.ok());
@@ -183,7 +239,8 @@ TEST(ModelConfigTest, UnsupportedArchitectureAndBrokenModels) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnimplemented);
   EXPECT_EQ(c.status().message(),
-            "unsupported architecture gpt2 (supported: llama, qwen2, qwen3, phi3)");
+            "unsupported architecture gpt2 (supported: llama, qwen2, qwen3, phi3, "
+            "qwen3moe)");
 
   // A vocabulary-only file is not a model.
   auto vocab_path = VocabDir() / "ggml-vocab-qwen2.gguf";

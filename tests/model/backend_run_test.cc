@@ -35,10 +35,11 @@ const std::string kPolychip = std::string(POLYCHIP_BUILD_DIR) + "/bin/polychip";
 const std::string kBundledModel = std::string(POLYCHIP_SOURCE_DIR) + "/models/polychip-tiny.gguf";
 
 // Greedy generation of `model` (default: the bundled model) on device 0 of `backend`.
-CommandResult RunOn(const std::string& backend, const std::string& model = kBundledModel) {
+CommandResult RunOn(const std::string& backend, const std::string& model = kBundledModel,
+                    const std::string& extra = "") {
   return RunCommand(kPolychip + " run --device " + backend + ":0 --print-tokens --ignore-eos -n " +
                     std::to_string(kTokens) + " --model-path " + ShellQuote(model) +
-                    " --prompt " + ShellQuote("And God said"));
+                    " --prompt " + ShellQuote("And God said") + extra);
 }
 
 // A random-weight model of one of `polychip gguf synth`'s shapes in F16 with the llama-spm
@@ -95,10 +96,11 @@ TEST_P(BackendRunTest, GreedyTokensOfTheBundledModel) {
 // Every architecture runs on every backend and gives the cpu plugin's greedy tokens, token for
 // token: qwen3 (per-head q/k norms, a head size of its own), phi3 (fused matrices cut by rows,
 // partial rotary, LongRoPE factors).
-void ExpectCpuTokens(const std::string& backend, const std::string& shape) {
+void ExpectCpuTokens(const std::string& backend, const std::string& shape,
+                     const std::string& extra = "") {
   const std::string model = SynthesizedModel(shape);
   if (model.empty()) return;
-  const CommandResult ours = RunOn(backend, model);
+  const CommandResult ours = RunOn(backend, model, extra);
   ASSERT_EQ(ours.exit_code, 0) << ours.err;
   const std::vector<int> ids = TokenIds(ours.err);
   ASSERT_EQ(ids.size(), static_cast<size_t>(kTokens)) << ours.err;
@@ -114,6 +116,12 @@ TEST_P(BackendRunTest, GreedyTokensOfASynthesizedQwen3) {
 }
 TEST_P(BackendRunTest, GreedyTokensOfASynthesizedPhi3) {
   ExpectCpuTokens(GetParam(), "phi3-tiny");
+}
+// qwen3moe (the MOE op): a backend without MOE (vulkan) runs it on the cpu plugin through the op
+// fallback, which stages the 3-D expert tensors once as weights; the others run it themselves.
+TEST_P(BackendRunTest, GreedyTokensOfASynthesizedQwen3Moe) {
+  const bool have_cpu = std::ranges::find(Backends(), "cpu") != Backends().end();
+  ExpectCpuTokens(GetParam(), "qwen3moe-tiny", have_cpu ? " --op-fallback cpu" : "");
 }
 
 // Test names end in the plugin's name: `ctest -L model -R <name>` selects one backend.

@@ -51,7 +51,7 @@ bool HaveLlamaCpp() {
 
 struct ModelCase {
   std::string vocab;           // ggml-vocab-<vocab>.gguf
-  std::string arch;            // llama | qwen2 | qwen3 | phi3
+  std::string arch;            // llama | qwen2 | qwen3 | phi3 | qwen3moe
   std::string type;            // F32, F16, Q8_0, Q4_0, Q4_K, Q4_K_M, ...
   std::string shape = "tiny";  // a `gguf synth --shape` (qwen3-tiny: qwen3's own head size)
   // The greedy test too. Not for files whose matrices are mostly K-quants: the cpu plugin folds
@@ -246,6 +246,13 @@ std::vector<ModelCase> Cases() {
   // phi3-tiny: fused qkv and gate/up, partial rotary, LongRoPE (short) factors.
   for (const char* type : {"F16", "Q4_0"}) cases.push_back({"phi-3", "phi3", type, "phi3-tiny"});
   cases.push_back({"phi-3", "phi3", "Q4_K_M", "phi3-tiny", /*greedy=*/false});
+  // qwen3moe-tiny: qwen3's attention and 8 routed experts of which 2 run per token (the MOE op).
+  // A route is decided by a near-tie now and then, which amplifies the rounding differences of
+  // the quantized types (docs/performance.md): F16 and Q8_0 both tests, Q4_0 perplexity only.
+  for (const char* type : {"F16", "Q8_0"}) {
+    cases.push_back({"qwen2", "qwen3moe", type, "qwen3moe-tiny"});
+  }
+  cases.push_back({"qwen2", "qwen3moe", "Q4_0", "qwen3moe-tiny", /*greedy=*/false});
   return cases;
 }
 

@@ -272,5 +272,56 @@ TEST(RefKernels, Supports) {
   EXPECT_FALSE(RefSupports(q));
 }
 
+// MOE's routing: the largest probabilities, ties to the lower index, renormalised on request.
+TEST(RefKernels, MoeRoute) {
+  const float logits[5] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f};
+  int32_t experts[3];
+  float weights[3];
+  MoeRoute(logits, 5, 3, /*norm_weights=*/false, experts, weights);
+  EXPECT_EQ(experts[0], 1);  // the tie between 1 and 3 goes to 1
+  EXPECT_EQ(experts[1], 3);
+  EXPECT_EQ(experts[2], 4);
+  double denom = 0;
+  for (float l : logits) denom += std::exp(l);
+  EXPECT_NEAR(weights[0], std::exp(2.0) / denom, 1e-6);
+  EXPECT_NEAR(weights[2], std::exp(1.0) / denom, 1e-6);
+  MoeRoute(logits, 5, 3, /*norm_weights=*/true, experts, weights);
+  EXPECT_NEAR(weights[0] + weights[1] + weights[2], 1.0, 1e-6);
+  EXPECT_NEAR(weights[2], std::exp(1.0) / (2 * std::exp(2.0) + std::exp(1.0)), 1e-6);
+}
+
+// MOE on one token and two experts of a 2-wide model, F32, worked by hand: expert e's gate and
+// up are e+1 times the identity, its down the identity; router logits pick experts 1 and 0.
+TEST(RefKernels, MoeByHand) {
+  const int64_t n_embd = 2, n_ff = 2, n_exp = 2;
+  std::vector<float> gate(n_exp * n_ff * n_embd, 0.f), up = gate, down = gate;
+  for (int64_t e = 0; e < n_exp; ++e)
+    for (int64_t i = 0; i < 2; ++i) {
+      gate[(e * n_ff + i) * n_embd + i] = float(e + 1);
+      up[(e * n_ff + i) * n_embd + i] = float(e + 1);
+      down[(e * n_embd + i) * n_ff + i] = 1.f;
+    }
+  float x[2] = {1.f, -2.f}, logits[2] = {0.f, std::log(3.f)}, out[2] = {10.f, 20.f};
+  pc_moe_args_t a{};
+  a.struct_size = sizeof(a);
+  a.x = reinterpret_cast<uintptr_t>(x), a.logits = reinterpret_cast<uintptr_t>(logits);
+  a.gate = reinterpret_cast<uintptr_t>(gate.data()), a.gate_dtype = PC_DTYPE_F32;
+  a.up = reinterpret_cast<uintptr_t>(up.data()), a.up_dtype = PC_DTYPE_F32;
+  a.down = reinterpret_cast<uintptr_t>(down.data()), a.down_dtype = PC_DTYPE_F32;
+  a.out = reinterpret_cast<uintptr_t>(out);
+  a.n_tokens = 1, a.n_embd = n_embd, a.n_ff = n_ff, a.n_experts = n_exp, a.n_used = 2;
+  a.norm_weights = 1, a.accumulate = 1;
+  ASSERT_EQ(RefLaunch(PC_OP_MOE, &a, IdentityMemory()), nullptr);
+  // p = {1/4, 3/4}; expert e gives silu((e+1) x) * (e+1) x per element.
+  auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  for (int i = 0; i < 2; ++i) {
+    const double want = (i == 0 ? 10 : 20) + 0.25 * silu(x[i]) * x[i] +
+                        0.75 * silu(2 * x[i]) * 2 * x[i];
+    EXPECT_NEAR(out[i], want, 1e-5) << i;
+  }
+  a.n_used = 3;  // more than the experts
+  EXPECT_NE(RefLaunch(PC_OP_MOE, &a, IdentityMemory()), nullptr);
+}
+
 }  // namespace
 }  // namespace polychip::sdk

@@ -36,7 +36,8 @@ typedef uint64_t pc_devptr_t;
 /* The ops, generated from pc_ops.def (one entry per op: id, name, args struct, dtype roles, the
  * ABI minor that added it). EMBEDDING gathers rows of a (possibly quantized) table; RMS_NORM,
  * MATMUL (y = x W^T (+ bias) (+ y), W of any weight dtype), ROPE (normal or NeoX pairing, YaRN),
- * KV_STORE and ATTENTION (paged, GQA, causal), SWIGLU, ADD, CONVERT (dtype conversion). */
+ * KV_STORE and ATTENTION (paged, GQA, causal), SWIGLU, ADD, CONVERT (dtype conversion), MOE
+ * (routed mixture-of-experts feed-forward, 1.3). */
 typedef enum pc_op {
 #define PC_OP(NAME, name, Name, id, ...) PC_OP_##NAME = id,
 #include "polychip/plugin/pc_ops.def"
@@ -59,7 +60,7 @@ typedef struct pc_op_query {
   size_t struct_size;
   pc_op_t op;
   /* Op-specific: EMBEDDING {table}; MATMUL {weight}; KV_STORE and ATTENTION {cache};
-   * CONVERT {src, dst}; others {F32}. Unused entries are PC_DTYPE_INVALID. */
+   * CONVERT {src, dst}; MOE {gate, up, down}; others {F32}. Unused entries are PC_DTYPE_INVALID. */
   pc_dtype_t dtypes[4];
   pc_shape_class_t shape_class;
   /* (1.2) Layout of the EMBEDDING table or the MATMUL weight: PC_LAYOUT_GGUF, or a tag this
@@ -217,6 +218,43 @@ typedef struct pc_convert_args {
   pc_dtype_t dst_dtype;
   int64_t n;
 } pc_convert_args_t;
+
+/* PC_OP_MOE (1.3). The routed experts of a mixture-of-experts feed-forward (Qwen3-MoE,
+ * Mixtral, OLMoE) for n_tokens rows, routing included. For token t:
+ *   p = softmax(logits[t])                       over the n_experts router logits
+ *   E = the n_used experts of largest p           (ties: the lower expert index)
+ *   w_e = p_e, or p_e / max(sum_{E} p, 2^-14)     when norm_weights
+ *   out[t] = sum_{e in E} w_e * down_e(silu(gate_e x[t]) * up_e x[t])   (+ out[t] if accumulate)
+ * where gate_e, up_e are rows [e * n_ff, (e + 1) * n_ff) of gate/up and down_e rows
+ * [e * n_embd, (e + 1) * n_embd) of down: GGUF's 3-D expert tensors [n_experts, rows, cols]
+ * seen as one matrix. Each weight may have its own dtype and layout (a private layout being
+ * one this plugin's weight_upload returned for the whole 3-D tensor). An implementation should
+ * group the tokens by expert so that each chosen expert's matrices are read once per launch.
+ * The query's dtypes are {gate, up, down}; its layout is a private tag any of the three has,
+ * else PC_LAYOUT_GGUF. Routing is inside the op so that the host never waits for the router's
+ * result. out must not alias x or logits. */
+typedef struct pc_moe_args {
+  size_t struct_size;
+  pc_devptr_t x;        /* f32 [n_tokens, n_embd] */
+  pc_devptr_t logits;   /* f32 [n_tokens, n_experts] router logits (x ffn_gate_inp^T) */
+  pc_devptr_t gate;     /* gate_dtype [n_experts * n_ff, n_embd] in layout gate_layout */
+  pc_dtype_t gate_dtype;
+  uint32_t gate_layout;
+  pc_devptr_t up;       /* up_dtype [n_experts * n_ff, n_embd] in layout up_layout */
+  pc_dtype_t up_dtype;
+  uint32_t up_layout;
+  pc_devptr_t down;     /* down_dtype [n_experts * n_embd, n_ff] in layout down_layout */
+  pc_dtype_t down_dtype;
+  uint32_t down_layout;
+  pc_devptr_t out;      /* f32 [n_tokens, n_embd] */
+  int64_t n_tokens;
+  int64_t n_embd;
+  int64_t n_ff;         /* rows of one expert's gate/up matrix */
+  int64_t n_experts;
+  int64_t n_used;       /* experts per token, 1..n_experts */
+  int32_t norm_weights; /* non-zero: the chosen experts' weights are divided by their sum */
+  int32_t accumulate;   /* non-zero: add into out (fuses the residual connection) */
+} pc_moe_args_t;
 
 #ifdef __cplusplus
 } /* extern "C" */

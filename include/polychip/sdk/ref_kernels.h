@@ -38,6 +38,7 @@ const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_swiglu_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_add_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_convert_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem);
 
 // The shape/dtype/layout checks of one op's args (not the addresses), one overload per op;
 // ValidateOpArgs finds it by the args type. nullptr when valid.
@@ -50,6 +51,7 @@ const char* Validate(const pc_attention_args_t& a);
 const char* Validate(const pc_swiglu_args_t& a);
 const char* Validate(const pc_add_args_t& a);
 const char* Validate(const pc_convert_args_t& a);
+const char* Validate(const pc_moe_args_t& a);
 
 // Byte size of an op's args struct as this SDK was compiled, 0 for an unknown op.
 size_t OpArgsSize(pc_op_t op);
@@ -69,5 +71,12 @@ bool RefSupports(const pc_op_query_t& query);
 // with cos/sin already scaled by the magnitude factor. Exposed for fast kernels and tests.
 void RopeCosSin(const pc_rope_args_t& a, int32_t position, int64_t pair, float freq_factor,
                 float* cos_theta, float* sin_theta);
+
+// MOE's routing for one token as pc_moe_args documents it: the n_used experts of largest
+// softmax(logits[0..n_experts)) into experts[n_used] (by descending probability, ties to the
+// lower index) and their weights into weights[n_used]. Exposed so that fast kernels route
+// exactly as the reference does.
+void MoeRoute(const float* logits, int64_t n_experts, int64_t n_used, bool norm_weights,
+              int32_t* experts, float* weights);
 
 }  // namespace polychip::sdk

@@ -385,12 +385,38 @@ bool LayoutHolds(uint32_t layout, pc_dtype_t dtype) {
   return false;
 }
 
+pc_op_query_t QueryAsGguf(const pc_op_query_t& q) {
+  pc_op_query_t gguf = q;
+  gguf.layout = PC_LAYOUT_GGUF;
+  return gguf;
+}
+
+// MOE's three weights may each be in one of this plugin's layouts: the checks are the SDK's on
+// a GGUF copy, and each layout must be one weight_upload returns for that weight's dtype.
+const char* ValidateMoe(const pc_moe_args_t& a) {
+  pc_moe_args_t gguf = a;
+  gguf.gate_layout = gguf.up_layout = gguf.down_layout = PC_LAYOUT_GGUF;
+  if (const char* why = polychip::sdk::Validate(gguf)) return why;
+  const std::pair<uint32_t, pc_dtype_t> weights[] = {
+      {a.gate_layout, a.gate_dtype}, {a.up_layout, a.up_dtype}, {a.down_layout, a.down_dtype}};
+  for (auto [layout, dtype] : weights)
+    if (layout != PC_LAYOUT_GGUF && !LayoutHolds(layout, dtype))
+      return "unknown weight layout, or one this dtype is never stored in";
+  return nullptr;
+}
+
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
   // A 1.0/1.1 host's query ends at shape_class (and means the GGUF layout).
   if (!device || !PC_HAS_MEMBER(query, pc_op_query_t, shape_class)) return 0;
   if (PC_HAS_MEMBER(query, pc_op_query_t, layout) && query->layout != PC_LAYOUT_GGUF) {
     // MATMUL and EMBEDDING read the weights weight_upload laid out: packed quantized types,
     // float panels.
+    if (query->op == PC_OP_MOE) {  // the layout of at least one of its three weights
+      if (!polychip::sdk::RefSupports(QueryAsGguf(*query))) return 0;
+      for (int i = 0; i < 3; ++i)
+        if (LayoutHolds(query->layout, query->dtypes[i])) return 1;
+      return 0;
+    }
     return (query->op == PC_OP_MATMUL || query->op == PC_OP_EMBEDDING) &&
            LayoutHolds(query->layout, query->dtypes[0]);
   }
@@ -447,7 +473,10 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
                                                            : embedding_gguf.table_dtype)) {
       return BadArg("unknown weight layout, or one this dtype is never stored in");
     }
-    if (const char* why = polychip::sdk::ValidateOpArgs(op, to_validate)) {
+    if (op == PC_OP_MOE && args && *static_cast<const size_t*>(args) >= sizeof(pc_moe_args_t)) {
+      if (const char* why = ValidateMoe(*static_cast<const pc_moe_args_t*>(args)))
+        return BadArg(why);
+    } else if (const char* why = polychip::sdk::ValidateOpArgs(op, to_validate)) {
       return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
                                                   : PC_CODE_UNIMPLEMENTED,
                        why);
@@ -468,6 +497,7 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
       case PC_OP_ROPE: why = Rope(c, *static_cast<const pc_rope_args_t*>(args)); break;
       case PC_OP_RMS_NORM: why = RmsNorm(c, *static_cast<const pc_rms_norm_args_t*>(args)); break;
       case PC_OP_SWIGLU: why = Swiglu(c, *static_cast<const pc_swiglu_args_t*>(args)); break;
+      case PC_OP_MOE: why = Moe(c, *static_cast<const pc_moe_args_t*>(args)); break;
       default: why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
     }
     if (why) return MakeError(PC_CODE_INVALID_ARGUMENT, why);

@@ -1,5 +1,5 @@
 // The cpu plugin's fast ops: matmul (packed quantized weights, float weights, any GGUF type),
-// paged attention, rope, rms_norm and swiglu, parallel on the plugin's thread pool through the
+// paged attention, rope, rms_norm, swiglu and the routed experts (moe), parallel on the plugin's thread pool through the
 // selected kernel table, and embedding from packed tables. Other ops use the SDK reference
 // kernels. Arguments are validated by the caller; each function returns nullptr on success or
 // a static message.
@@ -21,6 +21,8 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a);
 const char* Rope(const OpContext& c, const pc_rope_args_t& a);
 const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a);
 const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a);
+// MOE, each weight in any of the plugin's layouts (moe.cc); a.*_layout are not validated here.
+const char* Moe(const OpContext& c, const pc_moe_args_t& a);
 // EMBEDDING whose table is in one of the plugin's layouts (kLayoutPacked or kLayoutPanel;
 // a.table_layout is ignored), embedding.cc; GGUF tables use the SDK's.
 const char* EmbeddingPacked(const pc_embedding_args_t& a, uint32_t layout);

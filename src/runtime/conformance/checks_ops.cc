@@ -480,6 +480,90 @@ Verdict Convert(Harness& h, pc_dtype_t src, pc_dtype_t dst) {
   return Pass("bit exact, " + std::to_string(n) + " elements");
 }
 
+// ---- MOE --------------------------------------------------------------------------------------
+// decode: one token, weights not renormalised; prefill: 9 tokens over 8 experts (2 each, so
+// experts are shared and some unused), renormalised, accumulating into out; uploaded: prefill
+// with the three weights through weight_upload, in the layouts the plugin chose; mixed: the
+// Q4_K_M mixture (gate/up Q4_K, down Q6_K).
+enum class MoeCase { kDecode, kPrefill, kUploaded };
+
+Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c) {
+  ref::MoeShape s;
+  s.n_tokens = c == MoeCase::kDecode ? 1 : 9;
+  s.n_embd = 256, s.n_ff = 256, s.n_experts = 8, s.n_used = 2;
+  s.norm_weights = c != MoeCase::kDecode;
+  s.accumulate = c != MoeCase::kDecode;
+  const pc_dtype_t up_dtype = gate_dtype;
+  if (!h.Supports(PC_OP_MOE, {gate_dtype, up_dtype, down_dtype},
+                  s.n_tokens == 1 ? PC_SHAPE_DECODE : PC_SHAPE_PREFILL))
+    return NotClaimed();
+  if (c == MoeCase::kUploaded && !PCC_HAS(h.api, weight_upload))
+    return Skip("no weight_upload (optional)");
+  const int64_t ff_rows = s.n_experts * s.n_ff, down_rows = s.n_experts * s.n_embd;
+  PCC_ENCODE(Encoded gate, Encode(gate_dtype, h.RandomFloats(ff_rows * s.n_embd), ff_rows, s.n_embd));
+  PCC_ENCODE(Encoded up, Encode(up_dtype, h.RandomFloats(ff_rows * s.n_embd), ff_rows, s.n_embd));
+  PCC_ENCODE(Encoded down, Encode(down_dtype, h.RandomFloats(down_rows * s.n_ff), down_rows, s.n_ff));
+  std::vector<float> x = h.RandomFloats(s.n_tokens * s.n_embd);
+  std::vector<float> logits = h.RandomFloats(s.n_tokens * s.n_experts, -4, 4);
+  std::vector<float> out = h.RandomFloats(s.n_tokens * s.n_embd);
+  std::vector<float> expected = out;
+  ref::Moe(x, logits, gate.values, up.values, down.values, s, expected);
+
+  struct Weight {
+    pc_devptr_t ptr = 0;
+    uint32_t layout = PC_LAYOUT_GGUF;
+  };
+  std::vector<pc_weight_t> uploaded;
+  struct FreeAll {  // uploaded weights go back on every path out
+    Harness& h;
+    std::vector<pc_weight_t>& ws;
+    ~FreeAll() {
+      for (pc_weight_t& w : ws) (void)h.Take(h.api->weight_free(h.device, &w), "weight_free");
+    }
+  } free_all{h, uploaded};
+  uploaded.reserve(3);
+  auto place = [&](pc_dtype_t dtype, const Encoded& e, int64_t rows, int64_t cols)
+      -> StatusOr<Weight> {
+    if (c != MoeCase::kUploaded) {
+      PC_ASSIGN_OR_RETURN(pc_devptr_t p, h.UploadVec(e.bytes));
+      return Weight{p, PC_LAYOUT_GGUF};
+    }
+    pc_weight_t w{};
+    w.struct_size = sizeof(w);
+    PC_RETURN_IF_ERROR(h.Take(h.api->weight_upload(h.device, dtype, rows, cols, e.bytes.data(),
+                                                   e.bytes.size(), &w),
+                              "weight_upload"));
+    uploaded.push_back(w);
+    return Weight{w.data, w.layout};
+  };
+  PCC_ASSIGN(Weight d_gate, place(gate_dtype, gate, ff_rows, s.n_embd));
+  PCC_ASSIGN(Weight d_up, place(up_dtype, up, ff_rows, s.n_embd));
+  PCC_ASSIGN(Weight d_down, place(down_dtype, down, down_rows, s.n_ff));
+  for (const Weight& w : {d_gate, d_up, d_down}) {
+    if (w.layout != PC_LAYOUT_GGUF &&
+        !h.Supports(PC_OP_MOE, {gate_dtype, up_dtype, down_dtype}, PC_SHAPE_PREFILL, w.layout))
+      return Skip("the layout weight_upload chose is not claimed for MOE");
+  }
+  PCC_ASSIGN(pc_devptr_t d_x, h.UploadVec(x));
+  PCC_ASSIGN(pc_devptr_t d_logits, h.UploadVec(logits));
+  PCC_ASSIGN(pc_devptr_t d_out, h.UploadVec(out));
+  pc_moe_args_t a{};
+  a.struct_size = sizeof(a);
+  a.x = d_x, a.logits = d_logits, a.out = d_out;
+  a.gate = d_gate.ptr, a.gate_dtype = gate_dtype, a.gate_layout = d_gate.layout;
+  a.up = d_up.ptr, a.up_dtype = up_dtype, a.up_layout = d_up.layout;
+  a.down = d_down.ptr, a.down_dtype = down_dtype, a.down_layout = d_down.layout;
+  a.n_tokens = s.n_tokens, a.n_embd = s.n_embd, a.n_ff = s.n_ff;
+  a.n_experts = s.n_experts, a.n_used = s.n_used;
+  a.norm_weights = s.norm_weights ? 1 : 0, a.accumulate = s.accumulate ? 1 : 0;
+  PCC_TRY(h.Launch(PC_OP_MOE, &a));
+  PCC_ASSIGN(auto result, h.DownloadVec<float>(d_out, out.size()));
+  // Two chained products: the hidden activations may be rounded to the weight's precision
+  // again before the down projection.
+  const double tol = 2 * std::max(MatmulTolerance(gate_dtype), MatmulTolerance(down_dtype));
+  return CompareOutputs(result, expected, tol);
+}
+
 // Checks generated from the op list (pc_ops.def), for every op:
 //   op.<name>.short_args_rejected  an args struct shorter than the op's first version is an
 //                                  error, not a launch that reads past the caller's struct;
@@ -496,8 +580,10 @@ void AddOpListChecks(const std::vector<Check>& checks, Add& add) {
     add(prefix + "short_args_rejected", [](Harness& h) -> Verdict {
       int n_dtypes = 0;
       T::Dtypes([&](auto, const char*, sdk::DtypeKind) { ++n_dtypes; });
-      const bool claimed = n_dtypes < 2 ? h.Supports(T::kOp, {PC_DTYPE_F32})
-                                        : h.Supports(T::kOp, {PC_DTYPE_F32, PC_DTYPE_F32});
+      const pc_dtype_t f = PC_DTYPE_F32;
+      const bool claimed = n_dtypes < 2    ? h.Supports(T::kOp, {f})
+                           : n_dtypes == 2 ? h.Supports(T::kOp, {f, f})
+                                           : h.Supports(T::kOp, {f, f, f});
       if (!claimed) return NotClaimed();
       typename T::Args a{};
       a.struct_size = sdk::OpArgsMinSizeOf<T>() - 1;
@@ -561,6 +647,18 @@ void AddOpChecks(std::vector<Check>& checks) {
     add("op.convert." + Lower(s) + "_f32",
         [s](Harness& h) { return Convert(h, s, PC_DTYPE_F32); });
   }
+  for (pc_dtype_t d : kWeightDtypes) {
+    const std::string base = "op.moe." + Lower(d);
+    add(base + ".decode", [d](Harness& h) { return Moe(h, d, d, MoeCase::kDecode); });
+    add(base + ".prefill", [d](Harness& h) { return Moe(h, d, d, MoeCase::kPrefill); });
+    add(base + ".uploaded", [d](Harness& h) { return Moe(h, d, d, MoeCase::kUploaded); });
+  }
+  add("op.moe.q4_k_q6_k.prefill", [](Harness& h) {
+    return Moe(h, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K, MoeCase::kPrefill);
+  });
+  add("op.moe.q4_k_q6_k.uploaded", [](Harness& h) {
+    return Moe(h, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K, MoeCase::kUploaded);
+  });
   AddOpListChecks(checks, add);
 }
 

@@ -199,4 +199,50 @@ std::vector<float> Add(const std::vector<float>& a, const std::vector<float>& b)
   return out;
 }
 
+void Moe(const std::vector<float>& x, const std::vector<float>& logits,
+         const std::vector<float>& gate, const std::vector<float>& up,
+         const std::vector<float>& down, const MoeShape& s, std::vector<float>& out) {
+  for (int64_t t = 0; t < s.n_tokens; ++t) {
+    const float* lt = &logits[t * s.n_experts];
+    // Experts ordered by descending logit (= descending probability), ties by index.
+    std::vector<int64_t> order(s.n_experts);
+    for (int64_t e = 0; e < s.n_experts; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(),
+                     [lt](int64_t a, int64_t b) { return lt[a] > lt[b]; });
+    double max_logit = lt[order[0]], denom = 0;
+    for (int64_t e = 0; e < s.n_experts; ++e) denom += std::exp(lt[e] - max_logit);
+    std::vector<double> w(s.n_used);
+    double sum = 0;
+    for (int64_t j = 0; j < s.n_used; ++j) {
+      w[j] = std::exp(lt[order[j]] - max_logit) / denom;
+      sum += w[j];
+    }
+    if (s.norm_weights) {
+      for (double& v : w) v /= std::max(sum, 6.103515625e-5);
+    }
+    std::vector<double> y(s.n_embd, 0.0);
+    for (int64_t j = 0; j < s.n_used; ++j) {
+      const int64_t e = order[j];
+      std::vector<double> hidden(s.n_ff);
+      for (int64_t r = 0; r < s.n_ff; ++r) {
+        double g = 0, u = 0;
+        for (int64_t k = 0; k < s.n_embd; ++k) {
+          g += static_cast<double>(x[t * s.n_embd + k]) * gate[(e * s.n_ff + r) * s.n_embd + k];
+          u += static_cast<double>(x[t * s.n_embd + k]) * up[(e * s.n_ff + r) * s.n_embd + k];
+        }
+        hidden[r] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (int64_t r = 0; r < s.n_embd; ++r) {
+        double d = 0;
+        for (int64_t k = 0; k < s.n_ff; ++k) d += hidden[k] * down[(e * s.n_embd + r) * s.n_ff + k];
+        y[r] += w[j] * d;
+      }
+    }
+    for (int64_t r = 0; r < s.n_embd; ++r) {
+      float& o = out[t * s.n_embd + r];
+      o = static_cast<float>(s.accumulate ? o + y[r] : y[r]);
+    }
+  }
+}
+
 }  // namespace polychip::runtime::conformance::ref

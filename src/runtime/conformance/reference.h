@@ -76,4 +76,18 @@ std::vector<float> Swiglu(const std::vector<float>& gate, const std::vector<floa
 // out[i] = a[i] + b[i]
 std::vector<float> Add(const std::vector<float>& a, const std::vector<float>& b);
 
+// The routed experts of MOE (pc_moe_args_t): per token, the n_used experts of largest
+// softmax(logits) (ties to the lower index), weights renormalised to sum 1 when norm_weights
+// (the sum clamped below at 2^-14), out[t] (+)= sum_e w_e down_e(silu(gate_e x) * up_e x).
+// x: [n_tokens, n_embd]; logits: [n_tokens, n_experts]; gate, up: [n_experts * n_ff, n_embd];
+// down: [n_experts * n_embd, n_ff] (already dequantized); out: [n_tokens, n_embd] in place.
+struct MoeShape {
+  int64_t n_tokens = 0, n_embd = 0, n_ff = 0, n_experts = 0, n_used = 0;
+  bool norm_weights = true;
+  bool accumulate = false;
+};
+void Moe(const std::vector<float>& x, const std::vector<float>& logits,
+         const std::vector<float>& gate, const std::vector<float>& up,
+         const std::vector<float>& down, const MoeShape& s, std::vector<float>& out);
+
 }  // namespace polychip::runtime::conformance::ref

@@ -1,0 +1,229 @@
+// MOE on the cpu plugin: the tokens of a launch are routed (the SDK's MoeRoute, so the choice is
+// the reference's) and grouped by expert, and each chosen expert runs once over its gathered
+// rows: every expert's matrices are read once per launch however many tokens chose it. Packed
+// weights (every _0/_K mixture the plugin packs) run all experts in two parallel passes
+// (MoePacked); other layouts expert by expert through the plugin's matmul.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu_ops.h"
+#include "packed.h"
+#include "panel.h"
+#include "polychip/sdk/quant.h"
+#include "polychip/sdk/ref_kernels.h"
+
+namespace polychip::cpu {
+namespace {
+
+template <typename T>
+T* Ptr(pc_devptr_t p) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(p));
+}
+
+// Expert e's [rows, cols] part of a [n_experts * rows, cols] weight in `layout`: the byte offset
+// of its first row, or -1 when the layout's row groups do not fall on expert boundaries.
+int64_t ExpertOffset(pc_dtype_t dtype, uint32_t layout, int64_t e, int64_t rows, int64_t cols) {
+  if (layout == kLayoutPacked) {
+    PackedFormat f;
+    if (!PackedFormatOf(dtype, &f) || rows % kPackRows != 0) return -1;
+    return e * (rows / kPackRows) * (cols / kBlock) * f.block_bytes();
+  }
+  if (layout == kLayoutPanel) {
+    if (rows % kPanelRows != 0) return -1;
+    return e * rows * cols * PanelElemBytes(dtype);
+  }
+  return e * rows * sdk::RowBytes(dtype, cols);
+}
+
+// out[m, n] = x[m, k] * W_e^T for expert e of a 3-D weight.
+const char* ExpertMatmul(const OpContext& c, pc_devptr_t w, pc_dtype_t dtype, uint32_t layout,
+                         int64_t e, int64_t n, int64_t k, const float* x, int64_t m, float* out) {
+  const int64_t offset = ExpertOffset(dtype, layout, e, n, k);
+  if (offset < 0) return "expert rows not a multiple of the weight layout's row group";
+  pc_matmul_args_t mm{};
+  mm.struct_size = sizeof(mm);
+  mm.x = reinterpret_cast<uintptr_t>(x);
+  mm.w = w + static_cast<uint64_t>(offset);
+  mm.w_dtype = dtype;
+  mm.w_layout = layout;
+  mm.out = reinterpret_cast<uintptr_t>(out);
+  mm.m = m, mm.n = n, mm.k = k, mm.x_stride = k, mm.out_stride = n;
+  return Matmul(c, mm);
+}
+
+// Runs fn(j, g) for every expert group j < n_jobs and row group g < n_groups, in parallel.
+template <typename F>
+void ForEachJobGroup(const OpContext& c, int64_t n_jobs, int64_t n_groups, F&& fn) {
+  const int64_t n = n_jobs * n_groups;
+  const int64_t per_task = std::max<int64_t>(1, n / (int64_t(c.pool->size()) * 4));
+  const int64_t n_tasks = (n + per_task - 1) / per_task;
+  auto body = [&](int64_t task) {
+    for (int64_t i = task * per_task; i < std::min(n, (task + 1) * per_task); ++i)
+      fn(i / n_groups, i % n_groups);
+  };
+  if (n_tasks <= 1) {
+    body(0);
+  } else {
+    c.pool->Run(n_tasks, body);
+  }
+}
+
+// One token's row in an expert's group of rows.
+struct Routed {
+  int64_t token;
+  float weight;
+};
+
+// Every weight packed (packed.h): the chosen experts' products run in two parallel passes over
+// (expert, row group) pairs, gate and up together (sharing the quantized activations; the
+// SwiGLU applied to each tile as it is made), then down, so a decode step pays the pool's
+// start-up twice rather than three times per expert, and the work of all experts is balanced
+// across the threads at once.
+const char* MoePacked(const OpContext& c, const pc_moe_args_t& a,
+                      const std::vector<std::vector<Routed>>& rows_of) {
+  PackedFormat fg, fu, fd;
+  if (!PackedFormatOf(a.gate_dtype, &fg) || !PackedFormatOf(a.up_dtype, &fu) ||
+      !PackedFormatOf(a.down_dtype, &fd) || a.n_ff % kPackRows != 0 ||
+      a.n_embd % kPackRows != 0 || a.n_embd % kBlock != 0 || a.n_ff % kBlock != 0)
+    return "expert rows not a multiple of the packed row group";
+  const auto* x = Ptr<const float>(a.x);
+  auto* out = Ptr<float>(a.out);
+  const auto* gate = Ptr<const uint8_t>(a.gate);
+  const auto* up = Ptr<const uint8_t>(a.up);
+  const auto* down = Ptr<const uint8_t>(a.down);
+  const int64_t kb_embd = a.n_embd / kBlock, kb_ff = a.n_ff / kBlock;
+  const int64_t gate_group = kb_embd * fg.block_bytes(), up_group = kb_embd * fu.block_bytes();
+  const int64_t down_group = kb_ff * fd.block_bytes();
+  const int64_t ff_groups = a.n_ff / kPackRows, embd_groups = a.n_embd / kPackRows;
+
+  // The experts that run, and where their rows start in the gathered row space [R].
+  struct Job {
+    int64_t expert, first, m;
+  };
+  std::vector<Job> jobs;
+  int64_t n_rows = 0;
+  for (int64_t e = 0; e < a.n_experts; ++e) {
+    const int64_t m = static_cast<int64_t>(rows_of[e].size());
+    if (m == 0) continue;
+    jobs.push_back({e, n_rows, m});
+    n_rows += m;
+  }
+  static std::vector<ActBlock> xq, hq;  // launches on one device are serialised by the plugin
+  static std::vector<float> hidden, down_out;
+  xq.resize(n_rows * kb_embd);    // [R, n_embd / 32] gathered, quantized tokens
+  hidden.resize(n_rows * a.n_ff);  // [R, n_ff] silu(gate) * up
+  hq.resize(n_rows * kb_ff);      // [R, n_ff / 32] quantized hidden
+  down_out.resize(n_rows * a.n_embd);  // [R, n_embd]
+  // Each token is quantized once, then copied to its rows.
+  std::vector<ActBlock> token_q(a.n_tokens * kb_embd);
+  ForEachJobGroup(c, a.n_tokens, 1, [&](int64_t t, int64_t) {
+    c.k->quantize_row(x + t * a.n_embd, a.n_embd, &token_q[t * kb_embd]);
+  });
+  for (const Job& j : jobs)
+    for (int64_t i = 0; i < j.m; ++i)
+      std::memcpy(&xq[(j.first + i) * kb_embd], &token_q[rows_of[j.expert][i].token * kb_embd],
+                  kb_embd * sizeof(ActBlock));
+
+  constexpr int64_t kMBlock = 64;  // activation rows per kernel call, as MatmulPacked
+  ForEachJobGroup(c, static_cast<int64_t>(jobs.size()), ff_groups, [&](int64_t ji, int64_t g) {
+    const Job& j = jobs[ji];
+    thread_local std::vector<float> tile_g, tile_u;
+    tile_g.resize(kMBlock * kPackRows);
+    tile_u.resize(kMBlock * kPackRows);
+    const uint8_t* wg = gate + (j.expert * ff_groups + g) * gate_group;
+    const uint8_t* wu = up + (j.expert * ff_groups + g) * up_group;
+    for (int64_t i0 = 0; i0 < j.m; i0 += kMBlock) {
+      const int64_t mb = std::min(kMBlock, j.m - i0);
+      const ActBlock* xr = &xq[(j.first + i0) * kb_embd];
+      c.k->gemm_packed(fg, wg, kb_embd, xr, kb_embd, mb, tile_g.data());
+      c.k->gemm_packed(fu, wu, kb_embd, xr, kb_embd, mb, tile_u.data());
+      for (int64_t i = 0; i < mb; ++i) {
+        c.k->swiglu(&tile_g[i * kPackRows], &tile_u[i * kPackRows],
+                    &hidden[(j.first + i0 + i) * a.n_ff + g * kPackRows], kPackRows);
+      }
+    }
+  });
+  ForEachJobGroup(c, n_rows, 1, [&](int64_t r, int64_t) {
+    c.k->quantize_row(&hidden[r * a.n_ff], a.n_ff, &hq[r * kb_ff]);
+  });
+  ForEachJobGroup(c, static_cast<int64_t>(jobs.size()), embd_groups, [&](int64_t ji, int64_t g) {
+    const Job& j = jobs[ji];
+    thread_local std::vector<float> tile;
+    tile.resize(kMBlock * kPackRows);
+    const uint8_t* wd = down + (j.expert * embd_groups + g) * down_group;
+    for (int64_t i0 = 0; i0 < j.m; i0 += kMBlock) {
+      const int64_t mb = std::min(kMBlock, j.m - i0);
+      c.k->gemm_packed(fd, wd, kb_ff, &hq[(j.first + i0) * kb_ff], kb_ff, mb, tile.data());
+      for (int64_t i = 0; i < mb; ++i) {
+        std::memcpy(&down_out[(j.first + i0 + i) * a.n_embd + g * kPackRows],
+                    &tile[i * kPackRows], kPackRows * sizeof(float));
+      }
+    }
+  });
+  // The weighted sum, expert by expert in index order (as the per-expert path adds them).
+  if (!a.accumulate) std::fill(out, out + a.n_tokens * a.n_embd, 0.f);
+  for (const Job& j : jobs) {
+    for (int64_t i = 0; i < j.m; ++i) {
+      const Routed& r = rows_of[j.expert][i];
+      c.k->axpy_f32(r.weight, &down_out[(j.first + i) * a.n_embd], out + r.token * a.n_embd,
+                    a.n_embd);
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const char* Moe(const OpContext& c, const pc_moe_args_t& a) {
+  if (a.n_tokens == 0) return nullptr;
+  const auto* x = Ptr<const float>(a.x);            // [n_tokens, n_embd]
+  const auto* logits = Ptr<const float>(a.logits);  // [n_tokens, n_experts]
+  auto* out = Ptr<float>(a.out);                    // [n_tokens, n_embd]
+  if (!x || !logits || !a.gate || !a.up || !a.down || !out) return "null operand";
+
+  // Routing, then each expert's (token, weight) list in token order.
+  std::vector<int32_t> chosen(a.n_tokens * a.n_used);
+  std::vector<float> weights(a.n_tokens * a.n_used);
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    sdk::MoeRoute(logits + t * a.n_experts, a.n_experts, a.n_used, a.norm_weights != 0,
+                  &chosen[t * a.n_used], &weights[t * a.n_used]);
+  }
+  std::vector<std::vector<Routed>> rows_of(a.n_experts);
+  for (int64_t i = 0; i < a.n_tokens * a.n_used; ++i)
+    rows_of[chosen[i]].push_back({i / a.n_used, weights[i]});
+  if (a.gate_layout == kLayoutPacked && a.up_layout == kLayoutPacked &&
+      a.down_layout == kLayoutPacked && a.n_ff % kPackRows == 0 && a.n_embd % kPackRows == 0)
+    return MoePacked(c, a, rows_of);
+
+  if (!a.accumulate) std::fill(out, out + a.n_tokens * a.n_embd, 0.f);
+  // Scratch for the largest group; launches on one device are serialised by the plugin.
+  static std::vector<float> xg, gate, up, down;
+  for (int64_t e = 0; e < a.n_experts; ++e) {
+    const auto& rows = rows_of[e];
+    const int64_t m = static_cast<int64_t>(rows.size());
+    if (m == 0) continue;
+    xg.resize(m * a.n_embd);      // [m, n_embd] the gathered tokens
+    gate.resize(m * a.n_ff);      // [m, n_ff]
+    up.resize(m * a.n_ff);        // [m, n_ff]
+    down.resize(m * a.n_embd);    // [m, n_embd]
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(&xg[i * a.n_embd], x + rows[i].token * a.n_embd, a.n_embd * sizeof(float));
+    if (const char* why = ExpertMatmul(c, a.gate, a.gate_dtype, a.gate_layout, e, a.n_ff,
+                                       a.n_embd, xg.data(), m, gate.data()))
+      return why;
+    if (const char* why = ExpertMatmul(c, a.up, a.up_dtype, a.up_layout, e, a.n_ff, a.n_embd,
+                                       xg.data(), m, up.data()))
+      return why;
+    c.k->swiglu(gate.data(), up.data(), gate.data(), m * a.n_ff);
+    if (const char* why = ExpertMatmul(c, a.down, a.down_dtype, a.down_layout, e, a.n_embd,
+                                       a.n_ff, gate.data(), m, down.data()))
+      return why;
+    for (int64_t i = 0; i < m; ++i)
+      c.k->axpy_f32(rows[i].weight, &down[i * a.n_embd], out + rows[i].token * a.n_embd,
+                    a.n_embd);
+  }
+  return nullptr;
+}
+
+}  // namespace polychip::cpu
