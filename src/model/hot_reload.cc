@@ -161,7 +161,7 @@ runtime::PluginSpec ReloadableRunner::CurrentSpec() const {
 std::shared_ptr<runtime::Device> ReloadableRunner::device() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!runner_) return nullptr;
-  return std::shared_ptr<runtime::Device>(runner_->device().shared_from_this());
+  return runner_->device().shared_from_this();
 }
 
 bool ReloadableRunner::ReleaseCurrent() {

@@ -5,13 +5,12 @@
 // Reload() runs between two engine steps with no KV in use (Engine::RunWithKvDropped): it
 // checks the new file's handshake (dlopen, symbols, ABI, table, probe: a file that is no plugin
 // is refused before anything stops), frees the runner (weights, KV cache, workspace) and the
-// old plugin's device, releases the
-// plugin (shut down and dlclose'd as its last reference goes), checks the new file with the
-// conformance kit on the ops this model launches (ABI handshake, probe, initialize, device
-// open, then op.<name>.<dtype>.* of every op in RequiredOps), loads it, opens its device and
-// builds the runner again (op coverage, weight upload, KV cache). A failure at any stage
-// releases what the new plugin got and loads the old one again from its path, so the server
-// keeps serving on it; the reply names the stage and the reason.
+// old plugin's device, releases the old plugin (shut down and dlclose'd as its last reference
+// goes), runs the conformance kit on the new file for the ops this model launches (initialize,
+// device open, then op.<name>.<dtype>.* of every op in RequiredOps), loads it, opens its device
+// and builds the runner again (op coverage, weight upload, KV cache). A failure after the
+// release frees what the new plugin got and loads the old one again from its path, so the
+// server keeps serving on it; the outcome names the stage and the reason.
 #pragma once
 
 #include <cstdint>
