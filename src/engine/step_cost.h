@@ -26,8 +26,9 @@ class StepCostModel {
   void Observe(int64_t decode_seqs, int64_t prefill_tokens, double wall_s,
                std::optional<double> device_s);
 
-  // Enough steps with and without prompt tokens to tell the costs apart.
-  bool ready() const { return prefill_steps_ >= kMinSteps && steps_ >= 2 * kMinSteps; }
+  // A step with prompt tokens and a few more: enough to tell the costs apart (the fit refines
+  // with every step; waiting for more would let the first long prompts through unsliced).
+  bool ready() const { return prefill_steps_ >= 1 && steps_ >= kMinSteps; }
   // Predicted wall seconds of a step.
   double Predict(int64_t decode_seqs, int64_t prefill_tokens) const;
   // Seconds one prompt token adds to a step (>= 0).
@@ -39,7 +40,7 @@ class StepCostModel {
                         int32_t max_tokens) const;
 
  private:
-  static constexpr int kMinSteps = 3;
+  static constexpr int kMinSteps = 4;
   std::array<double, 3> Solve() const;  // {a, b, c}, cached in coef_
 
   double decay_;

@@ -37,7 +37,7 @@ std::optional<double> DeviceSeconds(const std::vector<OpCounters>& ops) {
     ns += c.device_ns;
   }
   if (!timed) return std::nullopt;
-  return ns * 1e-9;
+  return ns / 1e9;
 }
 
 namespace {
@@ -56,7 +56,7 @@ const Family kFamilies[] = {
     {"polychip_op_device_seconds_total",
      "Time the device spent in the op, as the plugin measures it.",
      [](const OpCounters& c) { return c.has_time; },
-     [](const OpCounters& c) { return c.device_ns * 1e-9; }},
+     [](const OpCounters& c) { return c.device_ns / 1e9; }},
     {"polychip_op_read_bytes_total", "Operand bytes the op read (plugin counter).",
      [](const OpCounters& c) { return c.has_bytes; },
      [](const OpCounters& c) { return static_cast<double>(c.bytes_read); }},

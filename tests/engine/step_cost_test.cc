@@ -31,8 +31,11 @@ TEST(StepCostTest, NotReadyUntilItHasSeenPrefillAndDecodeSteps) {
   EXPECT_FALSE(m.ready());
   for (int i = 0; i < 10; ++i) m.Observe(8, 0, DeviceTime(8, 0), std::nullopt);
   EXPECT_FALSE(m.ready());  // no step with prompt tokens yet: their cost is unknown
-  for (int i = 1; i <= 3; ++i) m.Observe(8, 100 * i, DeviceTime(8, 100 * i), std::nullopt);
+  m.Observe(8, 100, DeviceTime(8, 100), std::nullopt);
   EXPECT_TRUE(m.ready());
+  StepCostModel fresh;
+  fresh.Observe(0, 64, DeviceTime(0, 64), std::nullopt);  // one prefill step alone: too few
+  EXPECT_FALSE(fresh.ready());
 }
 
 TEST(StepCostTest, LearnsTheCostsFromDeviceTimeAndAddsTheHostShare) {
