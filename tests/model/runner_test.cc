@@ -146,6 +146,40 @@ TEST_F(RunnerTest, BatchedSequencesMatchSeparateRuns) {
   EXPECT_LT(MaxAbsDiff(both, expected), 2e-3f);
 }
 
+// Hidden-state rows (embeddings) interleave with logits rows in batch order, each of its own
+// width, through sub-steps and logit-row chunks; kHiddenLast is the last row of kHiddenAll.
+TEST_F(RunnerTest, HiddenStatesBesideLogits) {
+  RunnerOptions small;
+  small.max_tokens_per_step = 3;
+  small.max_logit_rows = 2;
+  auto r = Make("cpu", small);
+  ASSERT_TRUE(r);
+  const int64_t d = r->hidden_size(), v = r->vocab_size();
+  ASSERT_EQ(d, config_.n_embd);
+  const std::vector<int32_t> p1 = Prompt(7, 1), p2 = Prompt(5, 2);
+  const std::vector<int32_t> b1 = Iota(8), b2 = Iota(8, 20), b3 = Iota(8, 40);
+  SequenceStep all{1, p1, 0, b1, LogitsMode::kHiddenAll};
+  SequenceStep logits{2, p2, 0, b2, LogitsMode::kLast};
+  SequenceStep last{3, p1, 0, b3, LogitsMode::kHiddenLast};
+  std::vector<float> h_all, l2, h_last, batched;
+  ASSERT_TRUE(r->Forward({&all, 1}, &h_all).ok());
+  ASSERT_TRUE(r->Forward({&logits, 1}, &l2).ok());
+  ASSERT_TRUE(r->Forward({&last, 1}, &h_last).ok());
+  ASSERT_EQ(h_all.size(), p1.size() * d);
+  ASSERT_EQ(l2.size(), static_cast<size_t>(v));
+  ASSERT_EQ(h_last.size(), static_cast<size_t>(d));
+  EXPECT_LT(MaxAbsDiff(h_last, std::vector<float>(h_all.end() - d, h_all.end())), 2e-3f);
+  // Different tokens, different states (a runner returning one row for all would fail here).
+  EXPECT_GT(MaxAbsDiff(std::vector<float>(h_all.begin(), h_all.begin() + d), h_last), 1e-2f);
+
+  SequenceStep batch[3] = {all, logits, last};
+  ASSERT_TRUE(r->Forward(batch, &batched).ok());
+  std::vector<float> expected = h_all;
+  expected.insert(expected.end(), l2.begin(), l2.end());
+  expected.insert(expected.end(), h_last.begin(), h_last.end());
+  EXPECT_LT(MaxAbsDiff(batched, expected), 2e-3f);
+}
+
 TEST_F(RunnerTest, RejectsBadSteps) {
   auto r = Make("cpu");
   ASSERT_TRUE(r);
