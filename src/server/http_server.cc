@@ -428,6 +428,7 @@ class HttpServer::Impl {
   // Every input is one engine request (prefill only), submitted together so that they share
   // steps; the answer keeps the request's order.
   void Embeddings(const httplib::Request& req, httplib::Response& res) {
+    RunningRequest running(&running_requests_);  // the shutdown lets it finish like a generation
     json body;
     if (!ParseBody(req, res, &body)) return;
     EmbeddingRequest er;
