@@ -20,6 +20,7 @@
 #include "model/runner_setup.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
+#include "runtime/isolated_diagnosis.h"
 #include "runtime/op_fallback.h"
 #include "runtime/plugin_loader.h"
 
@@ -96,7 +97,9 @@ int RunDoctor(const DoctorOptions& o) {
       out << "    shadowed by an earlier directory of the search path\n";
       continue;
     }
-    runtime::LoadReport r = runtime::DiagnosePlugin(f.path, f.kind);
+    // In a child process: a plugin that crashes or hangs there is reported, not fatal.
+    runtime::LoadReport r =
+        runtime::DiagnosePluginInChild(f.path, f.kind, runtime::ProbeTimeoutSeconds());
     if (r.usable) {
       if (f.kind == PluginKind::kBackend) ++usable_backends;
       out << "    usable: " << r.name << " " << r.version << ", ABI " << r.abi_major << "."

@@ -1,6 +1,9 @@
 #include "common/fake_backend.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -297,6 +300,13 @@ PC_EXPORT void pc_backend_probe(pc_probe_result_t* r) {
 #ifdef FAKE_PLUGIN_PROBE_ZERO
   r->score = 0;
   std::snprintf(r->reason, sizeof(r->reason), "no fake accelerator present (test)");
+#elif defined(FAKE_PLUGIN_PROBE_FROM_ENV)
+  // PCTEST_PROBE=crash: the probe segfaults; =hang: it never returns; otherwise usable.
+  const char* mode = std::getenv("PCTEST_PROBE");
+  if (mode != nullptr && std::strcmp(mode, "crash") == 0) std::raise(SIGSEGV);
+  while (mode != nullptr && std::strcmp(mode, "hang") == 0) pause();
+  r->score = 1;  // below goodfake's, so that automatic selection is unchanged
+  std::snprintf(r->reason, sizeof(r->reason), "ok");
 #else
   r->score = 10;
   std::snprintf(r->reason, sizeof(r->reason), "ok");

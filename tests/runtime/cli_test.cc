@@ -97,6 +97,20 @@ TEST(CliTest, DoctorExplainsEveryCandidate) {
   EXPECT_THAT(bad.out, HasSubstr("FAILED"));
 }
 
+// Issue 16: doctor inspects each plugin in a child process, so a probe that segfaults or never
+// returns is named in the report while the other plugins are still diagnosed.
+TEST(CliTest, DoctorSurvivesAProbeThatCrashesOrHangs) {
+  // (A sanitizer build would turn the SIGSEGV into its own report and exit 1.)
+  CommandResult crash =
+      RunPolychip("ASAN_OPTIONS=handle_segv=0 PCTEST_PROBE=crash " + kTestPath, "doctor", true);
+  EXPECT_THAT(crash.out, HasSubstr("NOT usable (probe): crashed in probe: SIGSEGV"));
+  EXPECT_THAT(crash.out, HasSubstr("usable: goodfake 0.0.1-test"));
+  CommandResult hang =
+      RunPolychip("PCTEST_PROBE=hang POLYCHIP_PROBE_TIMEOUT_S=1 " + kTestPath, "doctor", true);
+  EXPECT_THAT(hang.out, HasSubstr("NOT usable (probe): probe did not return in 1 s"));
+  EXPECT_THAT(hang.out, HasSubstr("usable: goodfake 0.0.1-test"));
+}
+
 // The emu plugin is written by another part of the project; check it once it is built.
 TEST(CliTest, EmuDevicesJson) {
   const std::string emu = POLYCHIP_BUILD_DIR "/lib/polychip/libpolychip_backend_emu.so";

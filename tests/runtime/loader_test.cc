@@ -129,7 +129,7 @@ TEST_F(LoaderTest, DiscoveryFindsTestPlugins) {
     if (f.shadowed) ++shadowed;
   }
   EXPECT_EQ(goodfake, 2);
-  EXPECT_EQ(shadowed, 6);  // the whole second listing
+  EXPECT_EQ(shadowed, 7);  // the whole second listing
   LoadReport r = DiagnosePlugin(PluginPath("goodfake"), PluginKind::kBackend);
   EXPECT_TRUE(r.usable) << r.ToString();
   EXPECT_EQ(r.probe_score, 10);
