@@ -529,8 +529,7 @@ int32_t Engine::PrefillBudget() const {
     if (static_cast<int64_t>(s->tokens.size()) - s->num_computed == 1) ++decoding;
   }
   if (decoding == 0) return ceiling;  // no stream waits on this step
-  // A block's worth of prompt tokens at least, so that a prefill always moves on.
-  const int32_t floor = static_cast<int32_t>(std::min<int64_t>(blocks_.block_size(), ceiling));
+  const int32_t floor = std::min(kMinPrefillChunk, ceiling);
   return step_cost_.PrefillBudget(decoding, options_.max_itl_ms / 1000.0, floor, ceiling);
 }
 

@@ -15,6 +15,12 @@
 
 namespace polychip::engine {
 
+// The fewest prompt tokens a step with a latency target carries, so that a prefill always moves
+// on. Well under a KV block: a chunk may end inside a block (the prompt's last chunk always could;
+// the runner writes each token's KV slot by position and only full blocks are published to the
+// prefix cache), and one block of prompt can cost more than the target leaves.
+inline constexpr int32_t kMinPrefillChunk = 4;
+
 class StepCostModel {
  public:
   // `decay`: the weight an observation loses per later step (0.98: about the last 50 steps).

@@ -293,6 +293,43 @@ TEST(Engine, SimultaneousSharedPrefixIsComputedOnce) {
   }
 }
 
+// Prompt chunks that end inside a KV block (3 tokens a step, blocks of 4, as --max-itl-ms
+// sizes them): the next chunk continues the same block, only full blocks reach the prefix
+// cache, and a shared prefix of 30 tokens is reused for its 7 full blocks.
+TEST(Engine, PrefillChunksEndingInsideABlock) {
+  FakeRunner runner(kVocab, 512, 4, 256);
+  EngineOptions opt;
+  opt.chunked_prefill_size = 3;
+  Engine engine(&runner, opt, Piece, {0});
+  const auto system = Prompt(30, 11);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 5; ++i) {
+    prompts.push_back(system);
+    for (int k = 0; k < 5; ++k) prompts.back().push_back(1 + (i * 5 + k + 40) % (kVocab - 1));
+    auto s = engine.Submit(Input(prompts.back(), 4));
+    ASSERT_TRUE(s.ok());
+    streams.push_back(*s);
+    if (i == 3) engine.RunUntilIdle();  // the fifth arrives after the others finished
+  }
+  engine.RunUntilIdle();
+  int64_t cached = 0;
+  for (int i = 0; i < 5; ++i) {
+    Result r;
+    Drain(*streams[i], &r);
+    ASSERT_TRUE(r.finished) << i;
+    EXPECT_TRUE(r.last.error.ok()) << r.last.error.ToString();
+    EXPECT_EQ(r.tokens, FakeRunner::Reference(prompts[i], 4, kVocab)) << "request " << i;
+    EXPECT_EQ(r.last.cached_tokens, i == 0 ? 0 : 28) << "request " << i;
+    cached += r.last.cached_tokens;
+  }
+  // The first prompt whole (35), 7 tokens for each later one, 3 decodes per request.
+  EXPECT_EQ(runner.tokens_processed(), 35 + 4 * 7 + 5 * 3);
+  EXPECT_LE(runner.max_step_tokens(), 3 + 4);  // one chunk of 3 and the decodes
+  EXPECT_GT(runner.mixed_steps(), 0);
+  EXPECT_EQ(engine.Stats().kv_blocks_held, 0);
+}
+
 TEST(Engine, QueueLimitAndStopTokens) {
   FakeRunner runner(kVocab, 256, 4, 64);
   EngineOptions opt;

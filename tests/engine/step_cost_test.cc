@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 namespace polychip::engine {
 namespace {
 
@@ -59,13 +61,13 @@ TEST(StepCostTest, BudgetKeepsTheStepWithinTheTarget) {
   Feed(&m, true);
   // 8 sequences decoding: 4 + 8 · 0.5 + 1 (host) = 9 ms without prompt tokens. A 20 ms target
   // leaves 11 ms: 110 tokens at 0.1 ms.
-  EXPECT_NEAR(m.PrefillBudget(8, 20e-3, 16, 2048), 110, 1);
+  EXPECT_NEAR(m.PrefillBudget(8, 20e-3, kMinPrefillChunk, 2048), 110, 1);
   // A looser target, more tokens; a tighter one, fewer.
-  EXPECT_NEAR(m.PrefillBudget(8, 50e-3, 16, 2048), 410, 1);
-  EXPECT_NEAR(m.PrefillBudget(8, 12e-3, 16, 2048), 30, 1);
+  EXPECT_NEAR(m.PrefillBudget(8, 50e-3, kMinPrefillChunk, 2048), 410, 1);
+  EXPECT_NEAR(m.PrefillBudget(8, 12e-3, kMinPrefillChunk, 2048), 30, 1);
   // More streams decoding take more of the step: 16 seqs = 4 + 8 + 1 = 13 ms, 7 ms left.
-  EXPECT_NEAR(m.PrefillBudget(16, 20e-3, 16, 2048), 70, 1);
-  const int32_t b = m.PrefillBudget(8, 20e-3, 16, 2048);
+  EXPECT_NEAR(m.PrefillBudget(16, 20e-3, kMinPrefillChunk, 2048), 70, 1);
+  const int32_t b = m.PrefillBudget(8, 20e-3, kMinPrefillChunk, 2048);
   EXPECT_LE(m.Predict(8, b), 20e-3 + 1e-6);
   EXPECT_GT(m.Predict(8, b + 2), 20e-3);
 }
@@ -76,6 +78,33 @@ TEST(StepCostTest, BudgetIsClampedToTheFloorAndTheCeiling) {
   EXPECT_EQ(m.PrefillBudget(8, 5e-3, 16, 2048), 16);    // even decode alone misses 5 ms
   EXPECT_EQ(m.PrefillBudget(8, 10.0, 16, 512), 512);    // the ceiling
   EXPECT_EQ(m.PrefillBudget(8, 9.5e-3, 16, 2048), 16);  // 0.5 ms left = 5 tokens < floor
+  EXPECT_EQ(m.PrefillBudget(8, 9.5e-3, 16, 8), 16);     // a ceiling under the floor: the floor
+}
+
+// The engine's floor is a few tokens, not a KV block: a target that leaves room for less than a
+// block of prompt gets the tokens that fit (the chunk ends inside a block), and the step stays
+// within the target down to the floor.
+TEST(StepCostTest, FloorIsSmallerThanABlock) {
+  static_assert(kMinPrefillChunk > 0 && kMinPrefillChunk < 16);
+  StepCostModel m;
+  Feed(&m, true);
+  // 9 ms decode-only step; 9.55 ms leaves 0.55 ms = 5 tokens, 9.75 ms 7, 10.25 ms 12: each
+  // fewer than a block of 16, each kept within the target.
+  const std::pair<double, int32_t> cases[] = {{9.55e-3, 5}, {9.75e-3, 7}, {10.25e-3, 12}};
+  for (const auto& [target, tokens] : cases) {
+    const int32_t b = m.PrefillBudget(8, target, kMinPrefillChunk, 2048);
+    EXPECT_EQ(b, tokens) << target;
+    EXPECT_LE(m.Predict(8, b), target + 1e-6) << target;
+    EXPECT_GT(m.Predict(8, b + 1), target - 1e-6) << target;
+  }
+  // Less than the floor's worth left (0.2 ms = 2 tokens), or none: the floor, so a prefill
+  // still moves on.
+  EXPECT_EQ(m.PrefillBudget(8, 9.2e-3, kMinPrefillChunk, 2048), kMinPrefillChunk);
+  EXPECT_EQ(m.PrefillBudget(8, 1e-3, kMinPrefillChunk, 2048), kMinPrefillChunk);
+  // A prefill-free model (no cost per prompt token) is never sliced.
+  StepCostModel flat;
+  for (int i = 0; i < 8; ++i) flat.Observe(4, i % 2 ? 64 : 0, 5e-3, 5e-3);
+  EXPECT_EQ(flat.PrefillBudget(4, 6e-3, kMinPrefillChunk, 512), 512);
 }
 
 TEST(StepCostTest, FollowsAChangeOfCost) {
@@ -90,7 +119,7 @@ TEST(StepCostTest, FollowsAChangeOfCost) {
   }
   EXPECT_NEAR(m.PrefillTokenSeconds(), 2 * kPerToken, 2 * kPerToken * 0.05);
   // 8 seqs: 16 ms + 1 ms host, 30 ms target: 13 ms left at 0.2 ms = 65 tokens.
-  EXPECT_NEAR(m.PrefillBudget(8, 30e-3, 16, 2048), 65, 3);
+  EXPECT_NEAR(m.PrefillBudget(8, 30e-3, kMinPrefillChunk, 2048), 65, 3);
 }
 
 }  // namespace
