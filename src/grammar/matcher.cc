@@ -149,7 +149,11 @@ int32_t CompiledGrammar::InternState(State state) {
   state.stacks.erase(std::unique(state.stacks.begin(), state.stacks.end()), state.stacks.end());
   if (state.stacks.empty() && !state.accepting) return kDead;
   std::string key(state.stacks.size() * sizeof(int32_t) + 1, '\0');
-  std::memcpy(key.data(), state.stacks.data(), state.stacks.size() * sizeof(int32_t));
+  // An accepting state may have no stacks, and memcpy from an empty vector's null data() is
+  // undefined even for 0 bytes (found by fuzz_api with "regex": "").
+  if (!state.stacks.empty()) {
+    std::memcpy(key.data(), state.stacks.data(), state.stacks.size() * sizeof(int32_t));
+  }
   key.back() = state.accepting ? 1 : 0;
   auto [it, inserted] = state_ids_.emplace(std::move(key), static_cast<int32_t>(states_.size()));
   if (inserted) {
