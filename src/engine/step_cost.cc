@@ -52,16 +52,21 @@ std::array<double, 3> StepCostModel::Solve() const {
 double StepCostModel::PrefillTokenSeconds() const { return std::max(0.0, coef_[2]); }
 
 double StepCostModel::Predict(int64_t decode_seqs, int64_t prefill_tokens) const {
-  const double device =
-      coef_[0] + std::max(0.0, coef_[1]) * decode_seqs + PrefillTokenSeconds() * prefill_tokens;
-  return std::max(0.0, device) + (has_host_ ? host_s_ : 0.0);
+  // The fixed cost and the per-sequence cost are clamped together, not each: a load whose steps
+  // all decode about the same number of sequences pins down a + b·decode_seqs well but splits it
+  // between a and b at random, and clamping a negative b alone would add |b|·decode_seqs.
+  const double decode = std::max(0.0, coef_[0] + coef_[1] * decode_seqs);
+  return decode + PrefillTokenSeconds() * prefill_tokens + (has_host_ ? host_s_ : 0.0);
 }
 
 int32_t StepCostModel::PrefillBudget(int64_t decode_seqs, double target_s, int32_t min_tokens,
                                      int32_t max_tokens) const {
   max_tokens = std::max(max_tokens, min_tokens);
   const double per_token = PrefillTokenSeconds();
-  if (per_token <= 0) return max_tokens;
+  // No positive cost per prompt token learned (yet): noise in the first few steps, e.g. a slow
+  // warm-up step with a short prompt, can fit a negative one. Taking the ceiling then could put a
+  // whole long prompt into one step; the floor keeps the target, and its steps teach the cost.
+  if (per_token <= 0) return min_tokens;
   const double left = target_s - Predict(decode_seqs, 0);
   if (left <= 0) return min_tokens;
   const double tokens = std::floor(left / per_token);

@@ -41,7 +41,8 @@ class StepCostModel {
   double PrefillTokenSeconds() const;
   // The most prompt tokens a step with `decode_seqs` decoding sequences may carry so that it
   // stays within `target_s`, clamped to [min_tokens, max_tokens]: min_tokens keeps a prefill
-  // moving when even a decode-only step misses the target.
+  // moving when even a decode-only step misses the target, and is the answer while no positive
+  // cost per prompt token has been learned.
   int32_t PrefillBudget(int64_t decode_seqs, double target_s, int32_t min_tokens,
                         int32_t max_tokens) const;
 

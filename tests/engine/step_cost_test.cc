@@ -101,10 +101,32 @@ TEST(StepCostTest, FloorIsSmallerThanABlock) {
   // still moves on.
   EXPECT_EQ(m.PrefillBudget(8, 9.2e-3, kMinPrefillChunk, 2048), kMinPrefillChunk);
   EXPECT_EQ(m.PrefillBudget(8, 1e-3, kMinPrefillChunk, 2048), kMinPrefillChunk);
-  // A prefill-free model (no cost per prompt token) is never sliced.
-  StepCostModel flat;
-  for (int i = 0; i < 8; ++i) flat.Observe(4, i % 2 ? 64 : 0, 5e-3, 5e-3);
-  EXPECT_EQ(flat.PrefillBudget(4, 6e-3, kMinPrefillChunk, 512), 512);
+}
+
+// Noisy first steps can fit a negative cost per prompt token (here a slow warm-up step with a
+// short prompt, then a fast one with a longer prompt): the budget is then the floor, not the
+// ceiling that would let a whole long prompt into one step, and once steps show what prompt
+// tokens cost, the budget follows.
+TEST(StepCostTest, NoLearnedPromptCostMeansTheFloor) {
+  StepCostModel m;
+  m.Observe(0, 16, 300e-3, 300e-3);  // warm-up
+  m.Observe(1, 48, 150e-3, 150e-3);
+  for (int i = 0; i < 4; ++i) m.Observe(4, 0, 50e-3, 50e-3);
+  ASSERT_TRUE(m.ready());
+  ASSERT_LE(m.PrefillTokenSeconds(), 0.0);
+  EXPECT_EQ(m.PrefillBudget(4, 60e-3, kMinPrefillChunk, 512), kMinPrefillChunk);
+  // Floor-sized chunks at 5 ms a token: the cost is learned and the budget grows to what fits
+  // 60 ms beside a 50 ms decode step (2 tokens: the floor), then 100 ms (10).
+  for (int i = 0; i < 300; ++i) {  // long enough for the warm-up steps to fade (0.98^300)
+    const int64_t tokens = i % 2 ? kMinPrefillChunk : 0;
+    m.Observe(4, tokens, 50e-3 + 5e-3 * tokens, 50e-3 + 5e-3 * tokens);
+  }
+  EXPECT_NEAR(m.PrefillTokenSeconds(), 5e-3, 2e-4);
+  // Every step decodes 4 sequences, so the fit splits the 50 ms between the fixed cost and the
+  // per-sequence one at will (here with a negative per-sequence cost): the prediction holds.
+  EXPECT_NEAR(m.Predict(4, 0), 50e-3, 1e-3);
+  EXPECT_EQ(m.PrefillBudget(4, 60e-3, kMinPrefillChunk, 512), kMinPrefillChunk);
+  EXPECT_NEAR(m.PrefillBudget(4, 100.5e-3, kMinPrefillChunk, 512), 10, 1);
 }
 
 TEST(StepCostTest, FollowsAChangeOfCost) {
