@@ -20,6 +20,14 @@ ApiError Bad(std::string param, std::string message) {
 
 bool Llama3(std::string_view format) { return format == "llama3"; }
 
+// The string at `key` of `obj`, or "" when `obj` is not an object or the value is not a string
+// (json::value would throw on either: the request is validated later, and must get a 400).
+std::string StringField(const json& obj, const char* key) {
+  if (!obj.is_object()) return "";
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 std::string ContentText(const json& m) {
   auto it = m.find("content");
   if (it == m.end() || it->is_null()) return "";
@@ -144,7 +152,7 @@ json RenderToolMessages(std::string_view format, const ToolRequest& tools, const
   bool system_done = tool_block.empty();
   for (const auto& m : messages) {
     if (!m.is_object()) return messages;  // ParseMessages reports it
-    const std::string role = m.value("role", "");
+    const std::string role = StringField(m, "role");
     if (!system_done && (role == "system" || role == "developer")) {
       out.push_back({{"role", "system"}, {"content", ContentText(m) + "\n\n" + tool_block}});
       system_done = true;
@@ -166,7 +174,7 @@ json RenderToolMessages(std::string_view format, const ToolRequest& tools, const
                                              : fn["arguments"].dump();
         }
         if (!text.empty()) text += "\n";
-        text += CallText(format, fn.value("name", ""), args);
+        text += CallText(format, StringField(fn, "name"), args);
       }
       out.push_back({{"role", "assistant"}, {"content", text}});
     } else if (role == "tool") {

@@ -558,6 +558,27 @@ TEST(HttpServer, ShutdownWithNothingRunningDoesNotWaitForTheTimeout) {
   close(half_fd);
 }
 
+// Found by fuzz_api: with tools, a message whose role (or a tool call's function name) is not a
+// string made the tool prompt renderer throw (a 500); the request gets its 400.
+TEST(HttpServer, ToolRequestWithWrongTypedRoleGets400) {
+  TestServer s;
+  const json tools = json::array({{{"type", "function"},
+                                   {"function", {{"name", "f"}, {"parameters", {{"type", "object"}}}}}}});
+  int status = 0;
+  json r = s.Post("/v1/chat/completions",
+                  {{"messages", json::array({{{"role", {{"x", 1}}}, {"content", "hi"}}})},
+                   {"tools", tools}},
+                  &status);
+  EXPECT_EQ(status, 400) << r.dump();
+  r = s.Post("/v1/chat/completions",
+             {{"messages", json::array({{{"role", "user"}, {"content", "hi"}},
+                                        {{"role", "assistant"},
+                                         {"tool_calls", json::array({{{"function", 5}}})}}})},
+              {"tools", tools}, {"max_tokens", 2}},
+             &status);
+  EXPECT_NE(status, 500) << r.dump();
+}
+
 TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {
   // 24 blocks of 4 tokens; each request needs 10 blocks.
   TestServer s(/*num_blocks=*/24, "", /*context=*/96);
