@@ -22,6 +22,7 @@ void StepCostModel::Observe(int64_t decode_seqs, int64_t prefill_tokens, double 
   }
   ++steps_;
   if (prefill_tokens > 0) ++prefill_steps_;
+  if (decode_seqs > 0) max_mixed_prefill_ = std::max(max_mixed_prefill_, prefill_tokens);
   coef_ = Solve();
 }
 
@@ -61,7 +62,8 @@ double StepCostModel::Predict(int64_t decode_seqs, int64_t prefill_tokens) const
 
 int32_t StepCostModel::PrefillBudget(int64_t decode_seqs, double target_s, int32_t min_tokens,
                                      int32_t max_tokens) const {
-  max_tokens = std::max(max_tokens, min_tokens);
+  max_tokens = std::max(min_tokens, static_cast<int32_t>(std::min<int64_t>(
+                                        max_tokens, 2 * max_mixed_prefill_)));
   const double per_token = PrefillTokenSeconds();
   // No positive cost per prompt token learned (yet): noise in the first few steps, e.g. a slow
   // warm-up step with a short prompt, can fit a negative one. Taking the ceiling then could put a

@@ -42,7 +42,10 @@ class StepCostModel {
   // The most prompt tokens a step with `decode_seqs` decoding sequences may carry so that it
   // stays within `target_s`, clamped to [min_tokens, max_tokens]: min_tokens keeps a prefill
   // moving when even a decode-only step misses the target, and is the answer while no positive
-  // cost per prompt token has been learned.
+  // cost per prompt token has been learned. The budget also at most doubles the largest prompt
+  // chunk a step with decoding sequences has carried so far (a slow start): the fit is not
+  // trusted far beyond the steps it has seen, where a cost learned from a few noisy startup
+  // steps could otherwise let a whole long prompt into one step.
   int32_t PrefillBudget(int64_t decode_seqs, double target_s, int32_t min_tokens,
                         int32_t max_tokens) const;
 
@@ -57,6 +60,7 @@ class StepCostModel {
   double host_s_ = 0;  // running mean of wall - device
   bool has_host_ = false;
   int64_t steps_ = 0, prefill_steps_ = 0;
+  int64_t max_mixed_prefill_ = 0;  // most prompt tokens of a step that also decoded
 };
 
 }  // namespace polychip::engine

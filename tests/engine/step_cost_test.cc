@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <utility>
+#include <vector>
 
 namespace polychip::engine {
 namespace {
@@ -127,6 +128,29 @@ TEST(StepCostTest, NoLearnedPromptCostMeansTheFloor) {
   EXPECT_NEAR(m.Predict(4, 0), 50e-3, 1e-3);
   EXPECT_EQ(m.PrefillBudget(4, 60e-3, kMinPrefillChunk, 512), kMinPrefillChunk);
   EXPECT_NEAR(m.PrefillBudget(4, 100.5e-3, kMinPrefillChunk, 512), 10, 1);
+}
+
+// Prompt chunks beside decoding streams grow from the floor, at most doubling the largest one
+// seen so far, up to what the fit says keeps the target: a cost learned only from startup steps
+// (prompts alone, no stream decoding) is not trusted with a long prompt in one step.
+TEST(StepCostTest, ChunkBesideDecodesAtMostDoublesTheLargestSeen) {
+  StepCostModel m;
+  m.Observe(0, 48, DeviceTime(0, 48), DeviceTime(0, 48));  // the streams' prompts
+  for (int i = 0; i < 4; ++i) m.Observe(8, 0, DeviceTime(8, 0), DeviceTime(8, 0));
+  ASSERT_TRUE(m.ready());
+  // No step has carried prompt tokens beside decodes: the floor, whatever the target.
+  EXPECT_EQ(m.PrefillBudget(8, 1.0, kMinPrefillChunk, 2048), kMinPrefillChunk);
+  std::vector<int32_t> chunks;
+  for (int i = 0; i < 12; ++i) {
+    const int32_t b = m.PrefillBudget(8, 1.0, kMinPrefillChunk, 2048);
+    chunks.push_back(b);
+    m.Observe(8, b, DeviceTime(8, b), DeviceTime(8, b));
+  }
+  const std::vector<int32_t> expected = {4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 2048, 2048};
+  EXPECT_EQ(chunks, expected);
+  // The target still wins over the doubling: 20 ms beside 8 decodes (8 ms, no host share here)
+  // leaves 12 ms, 120 tokens.
+  EXPECT_NEAR(m.PrefillBudget(8, 20e-3, kMinPrefillChunk, 2048), 120, 1);
 }
 
 TEST(StepCostTest, FollowsAChangeOfCost) {
