@@ -167,6 +167,15 @@ class OpCounterTable {
     s.flops.fetch_add(work.flops, std::memory_order_relaxed);
   }
 
+  // Device time of a launch already counted by Record: for devices whose timestamps are read
+  // back after the work has run (the Vulkan plugin resolves them when a batch retires).
+  void AddDeviceTime(pc_op_t op, uint64_t device_ns) {
+    if (op <= 0 || op >= kMaxOps) return;
+    slots_[op].device_ns.fetch_add(device_ns, std::memory_order_relaxed);
+  }
+  // Which of time, bytes and FLOPs are measured; set before the first Read.
+  void set_flags(uint32_t flags) { flags_ = flags; }
+
   // op_counters_read: the records of the ops run at least once (see pc_backend.h).
   int32_t Read(pc_op_counters_t* out, int32_t capacity) const {
     const size_t stride = out != nullptr && capacity > 0 ? out[0].struct_size : 0;

@@ -417,6 +417,9 @@ namespace {
 constexpr uint32_t kSetsPerBatch = 256;
 constexpr uint32_t kDescriptorsPerSet = 8;
 constexpr uint32_t kCommandsPerBatch = 128;  // then submit, so the device starts early
+// Timestamps of a batch's ops: a pair per op, ops beyond this count untimed (every op records
+// at least one command, so this only binds for ops that record none).
+constexpr uint32_t kStampsPerBatch = 2 * kCommandsPerBatch + 2;
 }  // namespace
 
 VkResult StreamState::Begin() {
@@ -447,8 +450,14 @@ VkResult StreamState::Begin() {
     pi.poolSizeCount = 1;
     pi.pPoolSizes = &ps;
     if (r == VK_SUCCESS) r = vk.vkCreateDescriptorPool(device->device, &pi, nullptr, &b->pool);
+    if (r == VK_SUCCESS && device->info.timestamps && device->count_ops) {
+      VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+      qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+      qi.queryCount = kStampsPerBatch;
+      r = vk.vkCreateQueryPool(device->device, &qi, nullptr, &b->timer);
+    }
     if (r != VK_SUCCESS) {
-      delete b;
+      DestroyBatch(b);
       return r;
     }
   }
@@ -456,6 +465,8 @@ VkResult StreamState::Begin() {
   b->commands = 0;
   b->value = 0;
   b->host_copies.clear();
+  b->stamps = 0;
+  b->timed_ops.clear();
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
   r = vk.vkBeginCommandBuffer(b->cb, &bi);
@@ -463,7 +474,9 @@ VkResult StreamState::Begin() {
     spare.push_back(b);
     return r;
   }
+  if (b->timer) vk.vkCmdResetQueryPool(b->cb, b->timer, 0, kStampsPerBatch);
   open = b;
+  timed_batch = nullptr;  // a running op's start stamp, if any, is in an earlier batch
   return VK_SUCCESS;
 }
 
@@ -550,10 +563,59 @@ VkResult StreamState::Retire(bool wait_all) {
       std::memcpy(c.dst, staging.mapped + c.staging_offset, c.n);
     }
     b->host_copies.clear();
+    AddOpTimes(*b);
     b->waited.clear();
     spare.push_back(b);
   }
   return VK_SUCCESS;
+}
+
+bool StreamState::StartOpTimer() {
+  if (!open || !open->timer || open->stamps + 2 > kStampsPerBatch) return false;
+  timed_first = open->stamps;
+  open->stamps += 2;  // each query is written once per reset, so a pair is never reused
+  device->vk->vkCmdWriteTimestamp(open->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, open->timer,
+                                  timed_first);
+  timed_batch = open;
+  return true;
+}
+
+void StreamState::StopOpTimer(pc_op_t op, bool record) {
+  // An op whose commands spilled into a second batch (the first one filled up, or the staging
+  // ring drained) stays untimed: Begin cleared timed_batch, and its start stamp is never read.
+  if (open && open == timed_batch) {
+    device->vk->vkCmdWriteTimestamp(open->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, open->timer,
+                                    timed_first + 1);
+    if (record) open->timed_ops.push_back({op, timed_first});
+  }
+  timed_batch = nullptr;
+}
+
+// Both stamps of a pair are written at BOTTOM_OF_PIPE: the first when every earlier command has
+// finished, the second when the op's own commands have, so the difference is the op's time on
+// a stream whose ops are ordered by barriers.
+void StreamState::AddOpTimes(Batch& b) {
+  if (b.timed_ops.empty()) return;
+  const double ns_per_tick = device->info.props.limits.timestampPeriod;
+  for (const Batch::TimedOp& t : b.timed_ops) {
+    // Pair by pair: a pair left half-written by an op that spilled is never read.
+    uint64_t ticks[2] = {};
+    const VkResult r = device->vk->vkGetQueryPoolResults(device->device, b.timer, t.first, 2,
+                                                         sizeof(ticks), ticks, sizeof(uint64_t),
+                                                         VK_QUERY_RESULT_64_BIT);
+    if (r == VK_SUCCESS && ticks[1] > ticks[0]) {
+      device->op_counters.AddDeviceTime(
+          t.op, static_cast<uint64_t>(static_cast<double>(ticks[1] - ticks[0]) * ns_per_tick));
+    }
+  }
+  b.timed_ops.clear();
+}
+
+void StreamState::DestroyBatch(Batch* b) {
+  const Vk& vk = *device->vk;
+  if (b->pool) vk.vkDestroyDescriptorPool(device->device, b->pool, nullptr);
+  if (b->timer) vk.vkDestroyQueryPool(device->device, b->timer, nullptr);
+  delete b;
 }
 
 VkResult StreamState::WaitFor(uint64_t value) {
@@ -610,15 +672,9 @@ void StreamState::Destroy() {
       open = nullptr;
     }
   }
-  for (Batch* b : spare) {
-    vk.vkDestroyDescriptorPool(device->device, b->pool, nullptr);
-    delete b;
-  }
+  for (Batch* b : spare) DestroyBatch(b);
   spare.clear();
-  for (Batch* b : in_flight) {
-    vk.vkDestroyDescriptorPool(device->device, b->pool, nullptr);
-    delete b;
-  }
+  for (Batch* b : in_flight) DestroyBatch(b);
   in_flight.clear();
   vk.vkDestroyCommandPool(device->device, command_pool, nullptr);
   vk.vkDestroySemaphore(device->device, timeline, nullptr);

@@ -126,6 +126,15 @@ struct Batch {
     uint64_t staging_offset, n;
   };
   std::vector<HostCopy> host_copies;
+  // Per-op device time: a pair of timestamps around each op recorded in this batch, read back
+  // when the batch retires (null pool where the queue has no timestamps or counting is off).
+  VkQueryPool timer = VK_NULL_HANDLE;
+  uint32_t stamps = 0;  // queries written so far
+  struct TimedOp {
+    pc_op_t op;
+    uint32_t first;  // its start stamp; the end stamp is first + 1
+  };
+  std::vector<TimedOp> timed_ops;
   // Streams whose timelines this batch waits on: alive until it has run.
   std::vector<std::shared_ptr<StreamState>> waited;
 };
@@ -155,6 +164,14 @@ struct StreamState {
   // n bytes of staging for the open batch (flushing and draining the ring when it is full).
   VkResult Staging(uint64_t n, uint64_t* offset);
   VkResult AllocateSet(VkDescriptorSetLayout layout, VkDescriptorSet* set);
+  // Per-op device time: a start stamp in the open batch before the op's commands, an end stamp
+  // after them; StartOpTimer is false where the batch has no timer (untimed op).
+  bool StartOpTimer();
+  void StopOpTimer(pc_op_t op, bool record);  // record: the op succeeded
+  void AddOpTimes(Batch& b);  // at retire: the batch's stamp pairs into the op counters
+  void DestroyBatch(Batch* b);
+  Batch* timed_batch = nullptr;  // the batch holding the running op's start stamp
+  uint32_t timed_first = 0;      // its query index
   // Drains the stream and releases its Vulkan objects; run by the destructor, i.e. when the
   // stream and every event recorded on it are gone (an event keeps its timeline alive).
   void Destroy();
@@ -206,7 +223,8 @@ struct Device {
 
   pc_devptr_t dummy = 0;  // bound where an optional operand is absent
 
-  // Per-op counters (op_counters_read): counted at enqueue, no per-op time.
+  // Per-op counters (op_counters_read): launches, bytes and FLOPs counted at enqueue; device
+  // time from timestamp pairs, added when the op's batch retires (where the queue has them).
   bool count_ops = true;  // parameter op_counters
   polychip::sdk::OpCounterTable op_counters{PC_OP_COUNTERS_BYTES | PC_OP_COUNTERS_FLOPS};
 };

@@ -458,7 +458,7 @@ int32_t OpSupports(const Device& d, const pc_op_query_t& q) {
 
 // Records the op's kernels on the stream. Per-op counters: launches, bytes and FLOPs counted at
 // enqueue (the KV extent of ATTENTION at its upper bound: device memory is not read from the
-// host); no per-op time yet (it would take a timestamp pair per op, resolved at retire).
+// host); device time from a timestamp pair around the op, added when its batch retires.
 pc_error_t* OpLaunch(StreamState& s, pc_op_t op, const void* args) {
   if (const char* why = sdk::ValidateOpArgs(op, args)) {
     return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT : PC_CODE_UNIMPLEMENTED,
@@ -471,6 +471,7 @@ pc_error_t* OpLaunch(StreamState& s, pc_op_t op, const void* args) {
   const void* a = copy.data();
   std::lock_guard<std::mutex> lock(s.mu);
   Launcher L(s);
+  const bool timed = s.device->count_ops && s.Begin() == VK_SUCCESS && s.StartOpTimer();
   pc_error_t* error = [&]() -> pc_error_t* {
     switch (op) {
       case PC_OP_EMBEDDING: return Embedding(L, *static_cast<const pc_embedding_args_t*>(a));
@@ -491,6 +492,7 @@ pc_error_t* OpLaunch(StreamState& s, pc_op_t op, const void* args) {
       default: return MakeError(PC_CODE_UNIMPLEMENTED, "unknown op");
     }
   }();
+  if (timed) s.StopOpTimer(op, error == nullptr);
   if (error == nullptr && s.device->count_ops) {
     s.device->op_counters.Record(op, 0, sdk::OpWorkOf(op, a, nullptr));
   }

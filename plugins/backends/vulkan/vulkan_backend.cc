@@ -224,6 +224,8 @@ pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
     d.info.max_alloc = MaxAlloc(d.info);
     d.block_bytes = std::min(s.block_bytes, d.info.max_alloc);
     d.count_ops = s.count_ops;
+    d.op_counters.set_flags(PC_OP_COUNTERS_BYTES | PC_OP_COUNTERS_FLOPS |
+                            (d.info.timestamps ? PC_OP_COUNTERS_TIME : 0u));
 
     const uint32_t n_queues = std::min<uint32_t>(d.info.queue_count, 4);
     std::vector<float> priorities(n_queues, 1.0f);
