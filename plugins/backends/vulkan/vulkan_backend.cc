@@ -10,7 +10,8 @@
 // two, as for the emu plugin), block_mb (device memory
 // block size), staging_mb (per-stream staging ring), op_counters (on|off, default on: per-op
 // launches, bytes, FLOPs and device time from timestamp queries). POLYCHIP_VULKAN_DEVICE
-// restricts the visible devices (indices into vkEnumeratePhysicalDevices), like CUDA_VISIBLE_DEVICES.
+// restricts the visible devices (indices into vkEnumeratePhysicalDevices), like
+// CUDA_VISIBLE_DEVICES.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
