@@ -301,21 +301,7 @@ class Parser {
       if (++pos_ >= text_.size()) return Error("dangling '\\'");
       const char e = text_[pos_++];
       auto hex = [&](int n) -> Status {
-        if (pos_ + n > text_.size()) return Error("short hex escape");
-        uint32_t v = 0;
-        for (int k = 0; k < n; ++k) {
-          const char h = text_[pos_++];
-          v <<= 4;
-          if (h >= '0' && h <= '9')
-            v |= h - '0';
-          else if (h >= 'a' && h <= 'f')
-            v |= h - 'a' + 10;
-          else if (h >= 'A' && h <= 'F')
-            v |= h - 'A' + 10;
-          else
-            return Error("bad hex digit");
-        }
-        *cp = v;
+        if (const char* why = ReadHexDigits(text_, &pos_, n, cp)) return Error(why);
         return Status::Ok();
       };
       if (const std::optional<uint32_t> control = ControlEscape(e)) {

@@ -153,21 +153,7 @@ class RegexParser {
   }
 
   Status Hex(int n, uint32_t* cp) {
-    if (pos_ + n > re_.size()) return Error("short hex escape");
-    uint32_t v = 0;
-    for (int k = 0; k < n; ++k) {
-      const char h = re_[pos_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9')
-        v |= h - '0';
-      else if (h >= 'a' && h <= 'f')
-        v |= h - 'a' + 10;
-      else if (h >= 'A' && h <= 'F')
-        v |= h - 'A' + 10;
-      else
-        return Error("bad hex digit");
-    }
-    *cp = v;
+    if (const char* why = ReadHexDigits(re_, &pos_, n, cp)) return Error(why);
     return Status::Ok();
   }
 

@@ -10,12 +10,6 @@
 namespace polychip::server::testing {
 namespace {
 
-fs::path NpmDir() {
-  if (const char* d = std::getenv("POLYCHIP_NPM_DIR"); d && *d) return d;
-  const char* home = std::getenv("HOME");
-  return fs::path(home ? home : "/root") / ".cache" / "polychip" / "npm";
-}
-
 TEST(ChatPage, HeadlessChromium) {
   PC_REQUIRE_SERVE_DEPS(model);
   const char* chromium_env = std::getenv("CHROMIUM");

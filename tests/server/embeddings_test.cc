@@ -4,9 +4,11 @@
 // >= 0.999 per input, mean and last pooling). The openai npm client reads the base64 form.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "serve_process.h"
 
@@ -154,17 +156,17 @@ TEST(Embeddings, OpenAiShape) {
   // Generation still works beside it, and embeddings leave no KV blocks held.
   auto [st5, gen] = s.Post("/v1/completions", {{"prompt", kInputs[0]}, {"max_tokens", 4}});
   EXPECT_EQ(st5, 200) << gen.dump();
+  // The gauges are published at the end of the engine's step, just after the last response.
+  for (int i = 0; i < 250 && s.Metric("polychip_kv_blocks_used") != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   EXPECT_EQ(s.Metric("polychip_kv_blocks_used"), 0);
 }
 
 // The official client asks for base64 by default and decodes it itself.
 TEST(Embeddings, OpenAiClient) {
   PC_REQUIRE_SERVE_DEPS(model);
-  const fs::path npm = [] {
-    if (const char* d = std::getenv("POLYCHIP_NPM_DIR"); d && *d) return fs::path(d);
-    const char* home = std::getenv("HOME");
-    return fs::path(home ? home : "/root") / ".cache" / "polychip" / "npm";
-  }();
+  const fs::path npm = NpmDir();
   ASSERT_EQ(RunCommand("node --version >/dev/null 2>&1").exit_code, 0) << "node is not installed";
   ASSERT_TRUE(fs::exists(npm / "node_modules" / "openai" / "package.json"))
       << "the openai npm package is not installed in " << npm

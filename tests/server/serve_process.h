@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <regex>
@@ -33,6 +34,14 @@ inline fs::path CpuPlugin() {
 
 using polychip::testing::LlamaCppDir;
 using polychip::testing::RunCommand;
+
+// Where tests/setup/setup-test-deps.sh installs the npm test clients (openai, puppeteer-core):
+// $POLYCHIP_NPM_DIR, default $HOME/.cache/polychip/npm.
+inline fs::path NpmDir() {
+  if (const char* d = std::getenv("POLYCHIP_NPM_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return fs::path(home ? home : "/root") / ".cache" / "polychip" / "npm";
+}
 
 // The tiny model (2 layers, 128 wide, qwen2 vocabulary), synthesized once per build directory.
 // Empty with `why` set when it cannot be made.

@@ -11,12 +11,6 @@
 namespace polychip::server::testing {
 namespace {
 
-fs::path NpmDir() {
-  if (const char* d = std::getenv("POLYCHIP_NPM_DIR"); d && *d) return d;
-  const char* home = std::getenv("HOME");
-  return fs::path(home ? home : "/root") / ".cache" / "polychip" / "npm";
-}
-
 TEST(StructuredOutputs, OpenAiClient) {
   PC_REQUIRE_SERVE_DEPS(model);
   ASSERT_EQ(RunCommand("node --version >/dev/null 2>&1").exit_code, 0) << "node is not installed";

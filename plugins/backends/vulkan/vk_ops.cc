@@ -471,7 +471,8 @@ pc_error_t* OpLaunch(StreamState& s, pc_op_t op, const void* args) {
   const void* a = copy.data();
   std::lock_guard<std::mutex> lock(s.mu);
   Launcher L(s);
-  const bool timed = s.device->count_ops && s.Begin() == VK_SUCCESS && s.StartOpTimer();
+  const bool timed = s.device->count_ops && s.device->info.timestamps && s.Begin() == VK_SUCCESS &&
+                     s.StartOpTimer();
   pc_error_t* error = [&]() -> pc_error_t* {
     switch (op) {
       case PC_OP_EMBEDDING: return Embedding(L, *static_cast<const pc_embedding_args_t*>(a));
