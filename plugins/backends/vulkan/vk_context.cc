@@ -201,22 +201,54 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
     }
   }
 
-  uint32_t n_families = 0;
-  vk.vkGetPhysicalDeviceQueueFamilyProperties(pd, &n_families, nullptr);
-  std::vector<VkQueueFamilyProperties> families(n_families);
-  vk.vkGetPhysicalDeviceQueueFamilyProperties(pd, &n_families, families.data());
-  // A compute family, preferring one without graphics (the "async compute" queues).
-  for (int pass = 0; pass < 2 && info.queue_family == UINT32_MAX; ++pass) {
-    for (uint32_t i = 0; i < n_families; ++i) {
-      const VkQueueFlags f = families[i].queueFlags;
-      if (!(f & VK_QUEUE_COMPUTE_BIT)) continue;
-      if (pass == 0 && (f & VK_QUEUE_GRAPHICS_BIT)) continue;
-      info.queue_family = i;
-      info.queue_count = families[i].queueCount;
-      info.timestamps = families[i].timestampValidBits > 0 &&
-                        info.props.limits.timestampComputeAndGraphics;
-      break;
+  GlobalPriorityExt ext = GlobalPriorityExt::kNone;
+  uint32_t n_ext = 0;
+  vk.vkEnumerateDeviceExtensionProperties(pd, nullptr, &n_ext, nullptr);
+  std::vector<VkExtensionProperties> exts(n_ext);
+  vk.vkEnumerateDeviceExtensionProperties(pd, nullptr, &n_ext, exts.data());
+  for (const VkExtensionProperties& e : exts) {
+    if (std::strcmp(e.extensionName, VK_KHR_GLOBAL_PRIORITY_EXTENSION_NAME) == 0) {
+      ext = GlobalPriorityExt::kKhr;
+    } else if (std::strcmp(e.extensionName, VK_EXT_GLOBAL_PRIORITY_EXTENSION_NAME) == 0 &&
+               ext == GlobalPriorityExt::kNone) {
+      ext = GlobalPriorityExt::kExt;
     }
+  }
+  const bool can_query = ext == GlobalPriorityExt::kKhr ||
+                         std::any_of(exts.begin(), exts.end(), [](const VkExtensionProperties& e) {
+                           return std::strcmp(e.extensionName,
+                                              VK_EXT_GLOBAL_PRIORITY_QUERY_EXTENSION_NAME) == 0;
+                         });
+
+  uint32_t n_families = 0;
+  vk.vkGetPhysicalDeviceQueueFamilyProperties2(pd, &n_families, nullptr);
+  std::vector<VkQueueFamilyProperties2> families(n_families,
+                                                 {VK_STRUCTURE_TYPE_QUEUE_FAMILY_PROPERTIES_2});
+  std::vector<VkQueueFamilyGlobalPriorityPropertiesKHR> priorities(
+      n_families, {VK_STRUCTURE_TYPE_QUEUE_FAMILY_GLOBAL_PRIORITY_PROPERTIES_KHR});
+  if (can_query) {
+    for (uint32_t i = 0; i < n_families; ++i) families[i].pNext = &priorities[i];
+  }
+  vk.vkGetPhysicalDeviceQueueFamilyProperties2(pd, &n_families, families.data());
+  std::vector<QueueFamily> plan_input(n_families);
+  for (uint32_t i = 0; i < n_families; ++i) {
+    const VkQueueFamilyProperties& f = families[i].queueFamilyProperties;
+    QueueFamily& q = plan_input[i];
+    q.compute = f.queueFlags & VK_QUEUE_COMPUTE_BIT;
+    q.graphics = f.queueFlags & VK_QUEUE_GRAPHICS_BIT;
+    q.queue_count = f.queueCount;
+    q.timestamps = f.timestampValidBits > 0 && info.props.limits.timestampComputeAndGraphics;
+    if (can_query) {
+      const uint32_t n = std::min<uint32_t>(priorities[i].priorityCount,
+                                            VK_MAX_GLOBAL_PRIORITY_SIZE_KHR);
+      q.global_priorities.assign(priorities[i].priorities, priorities[i].priorities + n);
+    }
+  }
+  info.queues = PlanQueues(plan_input, ext, kMaxQueuesPerFamily);
+  if (info.queues.normal_family != UINT32_MAX) {
+    info.queue_family = info.queues.normal_family;
+    info.queue_count = info.queues.normal_count;
+    info.timestamps = plan_input[info.queue_family].timestamps;
   }
 
   if (info.props.apiVersion < VK_API_VERSION_1_2) {

@@ -22,6 +22,7 @@
 
 #include "polychip/plugin/pc_backend.h"
 #include "polychip/sdk/op_counters.h"
+#include "queue_plan.h"
 
 namespace polychip::vulkan {
 
@@ -30,6 +31,7 @@ namespace polychip::vulkan {
   X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)         \
   X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceFeatures2)                           \
   X(vkGetPhysicalDeviceMemoryProperties) X(vkGetPhysicalDeviceQueueFamilyProperties)          \
+  X(vkGetPhysicalDeviceQueueFamilyProperties2) X(vkEnumerateDeviceExtensionProperties)        \
   X(vkCreateDevice) X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkAllocateMemory) X(vkFreeMemory) \
   X(vkMapMemory) X(vkUnmapMemory) X(vkCreateBuffer) X(vkDestroyBuffer)                         \
   X(vkGetBufferMemoryRequirements) X(vkBindBufferMemory) X(vkGetBufferDeviceAddress)          \
@@ -69,6 +71,8 @@ std::string VkResultName(VkResult r);
 bool SelectDevices(const std::vector<VkPhysicalDevice>& all, const char* env_value,
                    const std::string& param, std::vector<VkPhysicalDevice>* out, std::string* why);
 
+constexpr uint32_t kMaxQueuesPerFamily = 4;
+
 // What the plugin reads of a physical device (the props, the limits its kernels honour).
 struct PhysicalInfo {
   VkPhysicalDevice handle = VK_NULL_HANDLE;
@@ -77,7 +81,8 @@ struct PhysicalInfo {
   uint32_t device_memory_type = UINT32_MAX, staging_memory_type = UINT32_MAX;
   uint64_t heap_size = 0;
   uint64_t max_alloc = 0;  // maxMemoryAllocationSize, capped by maxBufferSize
-  uint32_t queue_family = UINT32_MAX, queue_count = 0;
+  uint32_t queue_family = UINT32_MAX, queue_count = 0;  // the normal streams' queues
+  QueuePlan queues;  // and the high-priority ones, where the driver allows them
   uint32_t subgroup_size = 0;
   bool subgroup_shuffle = false;  // matvec.comp's xor shuffles (with subgroup_size >= 8)
   bool timestamps = false;
@@ -141,7 +146,7 @@ struct Batch {
 
 struct StreamState {
   Device* device = nullptr;
-  uint32_t queue_index = 0;
+  uint32_t queue_index = 0;  // into device->queues
   std::mutex mu;
   VkCommandPool command_pool = VK_NULL_HANDLE;
   VkSemaphore timeline = VK_NULL_HANDLE;
@@ -192,9 +197,12 @@ struct Device {
   int32_t ordinal = 0;
   PhysicalInfo info;
   VkDevice device = VK_NULL_HANDLE;
+  // The normal streams' queues, then the high-priority streams' (from high_first on; none when
+  // high_first == queues.size()).
   std::vector<VkQueue> queues;
   std::unique_ptr<std::mutex[]> queue_mu;
-  uint32_t next_queue = 0;
+  uint32_t high_first = 0;
+  uint32_t next_queue = 0, next_high_queue = 0;
   uint64_t block_bytes = 0;  // default block size
   uint64_t alignment = 256;
 

@@ -5,7 +5,8 @@
 //   - copies and ops run asynchronously (ASYNC_COPY, ASYNC_EXEC); mem_free waits for the device
 //     (no ASYNC_FREE);
 //   - TIMING where the queue family has timestamps;
-//   - no stream priorities (low == high): the global-priority extension is not used yet.
+//   - stream priorities 0 (normal) and 1 (high) where the driver has the global-priority
+//     extension and a second compute queue family (queue_plan.h); else none (low == high).
 // Parameters: devices ("0,2": indices among the visible devices; a bare "2": a count, the first
 // two, as for the emu plugin), block_mb (device memory
 // block size), staging_mb (per-stream staging ring), op_counters (on|off, default on: per-op
@@ -138,7 +139,11 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
       const auto& d = s.devices[i];
       Log(PC_LOG_INFO, "device " + std::to_string(i) + ": " + d.props.deviceName + ", heap " +
                            std::to_string(d.heap_size >> 20) + " MiB, maxStorageBufferRange " +
-                           std::to_string(d.props.limits.maxStorageBufferRange >> 20) + " MiB");
+                           std::to_string(d.props.limits.maxStorageBufferRange >> 20) +
+                           " MiB, stream priorities: " +
+                           (d.queues.has_priorities()
+                                ? "high on queue family " + std::to_string(d.queues.high_family)
+                                : "none (" + d.queues.why_no_priorities + ")"));
     }
     return nullptr;
   });
@@ -199,13 +204,68 @@ pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
     p.max_alloc_size = MaxAlloc(d);
     p.flags = PC_DEVICE_FLAG_ASYNC_COPY | PC_DEVICE_FLAG_ASYNC_EXEC;
     if (d.timestamps) p.flags |= PC_DEVICE_FLAG_TIMING;
-    p.priority_low = p.priority_high = 0;
+    p.priority_low = 0;
+    p.priority_high = d.queues.has_priorities() ? 1 : 0;
+    if (d.queues.has_priorities()) p.flags |= PC_DEVICE_FLAG_STREAM_PRIORITY;
     p.compute_units = 1;
     const size_t n = std::min(props->struct_size, sizeof(p));
     std::memcpy(reinterpret_cast<char*>(props) + sizeof(size_t),
                 reinterpret_cast<const char*>(&p) + sizeof(size_t), n - sizeof(size_t));
     return nullptr;
   });
+}
+
+// Creates d->device with the queues of the device's plan: the normal family's, and the
+// high-priority family's at its global priority. A driver that refuses the priority
+// (VK_ERROR_NOT_PERMITTED: HIGH needs privileges on some) gets a device without it, and the
+// device reports no priorities from then on.
+VkResult CreateDevice(State& s, int32_t ordinal, pv::Device* d) {
+  for (;;) {
+    const pv::QueuePlan& plan = s.devices[ordinal].queues;
+    const std::vector<float> weights(pv::kMaxQueuesPerFamily, 1.0f);
+    VkDeviceQueueGlobalPriorityCreateInfoKHR high_priority{
+        VK_STRUCTURE_TYPE_DEVICE_QUEUE_GLOBAL_PRIORITY_CREATE_INFO_KHR};
+    high_priority.globalPriority = plan.high_priority;
+    VkDeviceQueueCreateInfo qi[2] = {{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO},
+                                     {VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO}};
+    qi[0].queueFamilyIndex = plan.normal_family;
+    qi[0].queueCount = plan.normal_count;
+    qi[0].pQueuePriorities = weights.data();
+    qi[1].pNext = &high_priority;
+    qi[1].queueFamilyIndex = plan.high_family;
+    qi[1].queueCount = plan.high_count;
+    qi[1].pQueuePriorities = weights.data();
+    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    f12.timelineSemaphore = VK_TRUE;
+    f12.bufferDeviceAddress = d->info.buffer_device_address ? VK_TRUE : VK_FALSE;
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    f2.pNext = &f12;
+    f2.features.shaderInt64 = d->info.int64 ? VK_TRUE : VK_FALSE;
+    VkDeviceCreateInfo ci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+    ci.pNext = &f2;
+    ci.queueCreateInfoCount = plan.has_priorities() ? 2 : 1;
+    ci.pQueueCreateInfos = qi;
+    ci.enabledExtensionCount = plan.has_priorities() ? 1 : 0;
+    ci.ppEnabledExtensionNames = &plan.extension;
+    const VkResult r = s.vk.vkCreateDevice(d->info.handle, &ci, nullptr, &d->device);
+    if (r == VK_ERROR_NOT_PERMITTED_KHR && plan.has_priorities()) {
+      Log(PC_LOG_WARNING, "device " + std::to_string(ordinal) +
+                              ": the driver refused HIGH global priority (not permitted); "
+                              "streams have no priorities");
+      s.devices[ordinal].queues = plan.WithoutPriorities("HIGH global priority not permitted");
+      d->info.queues = s.devices[ordinal].queues;
+      continue;
+    }
+    if (r != VK_SUCCESS) return r;
+    d->high_first = plan.normal_count;
+    d->queues.resize(plan.normal_count + plan.high_count);
+    d->queue_mu = std::make_unique<std::mutex[]>(d->queues.size());
+    for (uint32_t i = 0; i < plan.normal_count; ++i)
+      s.vk.vkGetDeviceQueue(d->device, plan.normal_family, i, &d->queues[i]);
+    for (uint32_t i = 0; i < plan.high_count; ++i)
+      s.vk.vkGetDeviceQueue(d->device, plan.high_family, i, &d->queues[plan.normal_count + i]);
+    return VK_SUCCESS;
+  }
 }
 
 pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
@@ -228,28 +288,8 @@ pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
     d.op_counters.set_flags(PC_OP_COUNTERS_BYTES | PC_OP_COUNTERS_FLOPS |
                             (d.info.timestamps ? PC_OP_COUNTERS_TIME : 0u));
 
-    const uint32_t n_queues = std::min<uint32_t>(d.info.queue_count, 4);
-    std::vector<float> priorities(n_queues, 1.0f);
-    VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
-    qi.queueFamilyIndex = d.info.queue_family;
-    qi.queueCount = n_queues;
-    qi.pQueuePriorities = priorities.data();
-    VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-    f12.timelineSemaphore = VK_TRUE;
-    f12.bufferDeviceAddress = d.info.buffer_device_address ? VK_TRUE : VK_FALSE;
-    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    f2.pNext = &f12;
-    f2.features.shaderInt64 = d.info.int64 ? VK_TRUE : VK_FALSE;
-    VkDeviceCreateInfo ci{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
-    ci.pNext = &f2;
-    ci.queueCreateInfoCount = 1;
-    ci.pQueueCreateInfos = &qi;
-    VkResult r = s.vk.vkCreateDevice(d.info.handle, &ci, nullptr, &d.device);
+    VkResult r = CreateDevice(s, ordinal, &d);
     if (r != VK_SUCCESS) return VkError("vkCreateDevice", r);
-    d.queues.resize(n_queues);
-    d.queue_mu = std::make_unique<std::mutex[]>(n_queues);
-    for (uint32_t i = 0; i < n_queues; ++i)
-      s.vk.vkGetDeviceQueue(d.device, d.info.queue_family, i, &d.queues[i]);
     if (pc_error_t* e = d.Alloc(256, &d.dummy)) {
       s.vk.vkDestroyDevice(d.device, nullptr);
       return e;
@@ -426,20 +466,25 @@ void HostFree(pc_device_t*, void* ptr) { std::free(ptr); }
 
 // ---- streams and events -----------------------------------------------------------------------
 
-pc_error_t* StreamCreate(pc_device_t* device, int32_t, pc_stream_t** out) {
+pc_error_t* StreamCreate(pc_device_t* device, int32_t priority, pc_stream_t** out) {
   return Guard([&]() -> pc_error_t* {
     if (!device || !out) return BadArg("null argument");
     pv::Device& d = device->d;
     const pv::Vk& vk = *d.vk;
     auto st = std::make_shared<pv::StreamState>();
     st->device = &d;
+    // Priority 1 (and above: out-of-range values clamp) takes a high-priority queue where the
+    // device has them; everything else a normal one.
+    const uint32_t n_high = static_cast<uint32_t>(d.queues.size()) - d.high_first;
+    const bool high = priority >= 1 && n_high > 0;
     {
       std::lock_guard<std::mutex> lock(d.streams_mu);
-      st->queue_index = d.next_queue++ % d.queues.size();
+      st->queue_index = high ? d.high_first + d.next_high_queue++ % n_high
+                             : d.next_queue++ % d.high_first;
     }
     VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
     pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-    pi.queueFamilyIndex = d.info.queue_family;
+    pi.queueFamilyIndex = high ? d.info.queues.high_family : d.info.queue_family;
     VkResult r = vk.vkCreateCommandPool(d.device, &pi, nullptr, &st->command_pool);
     VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
     ti.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
