@@ -8,6 +8,8 @@
 #
 # usage: bench/compare-cpu.sh [-t THREADS] [-r REPS] [-p N_PROMPT] [-n N_GEN] [-B BATCH]
 #                             [--models "qwen05-q4_0 ..."]
+# models: qwen05-{q8_0,q4_0,q4_k,f16,q4_1,q5_1,iq4_nl,iq4_xs} llama1b-q4_0 qwen3moe-q4_k_m
+#         (the default set is below; the others by --models)
 # env:   POLYCHIP_BUILD_DIR (default: build), POLYCHIP_LLAMA_CPP_DIR (default:
 #        /root/.cache/polychip/llama.cpp, with build/bin/llama-bench and models/ vocab GGUFs),
 #        POLYCHIP_BENCH_CACHE (synthesized models; default ~/.cache/polychip/bench-models)
@@ -44,6 +46,10 @@ model_spec() {  # name -> "shape vocab type"
     qwen05-q4_0) echo "qwen2.5-0.5b qwen2 Q4_0" ;;
     qwen05-q4_k) echo "qwen2.5-0.5b qwen2 Q4_K" ;;
     qwen05-f16) echo "qwen2.5-0.5b qwen2 F16" ;;
+    qwen05-q4_1) echo "qwen2.5-0.5b qwen2 Q4_1" ;;
+    qwen05-q5_1) echo "qwen2.5-0.5b qwen2 Q5_1" ;;
+    qwen05-iq4_nl) echo "qwen2.5-0.5b qwen2 IQ4_NL" ;;
+    qwen05-iq4_xs) echo "qwen2.5-0.5b qwen2 IQ4_XS" ;;  # mostly IQ4_NL: 896-wide rows
     llama1b-q4_0) echo "llama-3.2-1b llama-bpe Q4_0" ;;
     qwen3moe-q4_k_m) echo "qwen3moe-1.5b qwen2 Q4_K_M" ;;
     *) echo "unknown model $1" >&2; exit 2 ;;

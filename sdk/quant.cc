@@ -29,6 +29,7 @@ const DtypeEntry kDtypes[] = {
     {PC_DTYPE_Q8_0, {"Q8_0", 32, 34, true}},   {PC_DTYPE_Q2_K, {"Q2_K", 256, 84, true}},
     {PC_DTYPE_Q3_K, {"Q3_K", 256, 110, true}}, {PC_DTYPE_Q4_K, {"Q4_K", 256, 144, true}},
     {PC_DTYPE_Q5_K, {"Q5_K", 256, 176, true}}, {PC_DTYPE_Q6_K, {"Q6_K", 256, 210, true}},
+    {PC_DTYPE_IQ4_NL, {"IQ4_NL", 32, 18, true}}, {PC_DTYPE_IQ4_XS, {"IQ4_XS", 256, 136, true}},
     {PC_DTYPE_I8, {"I8", 1, 1, false}},        {PC_DTYPE_I16, {"I16", 1, 2, false}},
     {PC_DTYPE_I32, {"I32", 1, 4, false}},      {PC_DTYPE_I64, {"I64", 1, 8, false}},
     {PC_DTYPE_F64, {"F64", 1, 8, false}},      {PC_DTYPE_BF16, {"BF16", 1, 2, false}},
@@ -517,6 +518,138 @@ void QuantQ6_K(const float* x, uint8_t* b) {
   }
 }
 
+// ---- IQ4 formats: 4-bit indices into a non-linear codebook -------------------------------------
+// A nibble is not a level but an index into kIq4nlValues (quant.h), 16 values denser near zero
+// than a uniform grid, so a block spends its codes where most weights are. IQ4_NL blocks are
+// Q4_0's shape with that codebook; IQ4_XS is the same 32-element layout with one f16 scale per
+// 256 elements and a 6-bit signed sub-scale per 32.
+
+// The index of the codebook value nearest to v (the values are sorted: binary search over the
+// midpoints between neighbours).
+int NearestIq4(float v) {
+  int lo = 0, hi = 15;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (v > 0.5f * (kIq4nlValues[mid] + kIq4nlValues[mid + 1])) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Squared error of x ~= scale * codebook[idx], with idx the nearest entries to x / scale.
+float Iq4Error(const float* x, int n, float scale, uint8_t* idx) {
+  const float inv = scale != 0 ? 1.0f / scale : 0.0f;
+  float err = 0;
+  for (int i = 0; i < n; ++i) {
+    idx[i] = static_cast<uint8_t>(NearestIq4(x[i] * inv));
+    const float diff = scale * kIq4nlValues[idx[i]] - x[i];
+    err += diff * diff;
+  }
+  return err;
+}
+
+// The scale of a block of n values under the codebook: candidate scales map the element of
+// largest magnitude near either end of the codebook (-127 or 113: the sign of the scale is
+// free), each candidate's assignment is refitted by least squares, and the scale with the
+// smallest squared error wins.
+float FitIq4Scale(const float* x, int n) {
+  float amax = 0, max = 0;
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  if (amax == 0) return 0;
+  float best_err = INFINITY, best_scale = max / kIq4nlValues[0];
+  uint8_t idx[kQK];
+  for (const float end : {float{kIq4nlValues[0]}, float{kIq4nlValues[15]}}) {
+    for (int step = -6; step <= 6; ++step) {
+      const float scale = max / (end + 2.0f * step);
+      Iq4Error(x, n, scale, idx);
+      double sxv = 0, svv = 0;
+      for (int i = 0; i < n; ++i) {
+        sxv += x[i] * kIq4nlValues[idx[i]];
+        svv += kIq4nlValues[idx[i]] * kIq4nlValues[idx[i]];
+      }
+      const float fitted = svv > 0 ? static_cast<float>(sxv / svv) : scale;
+      const float err = Iq4Error(x, n, fitted, idx);
+      if (err < best_err) {
+        best_err = err;
+        best_scale = fitted;
+      }
+    }
+  }
+  return best_scale;
+}
+
+// 32 indices into 16 bytes: element j < 16 in the low nibble of qs[j], j + 16 in the high one.
+void PackIq4Nibbles(const uint8_t* idx, uint8_t* qs) {
+  for (int j = 0; j < 16; ++j) qs[j] = static_cast<uint8_t>(idx[j] | (idx[j + 16] << 4));
+}
+void DequantIq4Nibbles(const uint8_t* qs, float d, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * kIq4nlValues[qs[j] & 0xF];
+    y[j + 16] = d * kIq4nlValues[qs[j] >> 4];
+  }
+}
+
+void DequantIQ4_NL(const uint8_t* b, float* y) {  // [d:f16][qs:16]
+  DequantIq4Nibbles(b + 2, LoadHalf(b), y);
+}
+void QuantIQ4_NL(const float* x, uint8_t* b) {
+  const float d = FitIq4Scale(x, kQK);
+  StoreHalf(b, d);
+  uint8_t idx[kQK];
+  Iq4Error(x, kQK, LoadHalf(b), idx);  // the indices under the stored (f16) scale
+  PackIq4Nibbles(idx, b + 2);
+}
+
+// [d:f16][scales_h:u16][scales_l:4][qs:128]. Sub-block s (32 elements, qs + 16 s) has the
+// 6-bit sub-scale ls = low nibble (s even) or high nibble (s odd) of scales_l[s / 2], plus bits
+// 2s..2s+1 of scales_h as its bits 4-5; its scale is d * (ls - 32).
+int Iq4XsSubScale(const uint8_t* b, int s) {
+  const int scales_h = b[2] | (b[3] << 8);
+  return ((b[4 + s / 2] >> (4 * (s % 2))) & 0xF) | (((scales_h >> (2 * s)) & 3) << 4);
+}
+void DequantIQ4_XS(const uint8_t* b, float* y) {
+  const float d = LoadHalf(b);
+  for (int s = 0; s < kQK_K / kQK; ++s) {
+    DequantIq4Nibbles(b + 8 + 16 * s, d * (Iq4XsSubScale(b, s) - 32), y + kQK * s);
+  }
+}
+void QuantIQ4_XS(const float* x, uint8_t* b) {
+  constexpr int kSub = kQK_K / kQK;
+  float scales[kSub];
+  float amax = 0, max = 0;
+  for (int s = 0; s < kSub; ++s) {
+    scales[s] = FitIq4Scale(x + kQK * s, kQK);
+    if (std::fabs(scales[s]) > amax) {
+      amax = std::fabs(scales[s]);
+      max = scales[s];
+    }
+  }
+  // The sub-scale of largest magnitude takes ls - 32 = -32, the end of the signed 6-bit range.
+  StoreHalf(b, max / -32);
+  const float d = LoadHalf(b);
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  uint16_t scales_h = 0;
+  std::memset(b + 4, 0, 4);
+  for (int s = 0; s < kSub; ++s) {
+    const int ls = std::clamp(Nearest(scales[s] * id) + 32, 0, 63);
+    b[4 + s / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (s % 2)));
+    scales_h |= static_cast<uint16_t>((ls >> 4) << (2 * s));
+    uint8_t idx[kQK];
+    Iq4Error(x + kQK * s, kQK, d * (ls - 32), idx);  // indices under the stored scale
+    PackIq4Nibbles(idx, b + 8 + 16 * s);
+  }
+  b[2] = scales_h & 0xFF;
+  b[3] = scales_h >> 8;
+}
+
 using DequantFn = void (*)(const uint8_t*, float*);
 using QuantFn = void (*)(const float*, uint8_t*);
 
@@ -537,6 +670,8 @@ DequantFn BlockDequant(pc_dtype_t t) {
     case PC_DTYPE_Q4_K: return DequantQ4_K;
     case PC_DTYPE_Q5_K: return DequantQ5_K;
     case PC_DTYPE_Q6_K: return DequantQ6_K;
+    case PC_DTYPE_IQ4_NL: return DequantIQ4_NL;
+    case PC_DTYPE_IQ4_XS: return DequantIQ4_XS;
     default: return nullptr;
   }
 }
@@ -552,6 +687,8 @@ QuantFn BlockQuant(pc_dtype_t t) {
     case PC_DTYPE_Q4_K: return QuantQ4_K;
     case PC_DTYPE_Q5_K: return QuantQ5_K;
     case PC_DTYPE_Q6_K: return QuantQ6_K;
+    case PC_DTYPE_IQ4_NL: return QuantIQ4_NL;
+    case PC_DTYPE_IQ4_XS: return QuantIQ4_XS;
     default: return nullptr;
   }
 }

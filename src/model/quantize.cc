@@ -19,7 +19,7 @@ namespace {
 constexpr DType kTargets[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
                               DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
                               DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
-                              DType::kQ6_K};
+                              DType::kQ6_K, DType::kIQ4_NL, DType::kIQ4_XS};
 
 // The type llama-quantize falls back to when the rows do not fit a K-quant super-block.
 DType Fallback(DType t) {
@@ -28,6 +28,7 @@ DType Fallback(DType t) {
     case DType::kQ4_K: return DType::kQ5_0;
     case DType::kQ5_K: return DType::kQ5_1;
     case DType::kQ6_K: return DType::kQ8_0;
+    case DType::kIQ4_XS: return DType::kIQ4_NL;
     default: return DType::kF16;
   }
 }
@@ -208,6 +209,8 @@ uint32_t LlamaFileType(DType target) {
     case DType::kQ4_K: return 14;  // Q4_K_S
     case DType::kQ5_K: return 16;  // Q5_K_S
     case DType::kQ6_K: return 18;
+    case DType::kIQ4_NL: return 25;
+    case DType::kIQ4_XS: return 30;
     case DType::kBF16: return 32;
     default: return 0;
   }

@@ -6,7 +6,8 @@
 //  - 1D tensors (norms, biases) and rope_freqs.weight are always F32;
 //  - a matrix whose row length is not a multiple of the target's block size falls back to a
 //    compatible type with a warning: Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1,
-//    Q6_K -> Q8_0 (as llama-quantize), and F16 when even the 32-element block does not fit;
+//    Q6_K -> Q8_0, IQ4_XS -> IQ4_NL (as llama-quantize), and F16 when even the 32-element
+//    block does not fit;
 //  - a tensor already of its chosen type is copied byte for byte (no requantization).
 //
 // A named mixture (llama-quantize's Q3_K_S ... Q5_K_M) keeps most matrices at its base type and
@@ -28,7 +29,8 @@
 
 namespace polychip::model {
 
-// Types `polychip quantize` accepts: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K..Q6_K.
+// Types `polychip quantize` accepts: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K..Q6_K IQ4_NL
+// IQ4_XS.
 bool IsQuantizeTarget(DType type);
 std::string QuantizeTargetNames();  // "F32, F16, ..." for error messages
 

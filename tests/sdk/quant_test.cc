@@ -29,7 +29,8 @@ TEST(Dtype, TableMatchesGguf) {
               {PC_DTYPE_Q5_1, "Q5_1", 32, 24},  {PC_DTYPE_Q8_0, "Q8_0", 32, 34},
               {PC_DTYPE_Q2_K, "Q2_K", 256, 84}, {PC_DTYPE_Q3_K, "Q3_K", 256, 110},
               {PC_DTYPE_Q4_K, "Q4_K", 256, 144}, {PC_DTYPE_Q5_K, "Q5_K", 256, 176},
-              {PC_DTYPE_Q6_K, "Q6_K", 256, 210}, {PC_DTYPE_I8, "I8", 1, 1},
+              {PC_DTYPE_Q6_K, "Q6_K", 256, 210}, {PC_DTYPE_IQ4_NL, "IQ4_NL", 32, 18},
+              {PC_DTYPE_IQ4_XS, "IQ4_XS", 256, 136}, {PC_DTYPE_I8, "I8", 1, 1},
               {PC_DTYPE_I64, "I64", 1, 8},      {PC_DTYPE_F64, "F64", 1, 8}};
   for (const Row& r : rows) {
     const DtypeInfo* info = GetDtypeInfo(r.t);
@@ -128,6 +129,63 @@ TEST(Q5_0, KnownDecoding) {
   EXPECT_EQ(y[20], 3.5f);
   EXPECT_EQ(y[0], -8.0f);   // code 0
   EXPECT_EQ(y[19], -8.0f);  // code 0
+}
+
+TEST(IQ4_NL, KnownDecoding) {
+  // d = 0.5; element 2 has index 0 (-127), element 18 index 15 (113), element 5 index 9 (13).
+  uint8_t b[18] = {};
+  const uint16_t d = Fp32ToFp16(0.5f);
+  b[0] = d & 0xFF, b[1] = d >> 8;
+  for (int j = 0; j < 16; ++j) b[2 + j] = 0x88;  // index 8 (value 1) everywhere else
+  b[2 + 2] = 0xF0;                                // element 2 low nibble 0, element 18 high 15
+  b[2 + 5] = 0x89;                                // element 5 low nibble 9
+  float y[32];
+  ASSERT_TRUE(DequantizeRow(PC_DTYPE_IQ4_NL, b, y, 32));
+  EXPECT_EQ(y[2], -63.5f);
+  EXPECT_EQ(y[18], 56.5f);
+  EXPECT_EQ(y[5], 6.5f);
+  EXPECT_EQ(y[0], 0.5f);
+  EXPECT_EQ(y[31], 0.5f);
+}
+
+TEST(IQ4_XS, KnownDecoding) {
+  // d = 0.25; sub-block 0: ls = 33 (low nibble 1 in scales_l[0], high bits 2 in scales_h bits
+  // 0-1) -> scale 0.25; sub-block 7: ls = 0 -> scale -8 (high nibble of scales_l[3]).
+  uint8_t b[136] = {};
+  const uint16_t d = Fp32ToFp16(0.25f);
+  b[0] = d & 0xFF, b[1] = d >> 8;
+  b[2] = 2;            // scales_h: sub-block 0's bits 4-5 = 2 (ls 32 + 1); others 0
+  b[4] = 0x01;         // scales_l[0]: sub-block 0 low nibble 1, sub-block 1 low nibble 0
+  b[4 + 3] = 0x00;     // sub-block 6 and 7: ls 0
+  b[8] = 0xF0;         // sub-block 0, element 0 index 0 (-127), element 16 index 15 (113)
+  b[8 + 16 * 7 + 1] = 0x09;  // sub-block 7, element 1 index 9 (13), element 17 index 0
+  float y[256];
+  ASSERT_TRUE(DequantizeRow(PC_DTYPE_IQ4_XS, b, y, 256));
+  EXPECT_EQ(y[0], -31.75f);
+  EXPECT_EQ(y[16], 28.25f);
+  EXPECT_EQ(y[7 * 32 + 1], 13 * -8.0f);
+  EXPECT_EQ(y[7 * 32 + 17], -127 * -8.0f);
+  EXPECT_EQ(y[32], -127 * 0.25f * -32);  // sub-block 1: ls 0, index 0
+}
+
+// The non-linear codebook spends its levels where normally distributed weights are: at the
+// same 4.5 bits per weight IQ4_NL beats Q4_0's uniform grid.
+TEST(IQ4_NL, BeatsQ4_0OnGaussianWeights) {
+  const int64_t n = 4096;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n), y(n);
+  for (auto& v : x) v = dist(rng);
+  auto rms = [&](pc_dtype_t t) {
+    std::vector<uint8_t> q(RowBytes(t, n));
+    EXPECT_TRUE(QuantizeRow(t, x.data(), q.data(), n));
+    EXPECT_TRUE(DequantizeRow(t, q.data(), y.data(), n));
+    double e = 0;
+    for (int64_t i = 0; i < n; ++i) e += (y[i] - x[i]) * (y[i] - x[i]);
+    return std::sqrt(e / n);
+  };
+  const double nl = rms(PC_DTYPE_IQ4_NL), q4 = rms(PC_DTYPE_Q4_0);
+  EXPECT_LT(nl, 0.9 * q4) << "IQ4_NL " << nl << " vs Q4_0 " << q4;
 }
 
 TEST(Q4_K, KnownDecoding) {
@@ -232,7 +290,8 @@ INSTANTIATE_TEST_SUITE_P(
                     RoundTrip{PC_DTYPE_Q5_1, 0.05}, RoundTrip{PC_DTYPE_Q4_0, 0.1},
                     RoundTrip{PC_DTYPE_Q4_1, 0.1}, RoundTrip{PC_DTYPE_Q6_K, 0.03},
                     RoundTrip{PC_DTYPE_Q5_K, 0.05}, RoundTrip{PC_DTYPE_Q4_K, 0.1},
-                    RoundTrip{PC_DTYPE_Q3_K, 0.25}, RoundTrip{PC_DTYPE_Q2_K, 0.45}),
+                    RoundTrip{PC_DTYPE_Q3_K, 0.25}, RoundTrip{PC_DTYPE_Q2_K, 0.45},
+                    RoundTrip{PC_DTYPE_IQ4_NL, 0.1}, RoundTrip{PC_DTYPE_IQ4_XS, 0.1}),
     [](const testing::TestParamInfo<RoundTrip>& info) {
       return std::string(GetDtypeInfo(info.param.dtype)->name);
     });

@@ -78,6 +78,10 @@ typedef enum pc_dtype {
   PC_DTYPE_Q4_K = 12, /*                                                              (144 B) */
   PC_DTYPE_Q5_K = 13, /*                                                              (176 B) */
   PC_DTYPE_Q6_K = 14, /*                                                              (210 B) */
+  PC_DTYPE_IQ4_NL = 20, /* 32 weights/block: f16 scale + 16 B nibbles indexing a 16-value
+                            non-linear codebook (sdk kIq4nlValues)                  (18 B) */
+  PC_DTYPE_IQ4_XS = 23, /* 256 weights: f16 d, u16 scales_h, 4 B scales_l (a 6-bit sub-scale
+                            per 32, minus 32), 128 B nibbles into IQ4_NL's codebook (136 B) */
   PC_DTYPE_I8 = 24,
   PC_DTYPE_I16 = 25,
   PC_DTYPE_I32 = 26,

@@ -34,6 +34,11 @@ uint16_t Fp32ToFp16(float f);     // round to nearest even
 float Bf16ToFp32(uint16_t b);
 uint16_t Fp32ToBf16(float f);     // round to nearest even
 
+// The codebook of IQ4_NL and IQ4_XS: a 4-bit code q stands for kIq4nlValues[q] times the block's
+// scale (the GGUF format's values, sorted).
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // Reference (scalar) conversions of one row of n elements. Return false for an unsupported
 // dtype or an n that is not a multiple of the block size.
 bool DequantizeRow(pc_dtype_t dtype, const void* src, float* dst, int64_t n);
