@@ -127,8 +127,9 @@ void RunMatmul(const OpContext& c, const MatmulCase& mc, bool pack, std::vector<
 }
 
 TEST_P(CpuKernels, PackedMatmulMatchesReference) {
-  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
-    const bool kquant = t == PC_DTYPE_Q4_K || t == PC_DTYPE_Q6_K;
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K,
+                       PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q5_K}) {
+    const bool kquant = sdk::GetDtypeInfo(t)->block_elems == 256;
     for (int64_t m : {1, 3, 17, 31}) {  // 31 = tiles of 16, 8, 4 and 3 rows
       for (int64_t n : {1, 17, 40}) {
         const int64_t k = kquant ? 512 : 96;
@@ -146,12 +147,53 @@ TEST_P(CpuKernels, PackedMatmulMatchesReference) {
 
 TEST_P(CpuKernels, PackedVariantAgreesWithScalar) {
   ThreadPool pool(2);
-  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K,
+                       PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q5_K}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
     std::vector<float> got, scalar, want;
     RunMatmul(Ctx(), {t, 5, 33, 256}, true, &got, &want);
     RunMatmul({&pool, &ScalarKernels()}, {t, 5, 33, 256}, true, &scalar, &want);
     EXPECT_LT(RelErr(got, scalar), 1e-5);
+  }
+}
+
+// The K-quants' packed layout keeps d, dmin and the integer sub-block scales (kquant.h), so
+// with activations that int8 holds exactly (integers, 127 in every block: scale 1) the packed
+// matmul equals the double-precision product of the GGUF weights to f32 accumulation error.
+// Folding d * sc into an f16 (the layout before) was off by up to 2^-11 per sub-block.
+TEST_P(CpuKernels, PackedKQuantMatmulIsExact) {
+  const int64_t m = 3, n = 33, k = 512;
+  for (pc_dtype_t t : {PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q4_K, PC_DTYPE_Q5_K, PC_DTYPE_Q6_K}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
+    auto wf = Random(n * k, 21);
+    const int64_t rb = sdk::RowBytes(t, k);
+    std::vector<uint8_t> w(n * rb);
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_TRUE(sdk::QuantizeRow(t, wf.data() + j * k, w.data() + j * rb, k));
+    std::mt19937 rng(22);
+    std::uniform_int_distribution<int> q(-127, 127);
+    std::vector<float> x(m * k);
+    for (int64_t e = 0; e < m * k; ++e) x[e] = e % 32 == 5 ? 127.f : static_cast<float>(q(rng));
+    PackedFormat f;
+    ASSERT_TRUE(PackedFormatOf(t, &f));
+    std::vector<uint8_t> packed(PackedBytes(f, n, k));
+    PackParallel(Ctx(), t, w.data(), n, k, packed.data());
+    std::vector<float> got(m * n);
+    pc_matmul_args_t a{sizeof(a), D(x.data()), D(packed.data()), t,     kLayoutPacked, 0,
+                       D(got.data()), m,  n, k, k, n, /*accumulate=*/0};
+    ASSERT_EQ(Matmul(Ctx(), a), nullptr);
+    std::vector<float> wd(k);
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_TRUE(sdk::DequantizeRow(t, w.data() + j * rb, wd.data(), k));
+      for (int64_t i = 0; i < m; ++i) {
+        double want = 0, mag = 0;
+        for (int64_t e = 0; e < k; ++e) {
+          want += double(wd[e]) * x[i * k + e];
+          mag += std::fabs(double(wd[e]) * x[i * k + e]);
+        }
+        ASSERT_NEAR(got[i * n + j], want, 1e-5 * mag) << "row " << i << " col " << j;
+      }
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "kquant.h"
 
 namespace polychip::cpu {
 namespace avx512 {
@@ -136,6 +137,7 @@ void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
 
 void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
+  if (f.planes) return GemmPlanes(f, group, kb, x, x_stride, m, tile);  // kquant.h
   if (f.q4) {
     if (f.has_min) return GemmFormat<true, false, true>(f, group, kb, x, x_stride, m, tile);
     return GemmFormat<true, false, false>(f, group, kb, x, x_stride, m, tile);

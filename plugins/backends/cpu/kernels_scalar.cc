@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "kquant.h"
 #include "polychip/sdk/quant.h"
 
 namespace polychip::cpu {
@@ -40,6 +41,7 @@ inline int Quant(const PackedFormat& f, const uint8_t* q, int r, int e) {
 
 void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
+  if (f.planes) return GemmPlanes(f, group, kb, x, x_stride, m, tile);  // kquant.h
   for (int64_t i = 0; i < m; ++i) {
     for (int r = 0; r < kPackRows; ++r) {
       float acc = 0;

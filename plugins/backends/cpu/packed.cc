@@ -6,6 +6,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "kquant.h"
 #include "polychip/sdk/quant.h"
 
 namespace polychip::cpu {
@@ -24,18 +25,6 @@ struct Cell {
   uint16_t min;       // f16 bits
 };
 
-// Q4_K's 6-bit sub-block scale and min (entries 0-3 in bytes 0-7, 4-7 split across 8-11 and
-// the top bits of 0-7).
-void ScaleMinK4(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Decodes block b (of 32 elements) of one GGUF row.
 void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
   switch (dtype) {
@@ -52,45 +41,6 @@ void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
       const uint8_t* blk = row + b * 34;
       c->scale[0] = Load16(blk);
       for (int e = 0; e < 32; ++e) c->u[e] = static_cast<uint8_t>(int8_t(blk[2 + e]) + 128);
-      break;
-    }
-    case PC_DTYPE_Q5_0: {  // [d:f16][qh:4][qs:16]: bit e of qh is element e's fifth bit
-      const uint8_t* blk = row + b * 22;
-      c->scale[0] = Load16(blk);
-      uint32_t qh;
-      std::memcpy(&qh, blk + 2, 4);
-      for (int e = 0; e < 16; ++e) {
-        c->u[e] = (blk[6 + e] & 0xF) | (((qh >> e) & 1) << 4);
-        c->u[e + 16] = (blk[6 + e] >> 4) | (((qh >> (e + 16)) & 1) << 4);
-      }
-      break;
-    }
-    case PC_DTYPE_Q4_K: {  // [d][dmin][scales:12][qs:128]; sub-block j: nibbles of qs[32(j/2)+l]
-      const uint8_t* sb = row + (b / 8) * 144;
-      const int j = static_cast<int>(b % 8);
-      const float d = sdk::Fp16ToFp32(Load16(sb)), dmin = sdk::Fp16ToFp32(Load16(sb + 2));
-      int sc, m;
-      ScaleMinK4(j, sb + 4, &sc, &m);
-      c->scale[0] = sdk::Fp32ToFp16(d * sc);
-      c->min = sdk::Fp32ToFp16(dmin * m);
-      const uint8_t* qs = sb + 16 + 32 * (j / 2);
-      for (int l = 0; l < 32; ++l) c->u[l] = (j & 1) ? qs[l] >> 4 : qs[l] & 0xF;
-      break;
-    }
-    case PC_DTYPE_Q6_K: {  // [ql:128][qh:64][scales:16 int8][d:f16], sub-blocks of 16
-      const uint8_t* sb = row + (b / 8) * 210;
-      const int t = static_cast<int>(b % 8), h = t / 4, r = t % 4;
-      const float d = sdk::Fp16ToFp32(Load16(sb + 208));
-      const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192 + 8 * h);
-      c->scale[0] = sdk::Fp32ToFp16(d * sc[2 * r]);
-      c->scale[1] = sdk::Fp32ToFp16(d * sc[2 * r + 1]);
-      const uint8_t* ql = sb + 64 * h;
-      const uint8_t* qh = sb + 128 + 32 * h;
-      for (int l = 0; l < 32; ++l) {
-        const int low = (ql[l + 32 * (r & 1)] >> (4 * (r >> 1))) & 0xF;
-        const int high = (qh[l] >> (2 * r)) & 3;
-        c->u[l] = static_cast<uint8_t>(low | (high << 4));
-      }
       break;
     }
     default:
@@ -166,13 +116,11 @@ void PackGroupsQx0(bool q4, const uint8_t* src, int64_t n, int64_t kb, int64_t r
 }  // namespace
 
 bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f) {
+  if (PlaneFormatOf(dtype, f)) return true;  // Q2_K ... Q6_K, Q5_0: kquant.h
   PackedFormat p;
   switch (dtype) {
     case PC_DTYPE_Q4_0: p.q4 = true; p.offset = 8; break;
     case PC_DTYPE_Q8_0: p.offset = 128; break;
-    case PC_DTYPE_Q5_0: p.offset = 16; break;  // 8-bit cells: 22 -> 34 bytes per 32
-    case PC_DTYPE_Q4_K: p.q4 = true; p.has_min = true; break;
-    case PC_DTYPE_Q6_K: p.offset = 32; p.half_scales = true; break;
     default: return false;
   }
   if (f) *f = p;
@@ -187,6 +135,7 @@ void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int6
                 int64_t g1, uint8_t* dst) {
   PackedFormat f;
   if (!PackedFormatOf(dtype, &f)) return;
+  if (f.planes) return PackPlaneGroups(dtype, f, src, n, k, g0, g1, dst);
   const int64_t kb = k / kBlock;
   const int64_t row_bytes = sdk::RowBytes(dtype, k);
   if (dtype == PC_DTYPE_Q4_0 || dtype == PC_DTYPE_Q8_0) {
@@ -224,6 +173,7 @@ void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int6
 void UnpackRow(pc_dtype_t dtype, const uint8_t* packed, int64_t k, int64_t row, float* out) {
   PackedFormat f;
   if (!PackedFormatOf(dtype, &f)) return;
+  if (f.planes) return UnpackPlaneRow(f, packed, k, row, out);
   const int64_t kb = k / kBlock;
   const int r = static_cast<int>(row % kPackRows);  // the row's lane in its group
   const uint8_t* cell = packed + row / kPackRows * kb * f.block_bytes();

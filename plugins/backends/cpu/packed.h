@@ -1,5 +1,5 @@
-// The cpu plugin's private weight layout ("packed"), chosen at weight_upload for Q4_0, Q8_0,
-// Q4_K and Q6_K weights.
+// The cpu plugin's private weight layout ("packed"), chosen at weight_upload for Q4_0, Q5_0,
+// Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights.
 //
 // Rows are taken kPackRows (16) at a time: a group holds 16 rows' 32-element blocks side by
 // side, so one 64-byte load holds 4 consecutive quants of each of the 16 rows and one integer
@@ -14,8 +14,9 @@
 //   mins    f16 [16] when has_min
 //
 // Weight value = scale * (u - offset) - min. The row count is padded to a multiple of 16 with
-// zero rows. Q4_0 and Q8_0 keep their exact size (18 and 34 bytes per 32); Q4_K grows from
-// 18 to 20 (its 6-bit sub-scales are folded into f16 scales) and Q6_K from 26.25 to 36.
+// zero rows. Q4_0 and Q8_0 keep their exact size (18 and 34 bytes per 32). The K-quants
+// (Q2_K ... Q6_K) and Q5_0 take the bit-plane variant of kquant.h instead: integer sub-block
+// scales and f16 super-block factors kept exact, about the GGUF size.
 #pragma once
 
 #include <cstdint>
@@ -35,10 +36,27 @@ struct PackedFormat {
   bool half_scales = false;  // a scale per 16 elements instead of per 32
   bool has_min = false;
 
+  // The bit-plane layout of kquant.h instead (Q2_K ... Q6_K, Q5_0): quants in planes of
+  // low_bits (4 or 2) and high_bits (0, 1 or 2) bits, an f16 d (and dmin) per row and
+  // super-block; with sub_scales (the K-quants) a super-block is 8 blocks, each with integer
+  // sub-block scales (and mins; one byte for both with nibble_scales), else it is one block.
+  bool planes = false;
+  bool sub_scales = false;
+  int8_t low_bits = 0;
+  int8_t high_bits = 0;
+  bool nibble_scales = false;
+
   int64_t quant_bytes() const { return q4 ? 256 : 512; }
   int64_t scale_bytes() const { return (half_scales ? 2 : 1) * kPackRows * 2; }
-  // Bytes of one (group, block) cell.
-  int64_t block_bytes() const { return quant_bytes() + scale_bytes() + (has_min ? 32 : 0); }
+  // Bytes of one (group, block) cell; in the plane layout the average over a super-block.
+  int64_t block_bytes() const {
+    if (planes) {
+      const int64_t scales =
+          sub_scales ? (half_scales ? 2 : 1) * 16 * (has_min && !nibble_scales ? 2 : 1) : 0;
+      return 64 * (low_bits + high_bits) + scales + (has_min ? 64 : 32) / (sub_scales ? 8 : 1);
+    }
+    return quant_bytes() + scale_bytes() + (has_min ? 32 : 0);
+  }
 };
 
 // A row of activations quantized to int8 in blocks of 32 (one float scale per block), with the
@@ -58,8 +76,7 @@ int64_t PackedBytes(const PackedFormat& f, int64_t n, int64_t k);
 void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int64_t g0,
                 int64_t g1, uint8_t* dst);
 // Dequantizes row `row` of a packed [n, k] matrix of `dtype` into out[k]: the inverse of
-// PackGroups, for EMBEDDING from a packed table. Q4_0, Q8_0 and Q5_0 give exactly the GGUF
-// reference's values; Q4_K and Q6_K carry the f16 rounding of their folded scales (as MATMUL).
+// PackGroups, for EMBEDDING from a packed table: exactly the GGUF reference's values.
 void UnpackRow(pc_dtype_t dtype, const uint8_t* packed, int64_t k, int64_t row, float* out);
 
 }  // namespace polychip::cpu
