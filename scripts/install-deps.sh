@@ -16,6 +16,8 @@ packages=(
   # libraries of the framework
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
   libpcre2-dev
+  # the HTTP server's event-driven transport (Boost.Beast/Asio, header-only)
+  libboost-dev
   # MPI comm plugin (and mpirun for its tests)
   libopenmpi-dev openmpi-bin
   # Gloo comm plugin (TCP collectives for --nnodes launches without mpirun); iproute2 for the

@@ -55,6 +55,7 @@ struct ServeOptions {
   int http_threads = 320;
   std::string pooling = "last";
   double shutdown_timeout = 5;
+  server::HttpLimits http_limits;
 };
 
 std::atomic<bool> g_stop{false};
@@ -186,6 +187,7 @@ int Serve(CLI::App& app, ServeOptions& o) {
   so.http_threads = o.http_threads;
   so.pooling = o.pooling == "mean" ? engine::Pooling::kMean : engine::Pooling::kLast;
   so.shutdown_timeout_s = o.shutdown_timeout;
+  so.http_limits = o.http_limits;
   // The device serving now: a hot reload replaces it, so it is asked each time, never held.
   std::function<std::shared_ptr<runtime::Device>()> current_device;
   if (reloadable != nullptr) {
@@ -272,7 +274,20 @@ std::function<int()> SetupServe(CLI::App& app) {
   AddParallelOptions(app, &o->tp_size, &o->pp_size);
   app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
   app.add_option("--kv-cache-dtype,--kv-type", o->kv_cache_dtype, "f16, bf16 or f32");
-  app.add_option("--http-threads", o->http_threads, "HTTP worker threads");
+  app.add_option("--http-threads", o->http_threads,
+                 "HTTP worker threads: requests being handled at once (connections waiting "
+                 "for a request hold none)");
+  app.add_option("--max-connections-per-client", o->http_limits.max_connections_per_client,
+                 "open connections one client address may hold; more are answered 503 "
+                 "(default 1024; 0: no cap; raise it behind a proxy)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--request-head-timeout", o->http_limits.head_timeout_s,
+                 "seconds a client has to send a request's head, from its first byte (or the "
+                 "connection); slower ones are closed (default 10)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keep-alive-timeout", o->http_limits.keep_alive_timeout_s,
+                 "seconds an idle keep-alive connection is kept (default 30)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--pooling", o->pooling,
                  "/v1/embeddings: last (the last token's final hidden state, default) or mean "
                  "(over the input's tokens); L2-normalised");

@@ -3,14 +3,8 @@
 // request flow is server/job.h and its JSON is written by its dialect's ResponseWriter.
 #include "server/http_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -41,40 +35,6 @@ void SendJson(httplib::Response& res, int status, const json& body) {
 
 void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.status, e.ToJson()); }
 
-// The socket of `req`'s connection, found by its peer address (cpp-httplib 0.11 does not give
-// handlers their socket), or -1. Scanning the descriptors costs ~1 us each, which is why only
-// requests that have waited a while look.
-int ClientSocket(const httplib::Request& req, int local_port) {
-  rlimit lim{};
-  getrlimit(RLIMIT_NOFILE, &lim);
-  const int max_fd = static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 16));
-  for (int fd = 3; fd < max_fd; ++fd) {
-    sockaddr_storage peer{}, local{};
-    socklen_t plen = sizeof peer, llen = sizeof local;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) continue;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0) continue;
-    auto port_of = [](const sockaddr_storage& a) {
-      if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-      if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-      return uint16_t{0};
-    };
-    if (port_of(local) != local_port || port_of(peer) != req.remote_port) continue;
-    char host[INET6_ADDRSTRLEN] = {};
-    const void* addr = peer.ss_family == AF_INET
-                           ? static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(peer).sin_addr)
-                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(peer).sin6_addr);
-    if (inet_ntop(peer.ss_family, addr, host, sizeof host) && req.remote_addr == host) return fd;
-  }
-  return -1;
-}
-
-// True once the peer has closed its end (EOF or an error on a non-consuming read).
-bool PeerClosed(int fd) {
-  char c;
-  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
 }  // namespace
 
 class HttpServer::Impl {
@@ -83,20 +43,19 @@ class HttpServer::Impl {
       : options_(std::move(options)),
         engine_(engine),
         codec_(codec),
-        transport_(options_.http_threads),
-        svr_(transport_.server()) {
+        http_(options_.http_threads, options_.http_limits) {
     Routes();
   }
 
-  Status Bind() { return transport_.Bind(options_.host, options_.port); }
-  void Run() { transport_.Run(); }
+  Status Bind() { return http_.Bind(options_.host, options_.port); }
+  void Run() { http_.Run(); }
   // Graceful shutdown: stop accepting, let the running requests finish within the shutdown
   // timeout, then cancel the rest (a stream still gets each choice's final chunk with
   // finish_reason "abort" and [DONE], a waiting non-streaming client a 503) and close every
   // connection, so that no client, reading or not, holds the exit for longer than a moment.
   void Stop() {
     if (draining_.exchange(true)) return;
-    transport_.StopAccepting();
+    http_.StopAccepting();
     const auto grace_end =
         Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
                            std::max(options_.shutdown_timeout_s, 0.0) * 1000));
@@ -109,9 +68,9 @@ class HttpServer::Impl {
     // The cancelled ones need a moment to send their last chunks; a client that does not read
     // is not waited for longer.
     WaitForRequests(Clock::now() + std::chrono::seconds(1));
-    transport_.CloseConnections();
+    http_.CloseConnections();
   }
-  int port() const { return transport_.port(); }
+  int port() const { return http_.port(); }
 
  private:
   // Counts a generation request for as long as it runs (the shutdown waits for these).
@@ -178,28 +137,23 @@ class HttpServer::Impl {
     return std::nullopt;
   }
 
-  // Runs after the request head and before the body is read (cpp-httplib's pre-routing hook):
-  // a client without the key cannot make the server read a body (a 600 MB one took 1.08 GB
-  // before its 401), and chunked bodies, which cpp-httplib 0.11 reads without any limit, are
-  // refused; Content-Length bodies are bounded by the transport's payload limit.
-  httplib::Server::HandlerResponse BeforeBody(const httplib::Request& req,
-                                              httplib::Response& res) const {
+  // Runs after the request head and before the body is read (the transport's pre-routing
+  // hook): a client without the key cannot make the server read a body (a 600 MB one took
+  // 1.08 GB before its 401). Bodies, Content-Length or chunked, are bounded by the transport.
+  HttpTransport::HookResult BeforeBody(const httplib::Request& req, httplib::Response& res) const {
     std::optional<ApiError> e;
     if (draining_) {
       e = Error(503, "the server is shutting down", "server_error");
-    } else if (req.has_header("Transfer-Encoding") &&
-        req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos) {
-      e = Error(411, "chunked request bodies are not accepted: send Content-Length");
     } else if (req.path.rfind("/admin/", 0) == 0) {
       e = CheckAdminKey(req);
     } else if (req.path != "/health" && req.path != "/") {
       e = CheckKey(req);
     }
-    if (!e) return httplib::Server::HandlerResponse::Unhandled;
+    if (!e) return HttpTransport::HookResult::kUnhandled;
     SendError(res, *e);
     // The body was not read: the connection cannot carry another request.
     res.set_header("Connection", "close");
-    return httplib::Server::HandlerResponse::Handled;
+    return HttpTransport::HookResult::kHandled;
   }
 
   // Parses a JSON body; on failure writes the 400 and returns false.
@@ -225,25 +179,25 @@ class HttpServer::Impl {
   }
 
   void Routes() {
-    svr_.set_pre_routing_handler(
+    http_.SetPreRoutingHook(
         [this](const httplib::Request& req, httplib::Response& res) { return BeforeBody(req, res); });
     // The chat page: public like /health (it asks for the API key itself when the server
     // has one).
-    svr_.Get("/", Guard([](const auto&, auto& res) {
+    http_.Get("/", Guard([](const auto&, auto& res) {
                res.set_content(std::string(ChatPageHtml()), "text/html; charset=utf-8");
              }, false));
-    svr_.Get("/health", Guard([](const auto&, auto& res) { SendJson(res, 200, json::object()); },
-                              false));
+    http_.Get("/health", Guard([](const auto&, auto& res) { SendJson(res, 200, json::object()); },
+                               false));
     // /health_generate runs the model and /metrics tells the load: behind the key like the
     // rest (an open /health_generate let anyone generate at full speed).
-    svr_.Get("/health_generate", Guard([this](const auto&, auto& res) { HealthGenerate(res); },
-                                       true));
-    svr_.Get("/metrics", Guard([this](const auto&, auto& res) { Metrics(res); }, true));
-    svr_.Get("/v1/models", Guard([this](const auto&, auto& res) { Models(res); }, true));
-    svr_.Get("/get_model_info", Guard([this](const auto&, auto& res) {
+    http_.Get("/health_generate", Guard([this](const auto&, auto& res) { HealthGenerate(res); },
+                                        true));
+    http_.Get("/metrics", Guard([this](const auto&, auto& res) { Metrics(res); }, true));
+    http_.Get("/v1/models", Guard([this](const auto&, auto& res) { Models(res); }, true));
+    http_.Get("/get_model_info", Guard([this](const auto&, auto& res) {
                SendJson(res, 200, {{"model_path", options_.model_name}, {"is_generation", true}});
              }, true));
-    svr_.Get("/get_server_info", Guard([this](const auto&, auto& res) { ServerInfo(res); }, true));
+    http_.Get("/get_server_info", Guard([this](const auto&, auto& res) { ServerInfo(res); }, true));
     for (const char* path : {"/flush_cache"}) {
       auto h = Guard([this](const auto&, auto& res) {
         if (engine_->FlushCache()) {
@@ -252,39 +206,46 @@ class HttpServer::Impl {
           SendError(res, Error(400, "cache not flushed: requests are running", "invalid_request_error"));
         }
       }, true);
-      svr_.Post(path, h);
-      svr_.Get(path, h);
+      http_.Post(path, h);
+      http_.Get(path, h);
     }
     // SGLang serves both spellings with the same shapes.
     for (const char* path : {"/tokenize", "/v1/tokenize"}) {
-      svr_.Post(path, Guard([this](const auto& req, auto& res) { Tokenize(req, res); }, true));
+      http_.Post(path, Guard([this](const auto& req, auto& res) { Tokenize(req, res); }, true));
     }
     for (const char* path : {"/detokenize", "/v1/detokenize"}) {
-      svr_.Post(path, Guard([this](const auto& req, auto& res) { Detokenize(req, res); }, true));
+      http_.Post(path, Guard([this](const auto& req, auto& res) { Detokenize(req, res); }, true));
     }
-    svr_.Post("/v1/embeddings",
-              Guard([this](const auto& req, auto& res) { Embeddings(req, res); }, true));
-    svr_.Post("/v1/completions", Guard([this](const auto& req, auto& res) {
+    http_.Post("/v1/embeddings",
+               Guard([this](const auto& req, auto& res) { Embeddings(req, res); }, true));
+    http_.Post("/v1/completions", Guard([this](const auto& req, auto& res) {
                 Generate(ApiKind::kCompletion, req, res);
               }, true));
-    svr_.Post("/v1/chat/completions", Guard([this](const auto& req, auto& res) {
+    http_.Post("/v1/chat/completions", Guard([this](const auto& req, auto& res) {
                 Generate(ApiKind::kChat, req, res);
               }, true));
-    svr_.Post("/generate", Guard([this](const auto& req, auto& res) {
+    http_.Post("/generate", Guard([this](const auto& req, auto& res) {
                 Generate(ApiKind::kGenerate, req, res);
               }, true));
     // The key was checked before the body was read (BeforeBody); checked again here so that the
     // route never depends on the hook alone.
-    svr_.Post("/admin/reload_plugin", Guard([this](const auto& req, auto& res) {
+    http_.Post("/admin/reload_plugin", Guard([this](const auto& req, auto& res) {
                 if (auto e = CheckAdminKey(req)) return SendError(res, *e);
                 ReloadPlugin(req, res);
               }, false));
-    svr_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    // The transport's own refusals (400, 404, 413, 431, 503 over the per-client cap) carry
+    // their reason in res.reason.
+    http_.SetErrorHandler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (res.status == 404) {
         SendError(res, Error(404, "no route for " + req.method + " " + req.path, "not_found_error"));
+      } else if (res.status == 503) {
+        SendError(res, Error(503, res.reason.empty() ? "HTTP error 503" : res.reason,
+                             "server_overloaded"));
       } else {
-        SendError(res, Error(res.status, "HTTP error " + std::to_string(res.status)));
+        SendError(res, Error(res.status, res.reason.empty()
+                                             ? "HTTP error " + std::to_string(res.status)
+                                             : res.reason));
       }
     });
   }
@@ -521,20 +482,15 @@ class HttpServer::Impl {
     }
     if (!job->req.stream) {
       // Wait for every choice; bounded by max_tokens (the engine always finishes a request).
-      // A client that hangs up is noticed (from the second second on, see ClientSocket) and
-      // its request aborted, so that it stops generating and frees its KV blocks.
-      int client_fd = -1;
-      const auto waiting_since = Clock::now();
+      // A client that hangs up is noticed and its request aborted, so that it stops generating
+      // and frees its KV blocks.
       while (!AllFinished(*job)) {
         if (stopping_) {
           Abort(*job);
           return SendError(res, Error(503, "the server is shutting down", "server_error"));
         }
         Collect(*job, std::chrono::milliseconds(100), nullptr);
-        if (client_fd < 0 && Clock::now() - waiting_since > std::chrono::seconds(1)) {
-          client_fd = ClientSocket(req, port());
-        }
-        if (client_fd >= 0 && PeerClosed(client_fd)) {
+        if (HttpTransport::ClientGone()) {
           Abort(*job);
           return;  // nobody to answer
         }
@@ -605,8 +561,7 @@ class HttpServer::Impl {
   ServerOptions options_;
   engine::Engine* engine_;
   const TextCodec* codec_;
-  HttpTransport transport_;
-  httplib::Server& svr_;  // transport_'s, where the routes go
+  HttpTransport http_;  // the transport, where the routes go
   std::atomic<bool> draining_{false};  // Stop() called: no new requests
   std::atomic<bool> stopping_{false};  // the shutdown timeout is over: cancel what runs
   std::atomic<int> running_requests_{0};

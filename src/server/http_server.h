@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "server/http_limits.h"
 #include "server/text_codec.h"
 #include "util/status.h"
 
@@ -33,6 +34,7 @@ struct ServerOptions {
   std::string model_name = "default";           // what /v1/models reports
   std::vector<std::string> model_aliases;        // other names accepted in "model"
   int http_threads = 320;                        // >= 256 concurrent streaming clients
+  HttpLimits http_limits;                        // what one request or client may take
   // On Stop(), how long running requests may take to finish before they are cancelled.
   double shutdown_timeout_s = 5;
   std::function<DeviceMemory()> device_memory;   // for /metrics; may be empty

@@ -1,41 +1,65 @@
-// The HTTP transport under the routes (internal to the server module): cpp-httplib's server
-// with a worker pool large enough for hundreds of concurrent streams, bounded request sizes,
-// read/write timeouts so that slow or idle clients cannot hold a worker forever, and a listen
-// backlog that survives a burst of connections.
+// The HTTP transport under the routes (internal to the server module): an event-driven HTTP/1.1
+// server (Boost.Beast on one Asio thread) that reads every connection's requests without
+// holding a thread, and a pool of workers that run the complete ones (handlers block: a
+// generation waits on the engine) and write their responses. Idle, trickling and half-sent
+// connections cost a socket and a few hundred bytes, never a worker; the caps of HttpLimits
+// bound what any one request or client can take. The routes keep cpp-httplib's Request,
+// Response and DataSink as plain data carriers; Beast stays inside http_transport.cc.
 #pragma once
 
 #include <httplib.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 
+#include "server/http_limits.h"
 #include "util/status.h"
 
 namespace polychip::server {
 
 class HttpTransport {
  public:
-  explicit HttpTransport(int http_threads);
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  enum class HookResult { kUnhandled, kHandled };
+  // Runs on the event thread after the request head and before the body is read, so it must
+  // not block; kHandled: `res` is the answer, the body is not read and the connection closes.
+  using PreRoutingHook = std::function<HookResult(const httplib::Request&, httplib::Response&)>;
 
-  // Where the routes are registered.
-  httplib::Server& server() { return svr_; }
+  HttpTransport(int worker_threads, HttpLimits limits);
+  ~HttpTransport();
+  HttpTransport(const HttpTransport&) = delete;
+  HttpTransport& operator=(const HttpTransport&) = delete;
 
-  // Binds `host`:`port` (port 0: any free port); afterwards port() is the actual port.
+  // Routes by exact path (the query string is in req.params); HEAD is served by the GET route
+  // without its body.
+  void Get(const std::string& path, Handler handler);
+  void Post(const std::string& path, Handler handler);
+  void SetPreRoutingHook(PreRoutingHook hook);
+  // Called for every answer with status >= 400 (the transport's own 400/404/413/431 included),
+  // to give an empty body its JSON.
+  void SetErrorHandler(Handler handler);
+
+  // Raises RLIMIT_NOFILE and binds `host`:`port` (port 0: any free port); afterwards port() is
+  // the actual port.
   Status Bind(const std::string& host, int port);
   // Serves until StopAccepting() and the end of every open connection (blocking).
-  void Run() { svr_.listen_after_bind(); }
-  // Closes the listening socket: new connections are refused, the open ones are still served
-  // (cpp-httplib's own stop() would also cut every chunked response mid-way).
+  void Run();
+  // Closes the listening socket: new connections are refused, the open ones are still served.
   void StopAccepting();
-  // Shuts down every open client connection, so that workers blocked reading a half-sent
-  // request, waiting on an idle keep-alive connection or writing to a client that does not read
-  // return at once (each would otherwise hold Run() for up to its 30 s timeout).
+  // Shuts down every open client connection: reads and writes that wait on a client fail at
+  // once, so that no client holds Run() (a running handler still finishes).
   void CloseConnections();
-  int port() const { return port_; }
+  int port() const;
+
+  // Inside a handler, on its thread: true once the client of the request being handled has
+  // closed its connection (a non-streaming request then has nobody to answer).
+  static bool ClientGone();
+
+  class Impl;  // named by the connection objects in http_transport.cc
 
  private:
-  httplib::Server svr_;
-  int port_ = 0;
-  int listen_fd_ = -1;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace polychip::server

@@ -11,9 +11,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <regex>
 #include <set>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "common/fake_runner.h"
 #include "common/sse.h"
@@ -56,7 +59,8 @@ class ByteCodec : public TextCodec {
 // A server on a free loopback port, over its own fake model.
 struct TestServer {
   explicit TestServer(int64_t num_blocks = 256, std::string api_key = "",
-                      int64_t context = 1024, double shutdown_timeout_s = 0) {
+                      int64_t context = 1024, double shutdown_timeout_s = 0,
+                      HttpLimits limits = {}) {
     runner = std::make_unique<FakeRunner>(kVocab, context, 4, num_blocks);
     engine::EngineOptions eo;
     eo.chunked_prefill_size = 64;
@@ -69,6 +73,7 @@ struct TestServer {
     so.model_name = "toy";
     so.http_threads = 64;
     so.shutdown_timeout_s = shutdown_timeout_s;
+    so.http_limits = limits;
     so.device_memory = [] { return DeviceMemory{100, 200, 1000}; };
     http = std::make_unique<HttpServer>(so, engine.get(), &codec);
     EXPECT_TRUE(http->Bind().ok());
@@ -341,8 +346,9 @@ std::string StatusAfterHead(int port, const std::string& head) {
 }
 
 // Issue 16: without the key no body is read (a 600 MB body took 1.08 GB before its 401), and
-// chunked bodies, which cpp-httplib reads without a limit, are refused before they are read.
-TEST(HttpServer, BodiesAreNotReadBeforeTheKeyAndChunkedOnesAreRefused) {
+// bodies over the limit, chunked ones too (cpp-httplib read those without a limit), are refused
+// before they are read.
+TEST(HttpServer, BodiesAreNotReadBeforeTheKeyAndOversizedOnesAreRefused) {
   TestServer s(256, "sekret");
   const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
   EXPECT_EQ(StatusAfterHead(s.http->port(), post + "Content-Length: 600000000\r\n\r\n"),
@@ -350,7 +356,10 @@ TEST(HttpServer, BodiesAreNotReadBeforeTheKeyAndChunkedOnesAreRefused) {
   EXPECT_EQ(StatusAfterHead(s.http->port(), post + "Authorization: Bearer sekret\r\n"
                                                    "Transfer-Encoding: chunked\r\n\r\n"
                                                    "8000000\r\n"),
-            "HTTP/1.1 411 Length Required");
+            "HTTP/1.1 413 Payload Too Large");
+  EXPECT_EQ(StatusAfterHead(s.http->port(), post + "Authorization: Bearer sekret\r\n"
+                                                   "Content-Length: 600000000\r\n\r\n"),
+            "HTTP/1.1 413 Payload Too Large");
   auto right = s.client->Get("/v1/models", {{"Authorization", "Bearer sekret"}});
   ASSERT_TRUE(right);
   EXPECT_EQ(right->status, 200);
@@ -618,6 +627,259 @@ TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(s.Metric("polychip_kv_blocks_used"), 0);
+}
+
+
+// ---- the transport: slow, idle and greedy clients (issue 16) ---------------------------------
+
+// The server in this process and its clients share the descriptor limit.
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = lim.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &lim);
+}
+
+// A connected loopback socket, -1 on failure.
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// What the server sends on `fd` within `seconds` (until it closes, or the time is up).
+std::string ReadFor(int fd, double seconds) {
+  timeval tv{static_cast<time_t>(seconds), static_cast<suseconds_t>((seconds - static_cast<int>(seconds)) * 1e6)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) {
+    out.append(buf, static_cast<size_t>(n));
+    if (out.find("\r\n\r\n") != std::string::npos && out.find("Connection: keep-alive") != std::string::npos) break;
+  }
+  return out;
+}
+
+// True when the server closes `fd` (EOF or reset) within `seconds`, having sent nothing else.
+bool ClosedWithin(int fd, double seconds) {
+  timeval tv{static_cast<time_t>(seconds), 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char c;
+  const ssize_t n = read(fd, &c, 1);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+// Thousands of idle connections, clients that trickle a header byte every 200 ms and clients
+// that sent half a request take no worker: /health and a completion still answer at once
+// (cpp-httplib with 64 workers was blocked by the first 64 of them).
+TEST(HttpTransport, IdleTricklingAndHalfSentConnectionsDoNotStarveTheServer) {
+  RaiseOpenFileLimit();
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  const int idle = std::min<int>(2000, static_cast<int>(lim.rlim_cur / 2) - 500);
+  if (idle < 100) GTEST_SKIP() << "the open file limit is too low: " << lim.rlim_cur;
+  HttpLimits limits;
+  limits.max_connections_per_client = 0;  // every client here is 127.0.0.1
+  TestServer s(256, "", 1024, 0, limits);
+  const int port = s.http->port();
+  std::vector<int> fds;
+  for (int i = 0; i < idle; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    fds.push_back(fd);
+  }
+  std::vector<int> half;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"));
+    half.push_back(fd);
+  }
+  std::vector<int> tricklers;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    tricklers.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string head = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+    for (size_t i = 0; !stop && i < 1000; ++i) {
+      for (int fd : tricklers) send(fd, &head[i % head.size()], 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(5, 0);
+  c.set_read_timeout(5, 0);
+  for (int round = 0; round < 3; ++round) {
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health) << "no /health answer within 5 s, round " << round;
+    EXPECT_EQ(health->status, 200);
+    auto r = c.Post("/v1/completions", R"({"prompt":"hi","max_tokens":2})", "application/json");
+    ASSERT_TRUE(r) << "no completion within 5 s, round " << round;
+    EXPECT_EQ(r->status, 200) << r->body;
+  }
+  stop = true;
+  trickle.join();
+  for (int fd : fds) close(fd);
+  for (int fd : half) close(fd);
+  for (int fd : tricklers) close(fd);
+}
+
+TEST(HttpTransport, TooManyOrTooLargeHeadersGet431) {
+  HttpLimits limits;
+  limits.max_header_count = 50;
+  limits.max_header_bytes = 8 << 10;
+  TestServer s(256, "", 1024, 0, limits);
+  std::string many = "GET /health HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 60; ++i) many += "X-H" + std::to_string(i) + ": 1\r\n";
+  EXPECT_EQ(StatusAfterHead(s.http->port(), many + "\r\n"),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  std::string large = "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n";
+  EXPECT_EQ(StatusAfterHead(s.http->port(), large), "HTTP/1.1 431 Request Header Fields Too Large");
+  std::string fine = "GET /health HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 40; ++i) fine += "X-H" + std::to_string(i) + ": 1\r\n";
+  EXPECT_EQ(StatusAfterHead(s.http->port(), fine + "\r\n"), "HTTP/1.1 200 OK");
+}
+
+// A chunked body is counted as it arrives, against the same limit as a Content-Length one.
+TEST(HttpTransport, ChunkedBodiesAreReadUpToTheBodyLimit) {
+  HttpLimits limits;
+  limits.max_body_bytes = 1000;
+  TestServer s(256, "", 1024, 0, limits);
+  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  // Under the limit: read and served.
+  const std::string body = R"({"text":"hi"})";
+  int fd = Connect(s.http->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, head + fmt::format("{:x}\r\n{}\r\n0\r\n\r\n", body.size(), body)));
+  const std::string ok = ReadFor(fd, 5);
+  close(fd);
+  EXPECT_EQ(ok.substr(0, ok.find("\r\n")), "HTTP/1.1 200 OK") << ok;
+  EXPECT_NE(ok.find("\"count\":2"), std::string::npos) << ok;
+  // Over it, in small chunks that are each under it.
+  fd = Connect(s.http->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, head));
+  std::string got;
+  for (int i = 0; i < 10 && got.empty(); ++i) {
+    if (!SendAll(fd, "12c\r\n" + std::string(300, ' ') + "\r\n")) break;  // 300 bytes each
+    got = ReadFor(fd, 0.2);
+  }
+  if (got.empty()) got = ReadFor(fd, 5);
+  close(fd);
+  EXPECT_EQ(got.substr(0, got.find("\r\n")), "HTTP/1.1 413 Payload Too Large") << got;
+  EXPECT_NE(got.find("larger than 1000 bytes"), std::string::npos) << got;
+  EXPECT_EQ(StatusAfterHead(s.http->port(), "POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+                                            "Content-Length: 1001\r\n\r\n"),
+            "HTTP/1.1 413 Payload Too Large");
+}
+
+TEST(HttpTransport, ConnectionsOverThePerClientCapAreRefused) {
+  HttpLimits limits;
+  limits.max_connections_per_client = 3;
+  TestServer s(256, "", 1024, 0, limits);
+  const int port = s.http->port();
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  // The cap's worth of keep-alive connections, each served (so each is counted by now).
+  std::vector<int> open;
+  for (int i = 0; i < 3; ++i) {
+    bool served = false;
+    // The constructor's /health connection may take a moment to be gone.
+    for (int attempt = 0; attempt < 50 && !served; ++attempt) {
+      const int fd = Connect(port);
+      ASSERT_GE(fd, 0);
+      ASSERT_TRUE(SendAll(fd, get));
+      const std::string r = ReadFor(fd, 5);
+      served = r.rfind("HTTP/1.1 200 OK", 0) == 0;
+      if (served) {
+        open.push_back(fd);
+      } else {
+        close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    ASSERT_TRUE(served) << "connection " << i;
+  }
+  int extra = Connect(port);
+  ASSERT_GE(extra, 0);
+  const std::string refused = ReadFor(extra, 5);
+  close(extra);
+  EXPECT_EQ(refused.substr(0, refused.find("\r\n")), "HTTP/1.1 503 Service Unavailable") << refused;
+  EXPECT_NE(refused.find("too many connections"), std::string::npos) << refused;
+  // One of them leaves: a new connection is served again.
+  close(open.back());
+  open.pop_back();
+  bool served = false;
+  for (int attempt = 0; attempt < 100 && !served; ++attempt) {
+    const int fd = Connect(port);
+    ASSERT_GE(fd, 0);
+    SendAll(fd, get);
+    served = ReadFor(fd, 5).rfind("HTTP/1.1 200 OK", 0) == 0;
+    close(fd);
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(served);
+  for (int fd : open) close(fd);
+}
+
+// Idle, trickling and finished keep-alive connections are closed after their deadlines.
+TEST(HttpTransport, SlowAndIdleConnectionsAreClosedAfterTheirDeadlines) {
+  HttpLimits limits;
+  limits.head_timeout_s = 0.5;
+  limits.keep_alive_timeout_s = 0.5;
+  TestServer s(256, "", 1024, 0, limits);
+  const int port = s.http->port();
+  const int idle = Connect(port);
+  const int trickler = Connect(port);
+  const int kept = Connect(port);
+  ASSERT_GE(idle, 0);
+  ASSERT_GE(trickler, 0);
+  ASSERT_GE(kept, 0);
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    for (size_t i = 0; !stop && i < head.size(); ++i) {
+      if (send(trickler, &head[i], 1, MSG_NOSIGNAL) != 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  ASSERT_TRUE(SendAll(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string answer = ReadFor(kept, 5);
+  EXPECT_EQ(answer.substr(0, answer.find("\r\n")), "HTTP/1.1 200 OK") << answer;
+  // Each deadline is 0.5 s; the head of the trickler would take 7 s.
+  EXPECT_TRUE(ClosedWithin(idle, 5));
+  EXPECT_TRUE(ClosedWithin(trickler, 5));
+  EXPECT_TRUE(ClosedWithin(kept, 5));
+  stop = true;
+  trickle.join();
+  close(idle);
+  close(trickler);
+  close(kept);
+  // The server itself is fine.
+  auto r = s.client->Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
 }
 
 }  // namespace
