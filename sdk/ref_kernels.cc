@@ -184,6 +184,15 @@ const char* RefKernel(const pc_kv_store_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
+int64_t AttentionWindow(const pc_attention_args_t& a) {
+  return a.struct_size >= offsetof(pc_attention_args_t, window) + sizeof(a.window) ? a.window : 0;
+}
+
+int64_t AttentionFirstPosition(const pc_attention_args_t& a, int64_t position) {
+  const int64_t window = AttentionWindow(a);
+  return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+}
+
 const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
   const int64_t q_bytes = a.n_tokens * a.n_heads * a.head_dim * 4;
   auto* q = Map<const float>(mem, a.q, q_bytes);
@@ -217,13 +226,14 @@ const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
     }
     for (int64_t j = 0; j < n_q; ++j) {
       const int64_t t = q0 + j;
-      const int64_t last = len - n_q + j;  // causal: attend to positions 0..last
+      const int64_t last = len - n_q + j;  // causal: attend to positions first..last
+      const int64_t first = AttentionFirstPosition(a, last);
       scores.resize(last + 1);
       for (int64_t h = 0; h < a.n_heads; ++h) {
         const float* qv = q + (t * a.n_heads + h) * a.head_dim;  // [head_dim]
         const int64_t kvh = h / group;
         float max_score = -INFINITY;
-        for (int64_t p = 0; p <= last; ++p) {
+        for (int64_t p = first; p <= last; ++p) {
           const void* kb = k_blocks[p / a.block_size];
           const int64_t base = (p % a.block_size) * kv_row + kvh * a.head_dim;
           float dot = 0;
@@ -235,13 +245,13 @@ const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
         }
         // Numerically stable softmax: subtract the max before exponentiating.
         float denom = 0;
-        for (int64_t p = 0; p <= last; ++p) {
+        for (int64_t p = first; p <= last; ++p) {
           scores[p] = std::exp(scores[p] - max_score);
           denom += scores[p];
         }
         float* o = out + (t * a.n_heads + h) * a.head_dim;  // [head_dim]
         for (int64_t d = 0; d < a.head_dim; ++d) o[d] = 0;
-        for (int64_t p = 0; p <= last; ++p) {
+        for (int64_t p = first; p <= last; ++p) {
           const void* vb = v_blocks[p / a.block_size];
           const int64_t base = (p % a.block_size) * kv_row + kvh * a.head_dim;
           const float w = scores[p] / denom;
@@ -262,6 +272,30 @@ const char* RefKernel(const pc_swiglu_args_t& a, const DeviceMemory& mem) {
   if (!gate || !up || !out) return kBadAddress;
   if (mem.validate_only) return nullptr;
   for (int64_t i = 0; i < a.n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  return nullptr;
+}
+
+float GeluTanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+const char* RefKernel(const pc_geglu_args_t& a, const DeviceMemory& mem) {
+  auto* gate = Map<const float>(mem, a.gate, a.n * 4);
+  auto* up = Map<const float>(mem, a.up, a.n * 4);
+  auto* out = Map<float>(mem, a.out, a.n * 4);
+  if (!gate || !up || !out) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  for (int64_t i = 0; i < a.n; ++i) out[i] = GeluTanh(gate[i]) * up[i];
+  return nullptr;
+}
+
+const char* RefKernel(const pc_scale_args_t& a, const DeviceMemory& mem) {
+  auto* x = Map<const float>(mem, a.x, a.n * 4);
+  auto* out = Map<float>(mem, a.out, a.n * 4);
+  if (!x || !out) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  for (int64_t i = 0; i < a.n; ++i) out[i] = x[i] * a.scale;
   return nullptr;
 }
 
@@ -423,12 +457,17 @@ const char* Validate(const pc_attention_args_t& a) {
       a.head_dim <= 0 || a.block_size <= 0 || a.max_blocks_per_seq < 0)
     return "bad shape";
   if (a.n_heads % a.n_kv_heads != 0) return "n_heads not a multiple of n_kv_heads";
+  if (AttentionWindow(a) < 0) return "negative window";
   return nullptr;
 }
 
 const char* Validate(const pc_swiglu_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
 
 const char* Validate(const pc_add_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
+
+const char* Validate(const pc_geglu_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
+
+const char* Validate(const pc_scale_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
 
 const char* Validate(const pc_convert_args_t& a) {
   if (!Decodable(a.src_dtype) || !IsFloatType(a.dst_dtype)) return "unsupported dtype pair";

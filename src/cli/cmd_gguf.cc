@@ -180,7 +180,12 @@ int RunSynth(const SynthArgs& a) {
     }
     c.has_qkv_bias = *arch == model::Arch::kQwen2;  // every qwen2 model has q/k/v biases
     // and every qwen3 model q/k norms
-    c.has_qk_norm = *arch == model::Arch::kQwen3 || *arch == model::Arch::kQwen3Moe;
+    c.has_qk_norm = *arch == model::Arch::kQwen3 || *arch == model::Arch::kQwen3Moe ||
+                    *arch == model::Arch::kGemma3;
+    if (*arch == model::Arch::kGemma3 && c.arch != model::Arch::kGemma3) {
+      return Error(InvalidArgument("gemma3: give --shape gemma3-tiny or gemma3-1b (the window "
+                                   "and the norms come from a shape)"));
+    }
     if (*arch == model::Arch::kQwen3Moe && c.n_expert == 0) {
       return Error(InvalidArgument("qwen3moe: give --shape qwen3moe-tiny or qwen3moe-1.5b (the "
                                    "expert counts come from a shape)"));
@@ -225,7 +230,8 @@ std::function<int()> SetupGguf(CLI::App& app) {
   synth->add_option("--vocab", sa->vocab, "vocabulary GGUF (tokenizer.* keys are copied)")
       ->required();
   synth->add_option("--shape", sa->shape, "named shape: " + shapes);
-  synth->add_option("--arch", sa->arch, "llama|qwen2|qwen3|phi3 (overrides the shape's)");
+  synth->add_option("--arch", sa->arch,
+                    "llama|qwen2|qwen3|phi3|qwen3moe|gemma3 (overrides the shape's)");
   synth->add_option("--layers", sa->layers, "number of blocks");
   synth->add_option("--embd", sa->embd, "embedding width");
   synth->add_option("--heads", sa->heads, "attention heads");

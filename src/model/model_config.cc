@@ -16,6 +16,7 @@ const char* ArchName(Arch arch) {
     case Arch::kQwen3: return "qwen3";
     case Arch::kPhi3: return "phi3";
     case Arch::kQwen3Moe: return "qwen3moe";
+    case Arch::kGemma3: return "gemma3";
   }
   return "?";
 }
@@ -26,8 +27,9 @@ StatusOr<Arch> ArchFromName(std::string_view name) {
   if (name == "qwen3") return Arch::kQwen3;
   if (name == "phi3") return Arch::kPhi3;
   if (name == "qwen3moe") return Arch::kQwen3Moe;
+  if (name == "gemma3") return Arch::kGemma3;
   return Unimplemented(fmt::format("unsupported architecture {} (supported: llama, qwen2, qwen3, "
-                                   "phi3, qwen3moe)",
+                                   "phi3, qwen3moe, gemma3)",
                                    name.empty() ? "(none)" : name));
 }
 
@@ -55,6 +57,10 @@ std::string ModelConfig::Summary() const {
   }
   if (has_rope_freqs) s += " llama3-freqs";
   if (has_rope_factors) s += fmt::format(" longrope(attn x{:g})", rope_attn_factor);
+  if (sliding_window > 0) {
+    s += fmt::format(" swa(window={} pattern={} base={:g})", sliding_window,
+                     sliding_window_pattern, rope_freq_base_swa);
+  }
   if (n_expert > 0) {
     s += fmt::format(") experts={} used={} expert_ff={}{}", n_expert, n_expert_used, n_ff_exp,
                      moe_norm_weights ? " norm-weights" : "");
@@ -127,6 +133,34 @@ bool IsMatrixDType(DType t) {
 bool IsVectorDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
 }  // namespace
+// gemma3's hyper-parameters, as llama.cpp reads them (src/models/gemma3.cpp).
+template <typename Key>
+Status ReadGemma3(const GgufFile& f, const Key& key, ModelConfig& c) {
+  c.has_post_norms = true;
+  c.gelu_ffn = true;
+  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+  // Gemma's query_pre_attn_scalar is the head size, except for the 27B (62 layers), whose
+  // n_embd / n_head differs from it; the files do not carry it, llama.cpp infers it so.
+  const int64_t scalar = c.n_layer == 62 ? c.n_embd / c.n_head : c.head_dim;
+  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(scalar));
+  PC_ASSIGN_OR_RETURN(c.sliding_window, GetCount(f, key("attention.sliding_window"), false, 0));
+  if (c.sliding_window > 0) {
+    PC_ASSIGN_OR_RETURN(c.sliding_window_pattern,
+                        GetCount(f, key("attention.sliding_window_pattern"), false, 6));
+    c.rope_freq_base_swa = f.GetF32(key("rope.freq_base_swa"), 10000.0f);
+    if (!(c.rope_freq_base_swa > 0) || !std::isfinite(c.rope_freq_base_swa)) {
+      return InvalidArgument(fmt::format("'{}' {} is invalid", key("rope.freq_base_swa"),
+                                         c.rope_freq_base_swa));
+    }
+  }
+  const float softcap = f.GetF32(key("final_logit_softcapping"), 0.0f);
+  if (softcap != 0.0f) {
+    return Unimplemented(fmt::format("'{}' = {:g}: logit soft-capping is not supported",
+                                     key("final_logit_softcapping"), softcap));
+  }
+  return Status::Ok();
+}
+
 
 StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ModelConfig c;
@@ -243,7 +277,8 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.has_output_bias = f.FindTensor("output.bias") != nullptr;
   c.has_qkv_bias = f.FindTensor(LayerTensorName(0, "attn_q.bias")) != nullptr;
   c.has_rope_freqs = f.FindTensor("rope_freqs.weight") != nullptr;
-  c.has_qk_norm = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
+  c.has_qk_norm = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe || c.arch == Arch::kGemma3;
+  if (c.arch == Arch::kGemma3) PC_RETURN_IF_ERROR(ReadGemma3(f, key, c));
   if (c.arch == Arch::kQwen3Moe) {
     // As llama.cpp: the expert size defaults to the dense size over the experts used, and
     // qwen3moe always renormalises the chosen experts' weights.

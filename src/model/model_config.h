@@ -12,10 +12,11 @@
 
 namespace polychip::model {
 
-enum class Arch { kLlama, kQwen2, kQwen3, kPhi3, kQwen3Moe };
-const char* ArchName(Arch arch);  // "llama", "qwen2", "qwen3", "phi3", "qwen3moe"
-// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3, phi3, qwen3moe)"
-// otherwise.
+enum class Arch { kLlama, kQwen2, kQwen3, kPhi3, kQwen3Moe, kGemma3 };
+// "llama", "qwen2", "qwen3", "phi3", "qwen3moe", "gemma3"
+const char* ArchName(Arch arch);
+// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3, phi3, qwen3moe,
+// gemma3)" otherwise.
 StatusOr<Arch> ArchFromName(std::string_view name);
 
 enum class RopeScaling { kNone, kLinear, kYarn };
@@ -73,6 +74,32 @@ struct ModelConfig {
   int64_t n_expert_used = 0;
   int64_t n_ff_exp = 0;
   bool moe_norm_weights = false;
+
+  // gemma3: every layer's attention and feed-forward outputs are RMS-normed before their
+  // residual add (blk.N.post_attention_norm, blk.N.post_ffw_norm), the feed-forward is
+  // GELU-gated (tanh approximation), the token embeddings are scaled by embd_scale
+  // (sqrt(n_embd)), and attention logits by attn_scale.
+  bool has_post_norms = false;
+  bool gelu_ffn = false;
+  float embd_scale = 1.0f;
+  float attn_scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  // Interleaved sliding-window attention (gemma3, llama.cpp's standard SWA): with
+  // sliding_window > 0, layer l is a local layer (a query sees the last sliding_window
+  // positions) unless l % sliding_window_pattern == pattern - 1 (every pattern-th layer global;
+  // pattern 0: all local). Local layers rotate with rope_freq_base_swa and no scaling.
+  int64_t sliding_window = 0;
+  int64_t sliding_window_pattern = 0;
+  float rope_freq_base_swa = 10000.0f;
+  bool IsSlidingLayer(int64_t layer) const {
+    if (sliding_window <= 0) return false;
+    return sliding_window_pattern == 0 ||
+           layer % sliding_window_pattern < sliding_window_pattern - 1;
+  }
+  int64_t NumSlidingLayers() const {
+    int64_t n = 0;
+    for (int64_t l = 0; l < n_layer; ++l) n += IsSlidingLayer(l) ? 1 : 0;
+    return n;
+  }
 
   int64_t q_dim() const { return n_head * head_dim; }      // rows of attn_q
   int64_t kv_dim() const { return n_head_kv * head_dim; }  // rows of attn_k

@@ -283,6 +283,11 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
       PC_ASSIGN_OR_RETURN(L.q_norm, up.Vector(name("attn_q_norm.weight"), c.head_dim));
       PC_ASSIGN_OR_RETURN(L.k_norm, up.Vector(name("attn_k_norm.weight"), c.head_dim));
     }
+    if (c.has_post_norms) {
+      PC_ASSIGN_OR_RETURN(L.post_attn_norm,
+                          up.Vector(name("post_attention_norm.weight"), c.n_embd));
+      PC_ASSIGN_OR_RETURN(L.post_ffn_norm, up.Vector(name("post_ffw_norm.weight"), c.n_embd));
+    }
     if (c.fused_qkv || c.fused_gate_up) {
       // phi3: each part is a range of rows of the fused matrix, uploaded as a matrix of its
       // own straight from the file mapping (no host copy; the device holds each row once). A

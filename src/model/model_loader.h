@@ -59,6 +59,8 @@ struct LayerWeights {
   runtime::DevPtr attn_norm = 0;  // f32 [n_embd]
   runtime::DevPtr ffn_norm = 0;   // f32 [n_embd]
   runtime::DevPtr q_norm = 0, k_norm = 0;  // f32 [head_dim] each (qwen3), or 0
+  // f32 [n_embd] each (gemma3: post_attention_norm, post_ffw_norm), or 0
+  runtime::DevPtr post_attn_norm = 0, post_ffn_norm = 0;
   runtime::DevPtr bq = 0, bk = 0, bv = 0;  // f32 [q_dim], [kv_dim], [v_dim], or 0
   runtime::DevPtr bo = 0;                  // f32 [n_embd], or 0
   MatrixRef wq, wk, wv, wo;     // [q_dim, n_embd], [kv_dim, n_embd], [v_dim, n_embd], [n_embd, q_dim]

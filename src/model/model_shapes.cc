@@ -36,6 +36,9 @@ std::vector<TensorSpec> ArchTensors(const ModelConfig& c) {
       t.push_back({n("attn_q_norm.weight"), {c.head_dim}, TensorRole::kNorm});
       t.push_back({n("attn_k_norm.weight"), {c.head_dim}, TensorRole::kNorm});
     }
+    if (c.has_post_norms) {
+      t.push_back({n("post_attention_norm.weight"), {c.n_embd}, TensorRole::kNorm});
+    }
     t.push_back({n("ffn_norm.weight"), {c.n_embd}, TensorRole::kNorm});
     if (c.n_expert > 0) {  // qwen3moe: the router and the experts' 3-D tensors
       t.push_back({n("ffn_gate_inp.weight"), {c.n_embd, c.n_expert}, TensorRole::kMatrix});
@@ -54,6 +57,7 @@ std::vector<TensorSpec> ArchTensors(const ModelConfig& c) {
       t.push_back({n("ffn_up.weight"), {c.n_embd, c.n_ff}, TensorRole::kMatrix});
     }
     t.push_back({n("ffn_down.weight"), {c.n_ff, c.n_embd}, TensorRole::kMatrix});
+    if (c.has_post_norms) t.push_back({n("post_ffw_norm.weight"), {c.n_embd}, TensorRole::kNorm});
   }
   t.push_back({"output_norm.weight", {c.n_embd}, TensorRole::kNorm});
   if (!c.tied_output) t.push_back({"output.weight", {c.n_embd, c.n_vocab}, TensorRole::kOutput});
@@ -84,7 +88,8 @@ ModelConfig Make(Arch arch, int64_t layers, int64_t embd, int64_t heads, int64_t
 
 std::vector<std::string> ShapePresetNames() {
   return {"qwen2.5-0.5b", "qwen3-0.6b",   "phi-3-mini-4k", "llama-3.2-1b",  "tinyllama-1.1b",
-          "tiny",         "qwen3-tiny",   "phi3-tiny",     "qwen3moe-1.5b", "qwen3moe-tiny"};
+          "tiny",         "qwen3-tiny",   "phi3-tiny",     "qwen3moe-1.5b", "qwen3moe-tiny",
+          "gemma3-1b",    "gemma3-tiny"};
 }
 
 StatusOr<ModelConfig> ShapePreset(std::string_view name) {
@@ -143,10 +148,29 @@ StatusOr<ModelConfig> ShapePreset(std::string_view name) {
     c.head_dim = c.head_dim_v = c.n_rot = 128;
     c.has_qk_norm = true;
     c.n_expert = 8, c.n_expert_used = 2, c.n_ff_exp = 256, c.moe_norm_weights = true;
+  } else if (name == "gemma3-1b") {
+    // google/gemma-3-1b-pt config.json: 4 heads of 256 over a width of 1152, one KV head,
+    // sliding window 512 on five layers of every six, local RoPE base 10000.
+    c = Make(Arch::kGemma3, 26, 1152, 4, 1, 6912, 32768, 1e6f, 1e-6f, /*tied=*/true);
+    c.head_dim = c.head_dim_v = c.n_rot = 256;
+    c.sliding_window = 512;
+  } else if (name == "gemma3-tiny") {
+    // For tests: 7 layers, so that both kinds appear (layer 5 global, the others local), 4
+    // heads of 128 over 256, a window of 16 (shorter than the tests' prompts and contexts),
+    // rows multiples of 256.
+    c = Make(Arch::kGemma3, 7, 256, 4, 2, 512, 2048, 1e6f, 1e-6f, /*tied=*/true);
+    c.head_dim = c.head_dim_v = c.n_rot = 128;
+    c.sliding_window = 16;
   } else {
     std::string names;
     for (const std::string& n : ShapePresetNames()) names += (names.empty() ? "" : ", ") + n;
     return InvalidArgument(fmt::format("unknown shape '{}' (known: {})", name, names));
+  }
+  if (c.arch == Arch::kGemma3) {  // what ModelConfig::FromGguf derives for gemma3
+    c.has_qk_norm = c.has_post_norms = c.gelu_ffn = true;
+    c.sliding_window_pattern = 6;
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   }
   c.name = std::string(name);
   return c;

@@ -31,13 +31,13 @@ struct TensorSpec {
 // Every tensor a model with this configuration has, in the order llama.cpp's converter writes
 // them (embedding, layers, output norm, output). Flags in `c` (tied_output, has_qkv_bias,
 // has_output_bias, has_rope_freqs, has_qk_norm, fused_qkv, fused_gate_up, has_rope_factors,
-// n_expert)
+// n_expert, has_post_norms)
 // decide which tensors are listed.
 std::vector<TensorSpec> ArchTensors(const ModelConfig& c);
 
 // Named shapes: "qwen2.5-0.5b", "qwen3-0.6b", "phi-3-mini-4k", "llama-3.2-1b",
 // "tinyllama-1.1b", "tiny" (arch llama; callers may change `arch`), "qwen3-tiny", "phi3-tiny",
-// "qwen3moe-1.5b" (Qwen3-30B-A3B scaled down), "qwen3moe-tiny".
+// "qwen3moe-1.5b" (Qwen3-30B-A3B scaled down), "qwen3moe-tiny", "gemma3-1b", "gemma3-tiny".
 // n_vocab is left 0: it comes from the vocabulary file.
 StatusOr<ModelConfig> ShapePreset(std::string_view name);
 std::vector<std::string> ShapePresetNames();

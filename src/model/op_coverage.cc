@@ -18,6 +18,7 @@ std::string DeviceName(const runtime::Device& d) {
 }
 
 bool Supported(const runtime::Device& device, const OpUse& use) {
+  if (device.backend()->abi_minor() < use.abi_minor) return false;
   switch (use.dtypes.size()) {
     case 0: return runtime::SupportsOp(device, use.op, {DType::kF32});
     case 1: return runtime::SupportsOp(device, use.op, {use.dtypes[0]});
@@ -41,15 +42,16 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType
   using runtime::Op;
   std::vector<OpUse> uses;
   // One row per (op, dtype), its users in order of first appearance.
-  auto add = [&](Op op, std::vector<DType> dtypes, const std::string& user) {
+  auto add = [&](Op op, std::vector<DType> dtypes, const std::string& user,
+                 uint32_t abi_minor = 0) {
     for (OpUse& u : uses) {
-      if (u.op == op && u.dtypes == dtypes) {
+      if (u.op == op && u.dtypes == dtypes && u.abi_minor == abi_minor) {
         if (std::find(u.users.begin(), u.users.end(), user) == u.users.end())
           u.users.push_back(user);
         return;
       }
     }
-    uses.push_back(OpUse{op, std::move(dtypes), {user}});
+    uses.push_back(OpUse{op, std::move(dtypes), {user}, abi_minor});
   };
   auto dtype_of = [&](const std::string& name) {
     const GgufTensor* t = file.FindTensor(name);
@@ -60,6 +62,7 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType
   add(Op::kEmbedding, {dtype_of("token_embd.weight")}, "token_embd.weight");
   add(Op::kRmsNorm, {}, "blk.*.attn_norm, blk.*.ffn_norm, output_norm");
   if (c.has_qk_norm) add(Op::kRmsNorm, {}, "blk.*.attn_q_norm, blk.*.attn_k_norm (per head)");
+  if (c.has_post_norms) add(Op::kRmsNorm, {}, "blk.*.post_attention_norm, blk.*.post_ffw_norm");
   // Layer weights may mix dtypes (the _M quantization mixes keep some tensors at a higher
   // precision, and vary them between layers): one row per dtype actually present.
   // A fused matrix (phi3's attn_qkv; its ffn_up holds gate and up) is one row: the parts the
@@ -97,8 +100,21 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType
   add(Op::kMatmul, {dtype_of(output)}, output + " (logits)");
   add(Op::kRope, {}, "q and k of every layer");
   add(Op::kKvStore, {kv_dtype}, "KV cache");
-  add(Op::kAttention, {kv_dtype}, "KV cache");
-  if (c.n_expert == 0) add(Op::kSwiglu, {}, "feed-forward of every layer");
+  const int64_t n_sliding = c.NumSlidingLayers();
+  if (n_sliding < c.n_layer) add(Op::kAttention, {kv_dtype}, "KV cache");
+  if (n_sliding > 0) {  // the window member came in ABI 1.4
+    add(Op::kAttention, {kv_dtype},
+        "sliding-window layers (" + std::to_string(n_sliding) + " of " +
+            std::to_string(c.n_layer) + ", window " + std::to_string(c.sliding_window) + ")",
+        4);
+  }
+  if (c.gelu_ffn) {
+    add(Op::kGeglu, {}, "feed-forward of every layer");
+    add(Op::kScale, {}, "token embeddings times sqrt(n_embd)");
+    add(Op::kAdd, {}, "post-attention and post-feed-forward norms' residuals");
+  } else if (c.n_expert == 0) {
+    add(Op::kSwiglu, {}, "feed-forward of every layer");
+  }
   add(Op::kEmbedding, {DType::kF32}, "logits rows of the hidden states");
   if (tensor_parallel) add(Op::kAdd, {}, "tensor-parallel residual");
   return uses;

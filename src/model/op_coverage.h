@@ -22,6 +22,9 @@ struct OpUse {
   runtime::Op op;
   std::vector<DType> dtypes;       // empty: F32 activations only
   std::vector<std::string> users;  // what launches it, e.g. "blk.*.attn_q.weight (24 layers)"
+  // The ABI minor of the newest member its launches set (ATTENTION's window: 4); a plugin older
+  // than that cannot run them (runtime::Launch refuses, the fallback takes them).
+  uint32_t abi_minor = 0;
   std::string DtypeText() const;   // "q4_0", "f16", "f32"
 };
 

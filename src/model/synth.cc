@@ -71,6 +71,9 @@ void SetHyperParameters(const ModelConfig& c, const QuantScheme& scheme, GgufWri
     w.SetU32(key("expert_used_count"), static_cast<uint32_t>(c.n_expert_used));
     w.SetU32(key("expert_feed_forward_length"), static_cast<uint32_t>(c.n_ff_exp));
   }
+  if (c.sliding_window > 0) {  // as llama.cpp's converter: the pattern and local base implied
+    w.SetU32(key("attention.sliding_window"), static_cast<uint32_t>(c.sliding_window));
+  }
   if (c.has_rope_factors) {
     w.SetU32(key("rope.scaling.original_context_length"), static_cast<uint32_t>(c.rope_orig_ctx));
     w.SetF32(key("rope.scaling.attn_factor"), c.rope_attn_factor);

@@ -17,6 +17,8 @@ ArchTraits TraitsFor(Arch arch) {
       return Phi3Traits();
     case Arch::kQwen3Moe:
       return Qwen3MoeTraits();
+    case Arch::kGemma3:
+      return Gemma3Traits();
     case Arch::kLlama:
     default:
       return LlamaTraits();
@@ -57,7 +59,7 @@ Status Transformer::Matmul(const runtime::Stream& stream, DevPtr x, const Matrix
 }
 
 Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positions,
-                         int64_t n_tokens, int64_t n_heads) const {
+                         int64_t n_tokens, int64_t n_heads, bool sliding) const {
   const ModelConfig& c = *c_;
   runtime::RopeArgs a;
   a.x = x;
@@ -77,6 +79,11 @@ Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positio
   a.beta_fast = 32.f;
   a.beta_slow = 1.f;
   a.n_ctx_orig = static_cast<int32_t>(c.rope_orig_ctx > 0 ? c.rope_orig_ctx : c.n_ctx_train);
+  if (sliding) {  // gemma3's local layers: their own base, never scaled (as llama.cpp)
+    a.freq_base = c.rope_freq_base_swa;
+    a.freq_scale = 1.f;
+    a.ext_factor = 0.f;
+  }
   return Launch(stream, a);
 }
 
@@ -115,6 +122,14 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
   if (!pipeline || pp_->first()) {
     PC_RETURN_IF_ERROR(Launch(stream, emb));
     if (vocab_parallel) PC_RETURN_IF_ERROR(tp_->all_reduce(stream, b.x, T));
+    if (c.embd_scale != 1.0f) {  // gemma3: x *= sqrt(n_embd)
+      runtime::ScaleArgs scale;
+      scale.x = b.x;
+      scale.out = b.x;
+      scale.n = T * c.n_embd;
+      scale.scale = c.embd_scale;
+      PC_RETURN_IF_ERROR(Launch(stream, scale));
+    }
   } else {
     PC_RETURN_IF_ERROR(pp_->recv(stream, b.x, T));  // the previous stage's hidden states
   }
@@ -123,6 +138,7 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
   const int64_t end_layer = pipeline ? pp_->end_layer : c.n_layer;
   for (int64_t l = first_layer; l < end_layer; ++l) {
     const LayerWeights& L = w_->layers[l];
+    const bool sliding = c.IsSlidingLayer(l);
 
     // ---- attention ----
     runtime::RmsNormArgs norm;
@@ -139,8 +155,8 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wv, L.bv, b.v, T, false));  // [T, n_head_kv*hd]
     if (L.q_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(stream, b.q, L.q_norm, T, c.n_head));
     if (L.k_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(stream, b.k, L.k_norm, T, c.n_head_kv));
-    PC_RETURN_IF_ERROR(Rope(stream, b.q, in.positions, T, c.n_head));
-    PC_RETURN_IF_ERROR(Rope(stream, b.k, in.positions, T, c.n_head_kv));
+    PC_RETURN_IF_ERROR(Rope(stream, b.q, in.positions, T, c.n_head, sliding));
+    PC_RETURN_IF_ERROR(Rope(stream, b.k, in.positions, T, c.n_head_kv, sliding));
 
     runtime::KvStoreArgs store;
     store.k = b.k;
@@ -172,15 +188,13 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     att.block_size = kv.block_size;
     att.max_blocks_per_seq = in.max_blocks_per_seq;
     att.max_seq_len = in.max_seq_len;
-    att.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    att.scale = c.attn_scale > 0 ? c.attn_scale
+                                 : 1.f / std::sqrt(static_cast<float>(c.head_dim));
+    att.window = sliding ? c.sliding_window : 0;
     PC_RETURN_IF_ERROR(Launch(stream, att));
 
-    // x += attn Wo^T (+ bo): the residual connection fused into the matmul.
-    if (tp_ == nullptr || tp_->size == 1) {
-      PC_RETURN_IF_ERROR(Matmul(stream, b.attn, L.wo, L.bo, b.x, T, true));
-    } else {
-      PC_RETURN_IF_ERROR(ReducedResidual(stream, b.attn, L.wo, L.bo, b.xn, b.x, T));
-    }
+    // x += (post_norm)(attn Wo^T (+ bo))
+    PC_RETURN_IF_ERROR(Residual(stream, b.attn, L.wo, L.bo, L.post_attn_norm, b.xn, b.x, T));
 
     // ---- feed-forward ----
     norm.weight = L.ffn_norm;
@@ -191,17 +205,22 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     }
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_gate, 0, b.gate, T, false));  // [T, n_ff]
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_up, 0, b.up, T, false));      // [T, n_ff]
-    runtime::SwigluArgs act;
-    act.gate = b.gate;
-    act.up = b.up;
-    act.out = b.gate;
-    act.n = T * c.n_ff;
-    PC_RETURN_IF_ERROR(Launch(stream, act));
-    if (tp_ == nullptr || tp_->size == 1) {
-      PC_RETURN_IF_ERROR(Matmul(stream, b.gate, L.w_down, 0, b.x, T, true));
+    if (c.gelu_ffn) {
+      runtime::GegluArgs act;
+      act.gate = b.gate;
+      act.up = b.up;
+      act.out = b.gate;
+      act.n = T * c.n_ff;
+      PC_RETURN_IF_ERROR(Launch(stream, act));
     } else {
-      PC_RETURN_IF_ERROR(ReducedResidual(stream, b.gate, L.w_down, 0, b.xn, b.x, T));
+      runtime::SwigluArgs act;
+      act.gate = b.gate;
+      act.up = b.up;
+      act.out = b.gate;
+      act.n = T * c.n_ff;
+      PC_RETURN_IF_ERROR(Launch(stream, act));
     }
+    PC_RETURN_IF_ERROR(Residual(stream, b.gate, L.w_down, 0, L.post_ffn_norm, b.xn, b.x, T));
   }
   if (pipeline && !pp_->last()) PC_RETURN_IF_ERROR(pp_->send(stream, b.x, T));
   return Status::Ok();
@@ -236,10 +255,24 @@ Status Transformer::Experts(const runtime::Stream& stream, const LayerWeights& L
   return Launch(stream, moe);
 }
 
-Status Transformer::ReducedResidual(const runtime::Stream& stream, DevPtr in, const MatrixRef& w,
-                                    DevPtr bias, DevPtr scratch, DevPtr x, int64_t m) const {
-  PC_RETURN_IF_ERROR(Matmul(stream, in, w, bias, scratch, m, false));  // [m, n_embd] partial
-  PC_RETURN_IF_ERROR(tp_->all_reduce(stream, scratch, m));
+Status Transformer::Residual(const runtime::Stream& stream, DevPtr in, const MatrixRef& w,
+                             DevPtr bias, DevPtr post_norm, DevPtr scratch, DevPtr x,
+                             int64_t m) const {
+  const bool reduce = tp_ != nullptr && tp_->size > 1;
+  // The plain residual connection is fused into the matmul.
+  if (!reduce && post_norm == 0) return Matmul(stream, in, w, bias, x, m, true);
+  PC_RETURN_IF_ERROR(Matmul(stream, in, w, bias, scratch, m, false));  // [m, n_embd] (partial)
+  if (reduce) PC_RETURN_IF_ERROR(tp_->all_reduce(stream, scratch, m));
+  if (post_norm != 0) {
+    runtime::RmsNormArgs norm;
+    norm.x = scratch;
+    norm.weight = post_norm;
+    norm.out = scratch;
+    norm.n_rows = m;
+    norm.dim = c_->n_embd;
+    norm.eps = c_->rms_eps;
+    PC_RETURN_IF_ERROR(Launch(stream, norm));
+  }
   runtime::AddArgs add;
   add.a = x;
   add.b = scratch;

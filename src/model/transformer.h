@@ -1,7 +1,8 @@
-// The decoder-only transformer shared by the llama family (llama, qwen2, qwen3): the forward
-// pass of one step written as op launches on a runtime stream. What differs between
+// The decoder-only transformer shared by the llama family (llama, qwen2, qwen3, gemma3): the
+// forward pass of one step written as op launches on a runtime stream. What differs between
 // architectures is described by ArchTraits, defined in one file per architecture (llama.cc,
-// qwen2.cc, qwen3.cc, phi3.cc), and by the optional weights the file carries.
+// qwen2.cc, qwen3.cc, phi3.cc, qwen3moe.cc, gemma3.cc), and by the optional weights the file
+// carries.
 //
 // Per step:   x = embedding(tokens)
 //   per layer: xn = rms_norm(x) ; q,k,v = xn W^T (+ bias)
@@ -9,6 +10,9 @@
 //              kv_store(k, v) ; a = paged_attention(q) ; x += a Wo^T
 //              xn = rms_norm(x) ; g = silu(xn Wg^T) * (xn Wu^T) ; x += g Wd^T
 //              (qwen3moe: x += moe(xn, router logits xn Wr^T), the MOE op)
+//   (gemma3: x = sqrt(n_embd) * embedding; the attention and feed-forward outputs RMS-normed
+//    before each residual add; g = gelu(xn Wg^T) * (xn Wu^T); local layers attend within a
+//    sliding window, with their own RoPE base)
 //   logits:    h = rms_norm(gather(x, rows)) ; logits = h Wout^T (+ bias)
 //   (embeddings: h itself)
 #pragma once
@@ -34,6 +38,7 @@ ArchTraits Qwen2Traits();  // qwen2.cc
 ArchTraits Qwen3Traits();  // qwen3.cc
 ArchTraits Phi3Traits();   // phi3.cc
 ArchTraits Qwen3MoeTraits();  // qwen3moe.cc
+ArchTraits Gemma3Traits();    // gemma3.cc
 ArchTraits TraitsFor(Arch arch);
 
 // The paged KV cache: per layer one K and one V buffer of
@@ -105,18 +110,20 @@ class Transformer {
       : c_(&config), w_(&weights), traits_(traits) {}
   Status Matmul(const runtime::Stream& stream, runtime::DevPtr x, const MatrixRef& w,
                 runtime::DevPtr bias, runtime::DevPtr out, int64_t m, bool accumulate) const;
+  // `sliding`: a local layer of interleaved sliding-window attention (its own RoPE base).
   Status Rope(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr positions,
-              int64_t n_tokens, int64_t n_heads) const;
+              int64_t n_tokens, int64_t n_heads, bool sliding) const;
   // RMSNorm of every head of x [n_tokens, n_heads, head_dim] in place, by `weight` [head_dim].
   Status HeadNorm(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr weight,
                   int64_t n_tokens, int64_t n_heads) const;
   // x += the routed experts of b.xn (n_expert > 0): the router's matmul into b.gate, then MOE.
   Status Experts(const runtime::Stream& stream, const LayerWeights& L, const StepBuffers& b,
                  int64_t n_tokens) const;
-  // x += all_reduce(in W^T + bias) over the tensor-parallel ranks; scratch [m, n_embd].
-  Status ReducedResidual(const runtime::Stream& stream, runtime::DevPtr in, const MatrixRef& w,
-                         runtime::DevPtr bias, runtime::DevPtr scratch, runtime::DevPtr x,
-                         int64_t m) const;
+  // x += post_norm(all_reduce(in W^T + bias)): the all-reduce over the tensor-parallel ranks,
+  // the RMSNorm by post_norm [n_embd] only where it is not 0 (gemma3); scratch [m, n_embd].
+  Status Residual(const runtime::Stream& stream, runtime::DevPtr in, const MatrixRef& w,
+                  runtime::DevPtr bias, runtime::DevPtr post_norm, runtime::DevPtr scratch,
+                  runtime::DevPtr x, int64_t m) const;
 
   const ModelConfig* c_;
   const ModelWeights* w_;

@@ -13,6 +13,9 @@ namespace polychip::runtime {
 
 Status LaunchOnStream(const Stream& stream, pc_op_t op, void* args);  // ops.cc
 bool AskOpSupports(const Device& device, const pc_op_query_t& query);  // ops.cc
+// The first member of `args` appended after ABI 1.`minor` (and after the op itself) that is
+// set (non-zero: a zero member means what its absence means), or nullptr.  ops.cc
+const char* NewerMemberInUse(pc_op_t op, const void* args, uint32_t minor);
 
 namespace {
 
@@ -91,6 +94,13 @@ bool OpFallback::ShouldFallBack(const Device& device, int32_t op, const void* ar
     return 0;
   });
   if (!query) return false;
+  // A member the device's plugin predates (ATTENTION's window for a 1.3 plugin): the op runs on
+  // the fallback device when that one knows the member.
+  const pc_op_t id = static_cast<pc_op_t>(op);
+  if (NewerMemberInUse(id, args, device.backend()->abi_minor()) != nullptr) {
+    return NewerMemberInUse(id, args, fallback_->backend()->abi_minor()) == nullptr &&
+           AskOpSupports(*fallback_, *query);
+  }
   const uint64_t key = QueryKey(*query);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = supported_.find(key);

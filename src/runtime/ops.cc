@@ -59,10 +59,44 @@ bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes
   return AskOpSupports(device, q);
 }
 
+const char* NewerMemberInUse(pc_op_t op, const void* args, uint32_t minor) {
+  return sdk::VisitOp(op, static_cast<const char*>(nullptr), [&](auto t) {
+    using T = decltype(t);
+    const char* found = nullptr;
+    auto check = [&](const char* name, uint32_t since, size_t offset, size_t size) {
+      if (found != nullptr || since <= T::kSince || since <= minor) return;
+      const auto* bytes = static_cast<const uint8_t*>(args) + offset;
+      for (size_t i = 0; i < size; ++i) {
+        if (bytes[i] != 0) found = name;
+      }
+    };
+    T::Members(sdk::MemberVisitor{
+        [&](auto, const char* name, uint32_t since, size_t offset, size_t size) {
+          check(name, since, offset, size);
+        },
+        [&](auto, const char* name, sdk::Access, auto, uint32_t since, size_t offset) {
+          check(name, since, offset, sizeof(pc_devptr_t));
+        }});
+    return found;
+  });
+}
+
 Status LaunchOnStream(const Stream& stream, pc_op_t op, void* args) {
   const pc_backend_iface_t* t = TableOf(*stream.device().backend());
   return TakeError(t, t->op_launch(static_cast<pc_stream_t*>(stream.raw()), op, args),
                    sdk::OpName(op));
+}
+
+// A plugin ignores the members appended after its ABI minor: a launch that sets one (a window
+// for a 1.3 plugin's ATTENTION) would silently compute something else, so it is refused.
+Status CheckMembersKnown(const Device& device, pc_op_t op, const void* args) {
+  const uint32_t minor = device.backend()->abi_minor();
+  const char* member = NewerMemberInUse(op, args, minor);
+  if (member == nullptr) return Status::Ok();
+  return FailedPrecondition(std::string(sdk::OpName(op)) + "." + member + " is set, but the " +
+                            device.backend()->name() + " plugin is ABI 1." +
+                            std::to_string(minor) + ", older than the member: run the op on a " +
+                            "newer plugin with --op-fallback cpu, or update the plugin");
 }
 
 // Generated from the op list: C++ mirror -> ABI struct, member by member, then the launch on
@@ -76,9 +110,10 @@ Status LaunchOnStream(const Stream& stream, pc_op_t op, void* args) {
     MEMBERS                                                                 \
     CompleteArgs(r);                                                        \
     if (OpFallback* fallback = stream.device().op_fallback()) {             \
-      if (fallback->ShouldFallBack(stream.device(), PC_OP_##NAME, &r))                       \
+      if (fallback->ShouldFallBack(stream.device(), PC_OP_##NAME, &r))      \
         return fallback->Launch(stream, PC_OP_##NAME, &r);                  \
     }                                                                       \
+    PC_RETURN_IF_ERROR(CheckMembersKnown(stream.device(), PC_OP_##NAME, &r)); \
     return LaunchOnStream(stream, PC_OP_##NAME, &r);                        \
   }
 #include "polychip/plugin/pc_ops.def"

@@ -312,7 +312,12 @@ TEST_P(CpuKernels, AttentionLongContextMatchesReference) {
     pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), 0,
                           D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
                           3, n_heads, n_kv, hd, bs, max_blocks, 128, 1.f / std::sqrt(64.f)};
-    ExpectAttentionMatchesReference(Ctx(), a, n_tokens * n_heads * hd);
+    // Sliding windows (1.4): one position, a part of a chunk, more than a chunk.
+    for (int64_t window : {0, 1, 7, 40}) {
+      SCOPED_TRACE("window " + std::to_string(window));
+      a.window = window;
+      ExpectAttentionMatchesReference(Ctx(), a, n_tokens * n_heads * hd);
+    }
   }
 }
 
@@ -354,6 +359,19 @@ TEST_P(CpuKernels, RopeNormSwigluMatchReference) {
   }
 }
 
+  {
+    const int64_t n = 70001;
+    auto g = Random(n, 53, -12, 12), u = Random(n, 54);
+    g[0] = -100.f;  // the cube overflows the exp argument: gelu -> 0 and x
+    g[1] = 100.f;
+    std::vector<float> got(n), want(n);
+    pc_geglu_args_t a{sizeof(a), D(g.data()), D(u.data()), D(want.data()), n};
+    ASSERT_EQ(sdk::RefLaunch(PC_OP_GEGLU, &a, sdk::IdentityMemory()), nullptr);
+    a.out = D(got.data());
+    ASSERT_EQ(Geglu(Ctx(), a), nullptr);
+    EXPECT_LT(RelErr(got, want), 1e-6);
+    for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[i])) << i;
+  }
 INSTANTIATE_TEST_SUITE_P(AllIsas, CpuKernels, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return std::string(info.param->name); });
 

@@ -156,6 +156,51 @@ TEST(ModelConfigTest, Qwen3HeadSizeAndQkNorms) {
       << bad.status().ToString();
 }
 
+// gemma3: the window and its layer pattern (five local layers of six: layer 5 of 7 global), the
+// local RoPE base, sqrt(n_embd) embedding scale, 1/sqrt(head_dim) attention scale, the post
+// norms, and the file's tokenizer copied from the gemma-4 vocabulary.
+TEST(ModelConfigTest, Gemma3SlidingWindowAndPostNorms) {
+  POLYCHIP_REQUIRE_VOCAB(VocabDir() / "ggml-vocab-gemma-4.gguf");
+  const std::string path =
+      Synth("ggml-vocab-gemma-4.gguf", "gemma3-tiny", DType::kF16, "gemma3.gguf", 3);
+  auto f = GgufFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ((*f)->GetI64("gemma3.attention.sliding_window", 0), 16);
+  auto c = ModelConfig::FromGguf(**f);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->arch, Arch::kGemma3);
+  EXPECT_EQ(c->n_layer, 7);
+  EXPECT_EQ(c->sliding_window, 16);
+  EXPECT_EQ(c->sliding_window_pattern, 6);
+  for (int64_t l = 0; l < 7; ++l) EXPECT_EQ(c->IsSlidingLayer(l), l != 5) << l;
+  EXPECT_EQ(c->NumSlidingLayers(), 6);
+  EXPECT_FLOAT_EQ(c->rope_freq_base_swa, 10000.0f);
+  EXPECT_FLOAT_EQ(c->rope_freq_base, 1e6f);
+  EXPECT_FLOAT_EQ(c->embd_scale, 16.0f);
+  EXPECT_FLOAT_EQ(c->attn_scale, 1.0f / std::sqrt(128.0f));
+  EXPECT_TRUE(c->has_qk_norm && c->has_post_norms && c->gelu_ffn && c->tied_output);
+  EXPECT_GT(c->n_vocab, 200000);  // the real Gemma vocabulary
+  EXPECT_EQ((*f)->GetString("tokenizer.ggml.model", ""), "gemma4");
+  EXPECT_NE((*f)->FindTensor("blk.6.post_ffw_norm.weight"), nullptr);
+  EXPECT_EQ((*f)->FindTensor("blk.6.post_attention_norm.weight")->dims,
+            (std::vector<int64_t>{256}));
+
+  // Logit soft-capping (Gemma 2's, which some gemma3 conversions carry) is refused by name.
+  GgufWriter w;
+  for (const auto& [key, value] : (*f)->metadata()) w.SetValue(key, value);
+  w.SetF32("gemma3.final_logit_softcapping", 30.0f);
+  for (const GgufTensor& t : (*f)->tensors()) {
+    ASSERT_TRUE(w.AddTensor(t.name, t.dims, t.dtype, t.data).ok());
+  }
+  const std::string capped = (TempDir() / "gemma3-capped.gguf").string();
+  ASSERT_TRUE(w.Write(capped).ok());
+  auto g = GgufFile::Open(capped);
+  ASSERT_TRUE(g.ok());
+  auto bad = ModelConfig::FromGguf(**g);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("final_logit_softcapping"), std::string::npos);
+}
+
 // qwen3moe: the expert hyper-parameters, the router kept F32 and the 3-D expert tensors in
 // llama.cpp's shapes; in the Q4_K_M mixture the experts' down projections follow ffn_down's rule.
 TEST(ModelConfigTest, Qwen3MoeExperts) {
@@ -240,7 +285,7 @@ TEST(ModelConfigTest, UnsupportedArchitectureAndBrokenModels) {
   EXPECT_EQ(c.status().code(), StatusCode::kUnimplemented);
   EXPECT_EQ(c.status().message(),
             "unsupported architecture gpt2 (supported: llama, qwen2, qwen3, phi3, "
-            "qwen3moe)");
+            "qwen3moe, gemma3)");
 
   // A vocabulary-only file is not a model.
   auto vocab_path = VocabDir() / "ggml-vocab-qwen2.gguf";

@@ -51,7 +51,7 @@ bool HaveLlamaCpp() {
 
 struct ModelCase {
   std::string vocab;           // ggml-vocab-<vocab>.gguf
-  std::string arch;            // llama | qwen2 | qwen3 | phi3 | qwen3moe
+  std::string arch;            // llama | qwen2 | qwen3 | phi3 | qwen3moe | gemma3
   std::string type;            // F32, F16, Q8_0, Q4_0, Q4_K, Q4_K_M, ...
   std::string shape = "tiny";  // a `gguf synth --shape` (qwen3-tiny: qwen3's own head size)
   // The greedy test too. Not for files whose matrices are mostly K-quants: the cpu plugin folds
@@ -243,6 +243,11 @@ std::vector<ModelCase> Cases() {
   for (const char* type : {"Q4_K_M", "Q5_K_M"}) {
     cases.push_back({"qwen2", "qwen3", type, "qwen3-tiny", /*greedy=*/false});
   }
+  // The legacy types with a min and the IQ4 codebook types on the small qwen2 shape (its
+  // 128-wide rows make "IQ4_XS" mostly IQ4_NL, as llama-quantize falls back), and IQ4_XS
+  // proper where every row is a multiple of 256.
+  for (const char* type : {"Q4_1", "Q5_1", "IQ4_NL"}) cases.push_back({"qwen2", "qwen2", type});
+  cases.push_back({"qwen2", "qwen3", "IQ4_XS", "qwen3-tiny"});
   // phi3-tiny: fused qkv and gate/up, partial rotary, LongRoPE (short) factors.
   for (const char* type : {"F16", "Q4_0"}) cases.push_back({"phi-3", "phi3", type, "phi3-tiny"});
   cases.push_back({"phi-3", "phi3", "Q4_K_M", "phi3-tiny", /*greedy=*/false});
@@ -253,6 +258,13 @@ std::vector<ModelCase> Cases() {
     cases.push_back({"qwen2", "qwen3moe", type, "qwen3moe-tiny"});
   }
   cases.push_back({"qwen2", "qwen3moe", "Q4_0", "qwen3moe-tiny", /*greedy=*/false});
+  // gemma3-tiny: sliding-window layers (window 16, shorter than the context and the greedy
+  // run) beside a global one, post norms, GEGLU, scaled embeddings; the real 262k-token Gemma
+  // vocabulary (gemma-4's tokenizer), whose logits make each case ~30 s, so F16 and Q8_0 only
+  // (Q4_0 and Q4_K_M agree too: docs/performance.md).
+  for (const char* type : {"F16", "Q8_0"}) {
+    cases.push_back({"gemma-4", "gemma3", type, "gemma3-tiny"});
+  }
   return cases;
 }
 

@@ -199,6 +199,44 @@ TEST(RefKernels, AttentionIsStableForHugeScores) {
   EXPECT_EQ(out[1], -4.0f);
 }
 
+// A sliding window (1.4) of w: a query sees its own position and the w - 1 before it. Four
+// cached positions with values 1, 2, 4, 8 and equal scores: the output is the mean of the
+// visible ones. A shorter (1.3) struct reads as no window.
+TEST(RefKernels, AttentionWindowSeesTheLastPositions) {
+  float q[1] = {0}, k[4] = {1, 1, 1, 1}, v[4] = {1, 2, 4, 8}, out[1];
+  int32_t qs[2] = {0, 1}, lens[1] = {4}, table[1] = {0};
+  pc_attention_args_t a{sizeof(a), D(q), D(k), D(v), D(out), D(qs), D(lens), D(table),
+                        PC_DTYPE_F32, 1, 1, 1, 1, 1, 4, 1, 4, 1.0f};
+  const float want[] = {15.f / 4, 8.f, 12.f / 2, 14.f / 3, 15.f / 4, 15.f / 4};
+  for (int64_t w = 0; w <= 5; ++w) {
+    a.window = w;
+    ASSERT_EQ(RefLaunch(PC_OP_ATTENTION, &a, IdentityMemory()), nullptr);
+    EXPECT_FLOAT_EQ(out[0], want[w]) << "window " << w;
+  }
+  pc_attention_args_t old = a;
+  old.window = 1;  // beyond the old struct_size: ignored
+  old.struct_size = offsetof(pc_attention_args_t, window);
+  ASSERT_EQ(RefLaunch(PC_OP_ATTENTION, &old, IdentityMemory()), nullptr);
+  EXPECT_FLOAT_EQ(out[0], 15.f / 4);
+  a.window = -1;
+  EXPECT_NE(RefLaunch(PC_OP_ATTENTION, &a, IdentityMemory()), nullptr);
+}
+
+TEST(RefKernels, GegluAndScale) {
+  float g[4] = {0, 1, -2, 30}, u[4] = {5, 2, 3, 0.5f}, o[4];
+  pc_geglu_args_t ge{sizeof(ge), D(g), D(u), D(o), 4};
+  ASSERT_EQ(RefLaunch(PC_OP_GEGLU, &ge, IdentityMemory()), nullptr);
+  // gelu_tanh(1) = 0.841192, gelu_tanh(-2) = -0.045402 (the tanh approximation's values).
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_NEAR(o[1], 2 * 0.841192, 1e-5);
+  EXPECT_NEAR(o[2], 3 * -0.045402, 1e-5);
+  EXPECT_NEAR(o[3], 15.0, 1e-5);
+  pc_scale_args_t sc{sizeof(sc), D(g), D(g), 4, -0.5f};  // in place
+  ASSERT_EQ(RefLaunch(PC_OP_SCALE, &sc, IdentityMemory()), nullptr);
+  EXPECT_EQ(g[1], -0.5f);
+  EXPECT_EQ(g[3], -15.0f);
+}
+
 TEST(RefKernels, SwigluAddEmbeddingConvert) {
   float g[3] = {0, 1, -2}, u[3] = {5, 2, 3}, o[3];
   pc_swiglu_args_t sw{sizeof(sw), D(g), D(u), D(o), 3};

@@ -98,6 +98,12 @@ TEST(ChatTemplate, DetectsFamilyFromJinjaMarkers) {
                              "'<|assistant|>' + '\n'}}"),
             ChatFormat::kPhi3);
   EXPECT_EQ(DetectChatFormat("{{ '<start_of_turn>' + role + '\n' }}"), ChatFormat::kGemma);
+  // Gemma 3's template (google/gemma-3-*-it): the system text folded into the first user turn.
+  EXPECT_EQ(DetectChatFormat("{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set "
+                             "first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- endif "
+                             "-%}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if "
+                             "loop.first else \"\") }}{{ '<end_of_turn>\n' }}"),
+            ChatFormat::kGemma);
   EXPECT_EQ(DetectChatFormat(""), ChatFormat::kChatMl);  // the default
 }
 

@@ -37,7 +37,7 @@ typedef uint64_t pc_devptr_t;
  * ABI minor that added it). EMBEDDING gathers rows of a (possibly quantized) table; RMS_NORM,
  * MATMUL (y = x W^T (+ bias) (+ y), W of any weight dtype), ROPE (normal or NeoX pairing, YaRN),
  * KV_STORE and ATTENTION (paged, GQA, causal), SWIGLU, ADD, CONVERT (dtype conversion), MOE
- * (routed mixture-of-experts feed-forward, 1.3). */
+ * (routed mixture-of-experts feed-forward, 1.3), GEGLU and SCALE (1.4). */
 typedef enum pc_op {
 #define PC_OP(NAME, name, Name, id, ...) PC_OP_##NAME = id,
 #include "polychip/plugin/pc_ops.def"
@@ -168,7 +168,9 @@ typedef struct pc_kv_store_args {
  * included, already stored by KV_STORE). Its j-th query row (of n_q) is at position
  * seq_lens[s] - n_q + j and attends causally to positions 0..that position, found through
  * block_tables[s, position / block_size]. Query head h reads KV head h / (n_heads / n_kv_heads).
- * out = softmax(scale * q k^T) v, computed in F32. */
+ * out = softmax(scale * q k^T) v, computed in F32. With window > 0 (1.4, sliding-window
+ * attention: Gemma 2/3, Mistral) a query at position i sees only the keys at positions j with
+ * i - j < window, i.e. the last `window` positions up to its own. */
 typedef struct pc_attention_args {
   size_t struct_size;
   pc_devptr_t q;            /* f32 [n_tokens, n_heads, head_dim] */
@@ -188,6 +190,11 @@ typedef struct pc_attention_args {
   int64_t max_blocks_per_seq;
   int64_t max_seq_len;      /* upper bound of seq_lens, a sizing hint */
   float scale;              /* usually 1 / sqrt(head_dim) */
+  /* (1.4) Keys visible to a query: the last `window` positions up to its own; 0 = all of them
+   * (plain causal). Absent (an older host's shorter struct): 0. The host never asks a plugin
+   * older than 1.4 for a window (it would ignore the member): such a launch runs on the
+   * --op-fallback device or fails. */
+  int64_t window;
 } pc_attention_args_t;
 
 /* PC_OP_SWIGLU. out[i] = gate[i] / (1 + exp(-gate[i])) * up[i]. out may alias gate or up. */
@@ -198,6 +205,27 @@ typedef struct pc_swiglu_args {
   pc_devptr_t out;  /* f32 [n] */
   int64_t n;
 } pc_swiglu_args_t;
+
+/* PC_OP_GEGLU (1.4). out[i] = gelu(gate[i]) * up[i], with GELU's tanh approximation
+ *   gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (Gemma's feed-forward). out may alias gate or up. */
+typedef struct pc_geglu_args {
+  size_t struct_size;
+  pc_devptr_t gate; /* f32 [n] */
+  pc_devptr_t up;   /* f32 [n] */
+  pc_devptr_t out;  /* f32 [n] */
+  int64_t n;
+} pc_geglu_args_t;
+
+/* PC_OP_SCALE (1.4). out[i] = x[i] * scale (Gemma's embeddings times sqrt(n_embd)). out may
+ * alias x. */
+typedef struct pc_scale_args {
+  size_t struct_size;
+  pc_devptr_t x;   /* f32 [n] */
+  pc_devptr_t out; /* f32 [n] */
+  int64_t n;
+  float scale;
+} pc_scale_args_t;
 
 /* PC_OP_ADD. out[i] = a[i] + b[i]. out may alias a or b. */
 typedef struct pc_add_args {

@@ -39,6 +39,8 @@ const char* RefKernel(const pc_swiglu_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_add_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_convert_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_geglu_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_scale_args_t& a, const DeviceMemory& mem);
 
 // The shape/dtype/layout checks of one op's args (not the addresses), one overload per op;
 // ValidateOpArgs finds it by the args type. nullptr when valid.
@@ -52,6 +54,8 @@ const char* Validate(const pc_swiglu_args_t& a);
 const char* Validate(const pc_add_args_t& a);
 const char* Validate(const pc_convert_args_t& a);
 const char* Validate(const pc_moe_args_t& a);
+const char* Validate(const pc_geglu_args_t& a);
+const char* Validate(const pc_scale_args_t& a);
 
 // Byte size of an op's args struct as this SDK was compiled, 0 for an unknown op.
 size_t OpArgsSize(pc_op_t op);
@@ -71,6 +75,15 @@ bool RefSupports(const pc_op_query_t& query);
 // with cos/sin already scaled by the magnitude factor. Exposed for fast kernels and tests.
 void RopeCosSin(const pc_rope_args_t& a, int32_t position, int64_t pair, float freq_factor,
                 float* cos_theta, float* sin_theta);
+
+// GELU with the tanh approximation, as pc_geglu_args documents it (the reference of fast
+// kernels and tests).
+float GeluTanh(float x);
+
+// ATTENTION's window (1.4; 0 = none, also when the caller's struct predates the member) and the
+// first position a query at `position` sees.
+int64_t AttentionWindow(const pc_attention_args_t& a);
+int64_t AttentionFirstPosition(const pc_attention_args_t& a, int64_t position);
 
 // MOE's routing for one token as pc_moe_args documents it: the n_used experts of largest
 // softmax(logits[0..n_experts)) into experts[n_used] (by descending probability, ties to the

@@ -431,11 +431,14 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
       for (int64_t e = 0; e < hd; ++e) qt[e * ncols + v] = qv[e] * a.scale;
     }
     // Row offsets of this chunk and of the next, whose rows are prefetched (they arrive while
-    // this chunk is computed).
+    // this chunk is computed). A sliding window starts at the first position the task's first
+    // query sees.
+    const int64_t lo_pos = sdk::AttentionFirstPosition(a, first_pos);
     int64_t offsets[2][kAttnChunk];
-    ChunkRowOffsets(a, table, kvh, 0, std::min(kAttnChunk, last_pos + 1), offsets[0]);
-    PrefetchChunk(a, offsets[0], std::min(kAttnChunk, last_pos + 1));
-    for (int64_t p0 = 0, chunk = 0; p0 <= last_pos; p0 += kAttnChunk, ++chunk) {
+    ChunkRowOffsets(a, table, kvh, lo_pos, std::min(kAttnChunk, last_pos + 1 - lo_pos),
+                    offsets[0]);
+    PrefetchChunk(a, offsets[0], std::min(kAttnChunk, last_pos + 1 - lo_pos));
+    for (int64_t p0 = lo_pos, chunk = 0; p0 <= last_pos; p0 += kAttnChunk, ++chunk) {
       const int64_t pc = std::min(kAttnChunk, last_pos + 1 - p0);
       const int64_t* rows = offsets[chunk & 1];
       const int64_t next_pc = std::min(kAttnChunk, last_pos + 1 - (p0 + kAttnChunk));
@@ -448,17 +451,22 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
       GemmT(c, kf.data(), hd, pc, qt.data(), ncols, hd, ncols, st.data(), ncols);
       for (int64_t v = 0; v < nv; ++v) {
         float* p = pm.data() + v * kAttnChunk;
-        // Causal: query row r sees positions <= first_pos + r.
-        const int64_t valid = std::clamp<int64_t>(first_pos + v / group - p0 + 1, 0, pc);
+        // Causal: query row r sees positions <= first_pos + r (and, in a window, those after
+        // its first visible position: the chunk's entries [skip, valid)).
+        const int64_t pos = first_pos + v / group;
+        const int64_t valid = std::clamp<int64_t>(pos - p0 + 1, 0, pc);
+        const int64_t skip = std::clamp<int64_t>(sdk::AttentionFirstPosition(a, pos) - p0, 0,
+                                                 valid);
         float m = mx[v];
-        for (int64_t j = 0; j < valid; ++j) {
+        for (int64_t j = skip; j < valid; ++j) {
           p[j] = st[j * ncols + v];
           m = std::max(m, p[j]);
         }
+        std::fill(p, p + skip, 0.f);
         std::fill(p + valid, p + kAttnChunk, 0.f);
-        if (valid == 0) continue;
+        if (valid == skip) continue;
         const float rescale = std::exp(mx[v] - m);  // 0 on the first chunk (mx = -inf)
-        sum[v] = sum[v] * rescale + c.k->exp_sum(p, m, p, valid);
+        sum[v] = sum[v] * rescale + c.k->exp_sum(p + skip, m, p + skip, valid - skip);
         if (rescale != 1.f) c.k->scale_f32(rescale, o.data() + v * hd, hd);
         mx[v] = m;
       }
@@ -512,6 +520,18 @@ const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a) {
   if (!x || !out) return "null operand";
   ParallelRange(c, a.n_rows, ChunkSize(a.n_rows, c.pool->size(), 8), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) c.k->rms_norm(x + r * a.dim, w, out + r * a.dim, a.dim, a.eps);
+  });
+  return nullptr;
+}
+
+const char* Geglu(const OpContext& c, const pc_geglu_args_t& a) {
+  const auto* g = Ptr<const float>(a.gate);
+  const auto* u = Ptr<const float>(a.up);
+  auto* out = Ptr<float>(a.out);
+  if (a.n == 0) return nullptr;
+  if (!g || !u || !out) return "null operand";
+  ParallelRange(c, a.n, ChunkSize(a.n, c.pool->size(), 16384), [&](int64_t i0, int64_t i1) {
+    c.k->geglu(g + i0, u + i0, out + i0, i1 - i0);
   });
   return nullptr;
 }

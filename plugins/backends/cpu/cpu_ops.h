@@ -21,6 +21,7 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a);
 const char* Rope(const OpContext& c, const pc_rope_args_t& a);
 const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a);
 const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a);
+const char* Geglu(const OpContext& c, const pc_geglu_args_t& a);
 // MOE, each weight in any of the plugin's layouts (moe.cc); a.*_layout are not validated here.
 const char* Moe(const OpContext& c, const pc_moe_args_t& a);
 // EMBEDDING whose table is in one of the plugin's layouts (kLayoutPacked or kLayoutPanel;

@@ -41,6 +41,8 @@ struct KernelTable {
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x
   void (*scale_f32)(float a, float* y, int64_t n);                 // y *= a
   void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);
+  // out = gelu_tanh(gate) * up (sdk::GeluTanh)
+  void (*geglu)(const float* gate, const float* up, float* out, int64_t n);
   // dst[r * n + e] = element e of the row at cache + offsets[r], as f32, in a KV cache of
   // dtype (F16, BF16, F32).
   void (*cache_rows_to_f32)(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,

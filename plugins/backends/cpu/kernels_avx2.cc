@@ -244,7 +244,7 @@ const KernelTable& Avx2Kernels() {
       "avx2",          Isa::kAvx2,       avx2::QuantizeRow, avx2::GemmPacked,
       avx2::DotF32,    avx2::Dot4F32, avx2::Dot4x4F32,    avx2::DotF16,      avx2::DotBf16,
       avx2::F16ToF32Row, avx2::Bf16ToF32Row, avx2::AxpyF32, avx2::ScaleF32,
-      avx2::Swiglu,    avx2::CacheRowsToF32, avx2::ExpSum,    avx2::RmsNorm,
+      avx2::Swiglu,    avx2::Geglu,    avx2::CacheRowsToF32, avx2::ExpSum,    avx2::RmsNorm,
       /*gemm_t_f32=*/nullptr, avx2::GemmPanel,
   };
   return t;

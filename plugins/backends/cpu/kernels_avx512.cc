@@ -302,7 +302,8 @@ const KernelTable& Avx512Kernels() {
       "avx512",          Isa::kAvx512,       avx512::QuantizeRow, avx512::GemmPacked,
       avx512::DotF32,    avx512::Dot4F32, avx512::Dot4x4F32,    avx512::DotF16,      avx512::DotBf16,
       avx512::F16ToF32Row, avx512::Bf16ToF32Row, avx512::AxpyF32, avx512::ScaleF32,
-      avx512::Swiglu,    avx512::CacheRowsToF32, avx512::ExpSum,    avx512::RmsNorm,     avx512::GemmTF32,
+      avx512::Swiglu,    avx512::Geglu,    avx512::CacheRowsToF32, avx512::ExpSum,
+      avx512::RmsNorm,   avx512::GemmTF32,
       avx512::GemmPanel,
   };
   return t;

@@ -86,7 +86,8 @@ const KernelTable& ScalarKernels() {
       "scalar",          Isa::kScalar,       scalar::QuantizeRow, scalar::GemmPacked,
       scalar::DotF32,    scalar::Dot4F32, scalar::Dot4x4F32,    scalar::DotF16,      scalar::DotBf16,
       scalar::F16ToF32Row, scalar::Bf16ToF32Row, scalar::AxpyF32, scalar::ScaleF32,
-      scalar::Swiglu,    scalar::CacheRowsToF32, scalar::ExpSum,    scalar::RmsNorm,
+      scalar::Swiglu,    scalar::Geglu,    scalar::CacheRowsToF32, scalar::ExpSum,
+      scalar::RmsNorm,
   };
   return t;
 }

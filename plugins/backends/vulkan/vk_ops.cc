@@ -401,10 +401,12 @@ pc_error_t* Attention(Launcher& L, const pc_attention_args_t& a) {
     uint32_t kc_lo, kc_hi, vc_lo, vc_hi, q_off, o_off, qs_off, sl_off, bt_off;
     uint32_t n_tokens, n_seqs, n_heads, n_kv_heads, head_dim, block_size, max_blocks, dtype;
     float scale;
+    uint32_t window;  // 0: none (1.4; an older host's struct has no window)
   } push{U32(kc), U32(kc >> 32), U32(vc), U32(vc >> 32), w[0].first / 4, w[1].first / 4,
          w[2].first / 4, w[3].first / 4, w[4].first / 4, U32(a.n_tokens), U32(a.n_seqs),
          U32(a.n_heads), U32(a.n_kv_heads), U32(a.head_dim), U32(a.block_size),
-         U32(a.max_blocks_per_seq), CacheCode(a.cache_dtype), a.scale};
+         U32(a.max_blocks_per_seq), CacheCode(a.cache_dtype), a.scale,
+         U32(std::min<int64_t>(sdk::AttentionWindow(a), UINT32_MAX))};
   return L.Dispatch(*k, w, &push, sizeof(push), a.n_tokens * a.n_heads);
 }
 

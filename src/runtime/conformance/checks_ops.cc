@@ -328,7 +328,9 @@ Verdict KvStore(Harness& h, pc_dtype_t cache_dtype) {
 }
 
 // ---- ATTENTION --------------------------------------------------------------------------------
-enum class AttnCase { kDecode, kPrefill, kMixed };
+// kWindow, kWindowPrefill: the sliding window of ABI 1.4 (shorter than a block, and across
+// blocks), asked only of a 1.4 plugin.
+enum class AttnCase { kDecode, kPrefill, kMixed, kWindow, kWindowPrefill };
 
 Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
   // Per sequence: its length in the cache and its number of new query rows.
@@ -338,16 +340,19 @@ Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
   if (c == AttnCase::kDecode) {  // GQA 8:2, one row per sequence, lengths incl. 1 and a block edge
     seq_lens = {37, 1, 70, 16}, n_q = {1, 1, 1, 1};
     s.n_heads = 8, s.n_kv_heads = 2, s.head_dim = 64;
-  } else if (c == AttnCase::kPrefill) {  // MHA, whole prompts
+  } else if (c == AttnCase::kPrefill || c == AttnCase::kWindowPrefill) {  // MHA, whole prompts
     seq_lens = {23, 40}, n_q = {23, 40};
     s.n_heads = 4, s.n_kv_heads = 4, s.head_dim = 64;
+    if (c == AttnCase::kWindowPrefill) s.window = 20;
   } else {  // a prefill chunk after a cached prefix, a decode and a whole prompt in one batch
     seq_lens = {39, 17, 12}, n_q = {9, 1, 12};
     s.n_heads = 6, s.n_kv_heads = 2, s.head_dim = 128;
+    if (c == AttnCase::kWindow) s.window = 7;
   }
   const pc_shape_class_t shape = c == AttnCase::kDecode    ? PC_SHAPE_DECODE
                                  : c == AttnCase::kPrefill ? PC_SHAPE_PREFILL
                                                            : PC_SHAPE_ANY;
+  if (s.window > 0 && h.api->abi_minor < 4) return NotClaimed();  // the member came in 1.4
   if (!h.Supports(PC_OP_ATTENTION, {cache_dtype}, shape)) return NotClaimed();
   s.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
 
@@ -394,6 +399,7 @@ Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
   a.max_blocks_per_seq = s.max_blocks_per_seq;
   a.max_seq_len = *std::max_element(seq_lens.begin(), seq_lens.end());
   a.scale = s.scale;
+  a.window = s.window;
   PCC_TRY(h.Launch(PC_OP_ATTENTION, &a));
   PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, q.size()));
   return CompareOutputs(out, expected, AttentionTolerance(cache_dtype));
@@ -414,6 +420,39 @@ Verdict Swiglu(Harness& h, bool aliased) {
   PCC_TRY(h.Launch(PC_OP_SWIGLU, &a));
   PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n));
   return CompareOutputs(out, ref::Swiglu(gate, up), 1e-5);
+}
+
+Verdict Geglu(Harness& h, bool aliased) {
+  if (!h.Supports(PC_OP_GEGLU, {PC_DTYPE_F32})) return NotClaimed();
+  const int64_t n = 10007;
+  std::vector<float> gate = h.RandomFloats(n, -6, 6), up = h.RandomFloats(n, -2, 2);
+  PCC_ASSIGN(pc_devptr_t d_g, h.UploadVec(gate));
+  PCC_ASSIGN(pc_devptr_t d_u, h.UploadVec(up));
+  pc_devptr_t d_out = d_g;
+  if (!aliased) {
+    PCC_ASSIGN(d_out, h.Alloc(n * sizeof(float)));
+  }
+  pc_geglu_args_t a{sizeof(pc_geglu_args_t), d_g, d_u, d_out, n};
+  PCC_TRY(h.Launch(PC_OP_GEGLU, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n));
+  return CompareOutputs(out, ref::Geglu(gate, up), 1e-5);
+}
+
+Verdict Scale(Harness& h, bool aliased) {
+  if (!h.Supports(PC_OP_SCALE, {PC_DTYPE_F32})) return NotClaimed();
+  const int64_t n = 10007;
+  const float scale = -21.5f;
+  std::vector<float> x = h.RandomFloats(n, -4, 4), want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = x[i] * scale;
+  PCC_ASSIGN(pc_devptr_t d_x, h.UploadVec(x));
+  pc_devptr_t d_out = d_x;
+  if (!aliased) {
+    PCC_ASSIGN(d_out, h.Alloc(n * sizeof(float)));
+  }
+  pc_scale_args_t a{sizeof(pc_scale_args_t), d_x, d_out, n, scale};
+  PCC_TRY(h.Launch(PC_OP_SCALE, &a));
+  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n));
+  return CompareOutputs(out, want, 1e-7);  // one rounding: exact in float
 }
 
 Verdict Add(Harness& h, bool aliased) {
@@ -633,9 +672,16 @@ void AddOpChecks(std::vector<Check>& checks) {
     add(base + ".decode", [d](Harness& h) { return Attention(h, d, AttnCase::kDecode); });
     add(base + ".prefill", [d](Harness& h) { return Attention(h, d, AttnCase::kPrefill); });
     add(base + ".mixed", [d](Harness& h) { return Attention(h, d, AttnCase::kMixed); });
+    add(base + ".window", [d](Harness& h) { return Attention(h, d, AttnCase::kWindow); });
+    add(base + ".window_prefill",
+        [d](Harness& h) { return Attention(h, d, AttnCase::kWindowPrefill); });
   }
   add("op.swiglu", [](Harness& h) { return Swiglu(h, false); });
   add("op.swiglu.aliased", [](Harness& h) { return Swiglu(h, true); });
+  add("op.geglu", [](Harness& h) { return Geglu(h, false); });
+  add("op.geglu.aliased", [](Harness& h) { return Geglu(h, true); });
+  add("op.scale", [](Harness& h) { return Scale(h, false); });
+  add("op.scale.in_place", [](Harness& h) { return Scale(h, true); });
   add("op.add", [](Harness& h) { return Add(h, false); });
   add("op.add.aliased", [](Harness& h) { return Add(h, true); });
   for (pc_dtype_t s : kFloatDtypes) {

@@ -162,9 +162,10 @@ std::vector<float> Attention(const std::vector<float>& q, const std::vector<floa
           const int64_t slot = block * s.block_size + t % s.block_size;
           return (slot * s.n_kv_heads + kvh) * d;
         };
-        std::vector<double> scores(pos + 1);
+        const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
+        std::vector<double> scores(pos + 1, -INFINITY);  // exp(-inf) = 0 outside the window
         double max_score = -INFINITY;
-        for (int64_t t = 0; t <= pos; ++t) {
+        for (int64_t t = first; t <= pos; ++t) {
           const int64_t base = cache_row(t);
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += double(qrow[c]) * k_cache[base + c];
@@ -175,11 +176,21 @@ std::vector<float> Attention(const std::vector<float>& q, const std::vector<floa
         for (double& sc : scores) denom += (sc = std::exp(sc - max_score));
         for (int64_t c = 0; c < d; ++c) {
           double acc = 0;
-          for (int64_t t = 0; t <= pos; ++t) acc += scores[t] * v_cache[cache_row(t) + c];
+          for (int64_t t = first; t <= pos; ++t) acc += scores[t] * v_cache[cache_row(t) + c];
           out[(token * s.n_heads + h) * d + c] = static_cast<float>(acc / denom);
         }
       }
     }
+  }
+  return out;
+}
+
+std::vector<float> Geglu(const std::vector<float>& gate, const std::vector<float>& up) {
+  std::vector<float> out(gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double g = gate[i];
+    const double u = std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g);
+    out[i] = static_cast<float>(0.5 * g * (1.0 + std::tanh(u)) * up[i]);
   }
   return out;
 }

@@ -64,6 +64,7 @@ struct AttentionShape {
   int64_t block_size = 0;
   int64_t max_blocks_per_seq = 0;
   float scale = 1.0f;
+  int64_t window = 0;  // > 0: a query sees the last `window` positions up to its own
 };
 std::vector<float> Attention(const std::vector<float>& q, const std::vector<float>& k_cache,
                              const std::vector<float>& v_cache,
@@ -73,6 +74,8 @@ std::vector<float> Attention(const std::vector<float>& q, const std::vector<floa
 
 // out[i] = gate[i] * sigmoid(gate[i]) * up[i]
 std::vector<float> Swiglu(const std::vector<float>& gate, const std::vector<float>& up);
+// out[i] = gelu_tanh(gate[i]) * up[i] (pc_geglu_args_t's formula, in double)
+std::vector<float> Geglu(const std::vector<float>& gate, const std::vector<float>& up);
 // out[i] = a[i] + b[i]
 std::vector<float> Add(const std::vector<float>& a, const std::vector<float>& b);
 

@@ -3,7 +3,8 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_buffer_reference_uvec2 : require
-// Paged causal attention with GQA, prefill and decode alike: one workgroup per (query row, head).
+// Paged causal attention with GQA (optionally in a sliding window), prefill and decode alike: one
+// workgroup per (query row, head).
 // The row's positions go by in tiles of 64 (one per invocation for the scores, then every
 // invocation accumulates its own output dimensions) with an online softmax, so any context
 // length fits in fixed shared memory. Caches by device address (see kv_store.comp).
@@ -19,6 +20,7 @@ layout(push_constant) uniform P {
   uint q_off, o_off, qs_off, sl_off, bt_off;
   uint n_tokens, n_seqs, n_heads, n_kv_heads, head_dim, block_size, max_blocks, dtype;
   float scale;
+  uint window;  // 0: plain causal; else the last `window` positions up to the query's own
 } p;
 
 #define MAX_DIM 256u
@@ -53,7 +55,9 @@ void main() {
   [[unroll]] for (uint i = 0u; i < DIMS_PER; ++i) acc[i] = 0.0;
   float m_run = -1e30, l_run = 0.0;
   barrier();
-  for (uint tile = 0u; tile < n_ctx; tile += 64u) {
+  // A sliding window starts the tiles at the first visible position: no masking needed.
+  uint first = p.window > 0u && n_ctx > p.window ? n_ctx - p.window : 0u;
+  for (uint tile = first; tile < n_ctx; tile += 64u) {
     uint pos = tile + lid;
     float score = -1e30;
     if (pos < n_ctx) {
