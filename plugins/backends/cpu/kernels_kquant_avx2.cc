@@ -1,4 +1,4 @@
-// The plane-layout packed GEMM (kquant.h: the K-quants and Q5_0) with AVX2: 8 weight rows per vector (a 16-row group is two
+// The plane-layout packed GEMM (kquant.h: the K-quants, Q5_0 and Q5_1) with AVX2: 8 weight rows per vector (a 16-row group is two
 // halves). Without VNNI the u8 x s8 products go through vpmaddubsw: each 16-bit lane holds two
 // products, so the pairs of as many 4-element chunks as cannot overflow (quants below 2^bits
 // times |activation| <= 127) are summed in 16 bits before one vpmaddwd widens them.
@@ -152,8 +152,11 @@ void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
 
 void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
-  if (!f.sub_scales)  // Q5_0
-    return Gemm<4, 1, false, false, false, false>(f, group, kb, x, x_stride, m, tile);
+  if (!f.sub_scales) {
+    if (f.has_min)  // Q5_1
+      return Gemm<4, 1, false, true, false, false>(f, group, kb, x, x_stride, m, tile);
+    return Gemm<4, 1, false, false, false, false>(f, group, kb, x, x_stride, m, tile);  // Q5_0
+  }
   if (f.low_bits == 2) {
     if (f.high_bits == 1)  // Q3_K
       return Gemm<2, 1, true, false, false, true>(f, group, kb, x, x_stride, m, tile);

@@ -1,4 +1,4 @@
-// The plane-layout packed GEMM (kquant.h: the K-quants and Q5_0) with AVX-512 VNNI: 16 weight rows per vector, one
+// The plane-layout packed GEMM (kquant.h: the K-quants, Q5_0 and Q5_1) with AVX-512 VNNI: 16 weight rows per vector, one
 // vpdpbusd per 4 elements of all 16 rows. Each cell's quants are rebuilt from their bit planes
 // with shifts and masks, its integer scales widened to f32 and multiplied by the super-block's
 // f16 d (exact), once per cell for every activation row of the tile.
@@ -149,8 +149,11 @@ void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
 
 void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
-  if (!f.sub_scales)  // Q5_0
-    return Gemm<4, 1, false, false, false, false>(f, group, kb, x, x_stride, m, tile);
+  if (!f.sub_scales) {
+    if (f.has_min)  // Q5_1
+      return Gemm<4, 1, false, true, false, false>(f, group, kb, x, x_stride, m, tile);
+    return Gemm<4, 1, false, false, false, false>(f, group, kb, x, x_stride, m, tile);  // Q5_0
+  }
   if (f.low_bits == 2) {
     if (f.high_bits == 1)  // Q3_K
       return Gemm<2, 1, true, false, false, true>(f, group, kb, x, x_stride, m, tile);

@@ -1,4 +1,4 @@
-// Repacking GGUF K-quant super-blocks and Q5_0 blocks into the plane layout of kquant.h, and
+// Repacking GGUF K-quant super-blocks and Q5_0/Q5_1 blocks into the plane layout of kquant.h, and
 // back.
 #include "kquant.h"
 
@@ -42,13 +42,17 @@ void ScaleMin12(const uint8_t* q, int j, int* sc, int* m) {
 void Decode(pc_dtype_t dtype, const uint8_t* b, SuperBlock* s) {
   s->dmin = 0;
   switch (dtype) {
-    case PC_DTYPE_Q5_0: {  // [d:f16][qh:4][qs:16]: bit e of qh is element e's fifth bit
+    case PC_DTYPE_Q5_0:    // [d:f16][qh:4][qs:16]: bit e of qh is element e's fifth bit
+    case PC_DTYPE_Q5_1: {  // [d:f16][m:f16][qh:4][qs:16]: weight d * q + m, so dmin = -m
+      const bool min = dtype == PC_DTYPE_Q5_1;
       s->d = Load16(b);
+      if (min) s->dmin = Load16(b + 2) ^ 0x8000;  // f16 negation: the sign bit
+      const uint8_t* qhp = b + (min ? 4 : 2);
       uint32_t qh;
-      std::memcpy(&qh, b + 2, 4);
+      std::memcpy(&qh, qhp, 4);
       for (int e = 0; e < 16; ++e) {
-        s->u[e] = static_cast<uint8_t>((b[6 + e] & 0xF) | (((qh >> e) & 1) << 4));
-        s->u[e + 16] = static_cast<uint8_t>((b[6 + e] >> 4) | (((qh >> (e + 16)) & 1) << 4));
+        s->u[e] = static_cast<uint8_t>((qhp[4 + e] & 0xF) | (((qh >> e) & 1) << 4));
+        s->u[e + 16] = static_cast<uint8_t>((qhp[4 + e] >> 4) | (((qh >> (e + 16)) & 1) << 4));
       }
       break;
     }
@@ -128,9 +132,10 @@ void PutField(uint8_t* plane, int bits, int r, int e, int v) {
 bool PlaneFormatOf(pc_dtype_t dtype, PackedFormat* f) {
   PackedFormat p;
   p.planes = true;
-  p.sub_scales = dtype != PC_DTYPE_Q5_0;
+  p.sub_scales = dtype != PC_DTYPE_Q5_0 && dtype != PC_DTYPE_Q5_1;
   switch (dtype) {
     case PC_DTYPE_Q5_0: p.low_bits = 4, p.high_bits = 1, p.offset = 16; break;
+    case PC_DTYPE_Q5_1: p.low_bits = 4, p.high_bits = 1, p.has_min = true; break;
     case PC_DTYPE_Q2_K:
       p.low_bits = 2, p.half_scales = true, p.has_min = true, p.nibble_scales = true;
       break;

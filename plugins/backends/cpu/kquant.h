@@ -1,13 +1,14 @@
 // The bit-plane packed layout: the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) exact and about the
-// size of their GGUF blocks, and Q5_0 at its GGUF size.
+// size of their GGUF blocks, and Q5_0/Q5_1 at their GGUF size.
 //
 // A K-quant super-block (256 elements) has an f16 factor d (and dmin) and 8 or 16 integer
 // sub-block scales (and mins); a weight is d * sc * (q - offset) - dmin * m. Folding d * sc
 // into one f16 per sub-block rounds it (off by up to 2^-11, enough to move a mixture-of-experts
 // router near a tie), so this layout keeps the integers and the f16 factors as they are and the
-// kernels multiply them in f32, where d * sc is exact (11 + 8 significant bits). Q5_0 is the
-// same with a super-block of one block and no sub-block scales (weight = d * (q - 16)): its
-// 5-bit quants in a 4-bit and a 1-bit plane instead of bytes (22 bytes per 32, not 34).
+// kernels multiply them in f32, where d * sc is exact (11 + 8 significant bits). Q5_0 and Q5_1
+// are the same with a super-block of one block and no sub-block scales (weight d * (q - 16),
+// or d * q + m with dmin = -m): their 5-bit quants in a 4-bit and a 1-bit plane instead of
+// bytes (22 and 24 bytes per 32, as in the file, not 34 and 36).
 //
 // Per group of kPackRows (16) rows and per super-block (8 blocks with sub_scales, else 1), in
 // memory order:
