@@ -125,9 +125,12 @@ StatusOr<json> ListPlugins(const runtime::RuntimeConfig& config, ListingScope sc
   } else {
     if (scope == ListingScope::kDiscovered) {
       PC_ASSIGN_OR_RETURN(selection, runtime::SelectPlugins(config, /*load_all_if_unset=*/true));
+      std::vector<runtime::PluginFile> comm_files;
       for (const auto& f :
            runtime::DiscoverPlugins(runtime::PluginSearchPath(config.extra_search_path))) {
-        if (f.kind != PluginKind::kComm || f.shadowed) continue;
+        if (f.kind == PluginKind::kComm && !f.shadowed) comm_files.push_back(f);
+      }
+      for (const auto& f : runtime::ProbedSafely(comm_files, &selection.reports)) {
         runtime::LoadReport report;
         (void)runtime::LoadCommFromPath(f.path, {}, &report);
         selection.reports.push_back(report);

@@ -1,14 +1,9 @@
 #include "runtime/isolated_diagnosis.h"
 
 #include <dlfcn.h>
-#include <poll.h>
-#include <signal.h>
-#include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include <fmt/format.h>
@@ -16,23 +11,15 @@
 
 #include "polychip/plugin/pc_backend.h"
 #include "polychip/plugin/pc_comm.h"
+#include "runtime/child_process.h"
 
 namespace polychip::runtime {
 namespace {
 
 using nlohmann::json;
 
-void WriteAll(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t n = write(fd, s.data() + off, s.size() - off);
-    if (n <= 0) return;
-    off += static_cast<size_t>(n);
-  }
-}
-
 // In the child: say which step comes next (one line each), then the report as JSON.
-[[noreturn]] void ChildMain(int fd, const std::string& path, PluginKind kind) {
+void ChildMain(int fd, const std::string& path, PluginKind kind) {
   const bool backend = kind == PluginKind::kBackend;
   WriteAll(fd, "stage dlopen\n");
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -54,71 +41,16 @@ void WriteAll(int fd, const std::string& s) {
                   {"version", r.version}, {"abi_major", r.abi_major},
                   {"abi_minor", r.abi_minor}, {"missing", r.missing_libraries}};
   WriteAll(fd, "report " + j.dump() + "\n");
-  _exit(0);
 }
 
-std::string SignalName(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
-}  // namespace
-
-double ProbeTimeoutSeconds() {
-  const char* env = std::getenv("POLYCHIP_PROBE_TIMEOUT_S");
-  if (env != nullptr && *env) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    if (*end == '\0' && v > 0) return v;
-  }
-  return 5;
-}
-
-LoadReport DiagnosePluginInChild(const std::string& path, PluginKind kind,
-                                          double timeout_s) {
+// The report of the child that inspected `path`, from what it wrote and how it ended.
+LoadReport ReportFromChild(const std::string& path, PluginKind kind, const ChildOutcome& child,
+                           double timeout_s) {
+  if (!child.started) return DiagnosePlugin(path, kind);
   LoadReport report;
   report.path = path;
   report.kind = kind;
-  int fds[2];
-  if (pipe(fds) != 0) return DiagnosePlugin(path, kind);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return DiagnosePlugin(path, kind);
-  }
-  if (pid == 0) {
-    close(fds[0]);
-    ChildMain(fds[1], path, kind);
-  }
-  close(fds[1]);
-  std::string out;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  bool eof = false, timed_out = false;
-  while (!eof) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-    char buf[4096];
-    const ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n <= 0) {
-      eof = true;
-    } else {
-      out.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fds[0]);
-  if (timed_out) kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-
+  const std::string& out = child.output;
   std::string stage = "dlopen";
   json parsed;
   for (size_t at = 0; at < out.size();) {
@@ -144,15 +76,48 @@ LoadReport DiagnosePluginInChild(const std::string& path, PluginKind kind,
   }
   report.usable = false;
   report.stage = stage;
-  if (timed_out) {
+  if (child.timed_out) {
     report.reason = fmt::format("{} did not return in {} s", stage, timeout_s);
-  } else if (WIFSIGNALED(status)) {
-    report.reason = fmt::format("crashed in {}: {}", stage, SignalName(WTERMSIG(status)));
+  } else if (child.signal != 0) {
+    report.reason = fmt::format("crashed in {}: {}", stage, SignalName(child.signal));
   } else {
-    report.reason = fmt::format("the inspecting process exited with status {} in {}",
-                                WIFEXITED(status) ? WEXITSTATUS(status) : -1, stage);
+    report.reason =
+        fmt::format("the inspecting process exited with status {} in {}", child.exit_status, stage);
   }
   return report;
+}
+
+}  // namespace
+
+double ProbeTimeoutSeconds() {
+  const char* env = std::getenv("POLYCHIP_PROBE_TIMEOUT_S");
+  if (env != nullptr && *env) {
+    char* end = nullptr;
+    const double v = std::strtod(env, &end);
+    if (*end == '\0' && v > 0) return v;
+  }
+  return 5;
+}
+
+LoadReport DiagnosePluginInChild(const std::string& path, PluginKind kind, double timeout_s) {
+  const ChildOutcome child = RunInChild([&](int fd) { ChildMain(fd, path, kind); }, timeout_s);
+  return ReportFromChild(path, kind, child, timeout_s);
+}
+
+std::vector<LoadReport> DiagnosePluginsInChildren(const std::vector<PluginFile>& files,
+                                                  double timeout_s) {
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (const PluginFile& f : files) {
+    children.push_back(std::make_unique<ChildProcess>(
+        [&](int fd) { ChildMain(fd, f.path, f.kind); }));
+  }
+  const auto deadline = DeadlineIn(timeout_s);
+  std::vector<LoadReport> reports;
+  for (size_t i = 0; i < files.size(); ++i) {
+    reports.push_back(
+        ReportFromChild(files[i].path, files[i].kind, children[i]->Wait(deadline), timeout_s));
+  }
+  return reports;
 }
 
 }  // namespace polychip::runtime

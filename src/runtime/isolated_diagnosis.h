@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "runtime/plugin_loader.h"
 
@@ -15,7 +16,10 @@ namespace polychip::runtime {
 // Seconds a plugin's inspection may take: POLYCHIP_PROBE_TIMEOUT_S, default 5.
 double ProbeTimeoutSeconds();
 
-LoadReport DiagnosePluginInChild(const std::string& path, PluginKind kind,
-                                          double timeout_s);
+LoadReport DiagnosePluginInChild(const std::string& path, PluginKind kind, double timeout_s);
+
+// DiagnosePluginInChild for each file, the children running at once (one deadline for all).
+std::vector<LoadReport> DiagnosePluginsInChildren(const std::vector<PluginFile>& files,
+                                                  double timeout_s);
 
 }  // namespace polychip::runtime

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "runtime/abi_internal.h"
+#include "runtime/isolated_diagnosis.h"
 
 namespace polychip::runtime {
 namespace fs = std::filesystem;
@@ -743,6 +744,21 @@ void PluginRegistry::Clear() {
 
 // ---- selection ---------------------------------------------------------------------------
 
+std::vector<PluginFile> ProbedSafely(const std::vector<PluginFile>& files,
+                                     std::vector<LoadReport>* reports) {
+  std::vector<PluginFile> sane;
+  const std::vector<LoadReport> probed = DiagnosePluginsInChildren(files, ProbeTimeoutSeconds());
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (probed[i].usable) {
+      sane.push_back(files[i]);
+      continue;
+    }
+    Log().warn("skipped plugin {}: {}", files[i].path, probed[i].reason);
+    if (reports != nullptr) reports->push_back(probed[i]);
+  }
+  return sane;
+}
+
 StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_unset) {
   Selection sel;
   const std::vector<std::string> search = PluginSearchPath(config.extra_search_path);
@@ -777,8 +793,11 @@ StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_
     Log().info("backend '{}' selected by {}", sel.backend->name(), source);
   } else if (load_all_if_unset) {
     int best_score = INT32_MIN;
+    std::vector<PluginFile> files;
     for (const PluginFile& f : DiscoverPlugins(search)) {
-      if (f.kind != PluginKind::kBackend || f.shadowed) continue;
+      if (f.kind == PluginKind::kBackend && !f.shadowed) files.push_back(f);
+    }
+    for (const PluginFile& f : ProbedSafely(files, &sel.reports)) {
       LoadReport report;
       auto b = LoadBackendFromPath(f.path, {}, &report);
       sel.reports.push_back(report);

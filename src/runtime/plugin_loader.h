@@ -185,6 +185,15 @@ class PluginRegistry {
 // path if given, else by name on the search path); with no backend configured and
 // `load_all_if_unset`, loads every backend discovered (failures are then only logged) and
 // returns the highest-probe-score one. Errors name every path tried.
+// The files whose inspection in a child process (DiagnosePluginInChild, all at once, within
+// POLYCHIP_PROBE_TIMEOUT_S) found them usable, for loading in this process; each other one is
+// logged ("skipped plugin <path>: crashed in probe: SIGSEGV") and its report appended to
+// `reports`. Discovery goes through here, so a plugin on the search path that crashes or hangs
+// in its constructor, probe or get_api cannot take down or hang a command that did not ask for
+// it (issue 16).
+std::vector<PluginFile> ProbedSafely(const std::vector<PluginFile>& files,
+                                     std::vector<LoadReport>* reports);
+
 struct Selection {
   std::shared_ptr<Backend> backend;   // the chosen backend (null only if none was found)
   std::shared_ptr<CommPlugin> comm;   // null unless configured

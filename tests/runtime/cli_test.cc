@@ -111,6 +111,31 @@ TEST(CliTest, DoctorSurvivesAProbeThatCrashesOrHangs) {
   EXPECT_THAT(hang.out, HasSubstr("usable: goodfake 0.0.1-test"));
 }
 
+// Issue 16: `devices` with no backend asked for probes every plugin of the search path in a child
+// process first, so one whose probe segfaults or never returns is skipped with its reason and
+// the others are still listed.
+TEST(CliTest, DevicesSkipsAProbeThatCrashesOrHangs) {
+  CommandResult crash = RunPolychip("ASAN_OPTIONS=handle_segv=0 PCTEST_PROBE=crash " + kTestPath,
+                                    "devices", true);
+  EXPECT_EQ(crash.exit_code, 0) << crash.out;
+  EXPECT_THAT(crash.out, HasSubstr("skipped plugin " PCTEST_PLUGIN_DIR
+                                   "/libpolychip_backend_probeenv.so: crashed in probe: SIGSEGV"));
+  EXPECT_THAT(crash.out, HasSubstr("goodfake"));
+  CommandResult hang = RunPolychip("PCTEST_PROBE=hang POLYCHIP_PROBE_TIMEOUT_S=1 " + kTestPath,
+                                   "devices --json", false);
+  ASSERT_EQ(hang.exit_code, 0) << hang.out;
+  auto j = nlohmann::json::parse(hang.out);
+  bool named = false;
+  for (const auto& f : j["failed"]) {
+    named |= f["path"] == PCTEST_PLUGIN_DIR "/libpolychip_backend_probeenv.so" &&
+             f["reason"] == "probe did not return in 1 s";
+  }
+  EXPECT_TRUE(named) << hang.out;
+  bool listed = false;
+  for (const auto& b : j["backends"]) listed |= b["name"] == "goodfake";
+  EXPECT_TRUE(listed) << hang.out;
+}
+
 // The emu plugin is written by another part of the project; check it once it is built.
 TEST(CliTest, EmuDevicesJson) {
   const std::string emu = POLYCHIP_BUILD_DIR "/lib/polychip/libpolychip_backend_emu.so";
