@@ -119,7 +119,8 @@ double Probe(int port, const std::string& request) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+  const auto sent = send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  if (sent != static_cast<ssize_t>(request.size())) {
     close(fd);
     return -1;
   }
@@ -184,7 +185,8 @@ int main(int argc, char** argv) {
   std::vector<double> health_ms, completion_ms;
   int health_failed = 0, completion_failed = 0;
   std::thread probes([&] {
-    const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    const std::string health =
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     const std::string body = R"({"prompt":"hi","max_tokens":1})";
     const std::string completion =
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"

@@ -186,8 +186,10 @@ class HttpServer::Impl {
     http_.Get("/", Guard([](const auto&, auto& res) {
                res.set_content(std::string(ChatPageHtml()), "text/html; charset=utf-8");
              }, false));
+    // On the event thread: /health answers even when every worker is busy.
     http_.Get("/health", Guard([](const auto&, auto& res) { SendJson(res, 200, json::object()); },
-                               false));
+                               false),
+              HttpTransport::RunOn::kEventThread);
     // /health_generate runs the model and /metrics tells the load: behind the key like the
     // rest (an open /health_generate let anyone generate at full speed).
     http_.Get("/health_generate", Guard([this](const auto&, auto& res) { HealthGenerate(res); },

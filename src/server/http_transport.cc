@@ -175,8 +175,12 @@ class HttpTransport::Impl {
   char* drain_buffer() { return drain_buffer_; }
   size_t drain_buffer_size() const { return sizeof drain_buffer_; }
 
-  // Routing, on the event thread: the handler of a complete request, or null (404).
-  const Handler* Route(const httplib::Request& req) const {
+  struct Route {
+    Handler handler;
+    RunOn run_on = RunOn::kWorker;
+  };
+  // Routing, on the event thread: the route of a complete request, or null (404).
+  const Route* FindRoute(const httplib::Request& req) const {
     const auto& table = req.method == "POST" ? post_ : get_;
     if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") return nullptr;
     auto it = table.find(req.path);
@@ -195,7 +199,7 @@ class HttpTransport::Impl {
   void Register(Session* s, const std::string& client);
   void Unregister(Session* s, const std::string& client);
 
-  std::unordered_map<std::string, Handler> get_, post_;
+  std::unordered_map<std::string, Route> get_, post_;
   PreRoutingHook hook_;
   Handler error_handler_;
 
@@ -372,8 +376,9 @@ class Session : public std::enable_shared_from_this<Session> {
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        self->timer_.cancel();
                        if (ec == http::error::body_limit) {
-                         return self->Fail(413, fmt::format("the request body is larger than {} bytes",
-                                                            self->owner_->limits().max_body_bytes));
+                         return self->Fail(413, fmt::format(
+                                                    "the request body is larger than {} bytes",
+                                                    self->owner_->limits().max_body_bytes));
                        }
                        if (ec) return self->ReadFailed(ec);
                        self->Dispatch();
@@ -471,6 +476,22 @@ class Session : public std::enable_shared_from_this<Session> {
 
 };
 
+// Runs a handler; an exception becomes a 500.
+void RunHandler(const HttpTransport::Handler& handler, const httplib::Request& req,
+                httplib::Response& res) {
+  try {
+    handler(req, res);
+  } catch (const std::exception& e) {
+    spdlog::error("handler {} failed: {}", req.path, e.what());
+    res.status = 500;
+    res.body.clear();
+  } catch (...) {
+    res.status = 500;
+    res.body.clear();
+  }
+  if (res.status == -1) res.status = 200;
+}
+
 // Writes `res` (its body, or its content provider pulled to the end); false when the client
 // went away or stopped reading.
 bool WriteResponse(Session& s, const httplib::Request& req, httplib::Response& res,
@@ -523,18 +544,8 @@ void ServeRequest(std::shared_ptr<Session> s, std::shared_ptr<httplib::Request> 
   {
     httplib::Response res;  // destroyed before Finish(): a stream's releaser runs first
     t_current_session = s.get();
-    try {
-      (*handler)(*req, res);
-    } catch (const std::exception& e) {
-      spdlog::error("handler {} failed: {}", req->path, e.what());
-      res.status = 500;
-      res.body.clear();
-    } catch (...) {
-      res.status = 500;
-      res.body.clear();
-    }
+    RunHandler(*handler, *req, res);
     t_current_session = nullptr;
-    if (res.status == -1) res.status = 200;
     owner->FillError(*req, res);
     if (WantsClose(res)) keep_alive = false;
     written = WriteResponse(*s, *req, res, &keep_alive);
@@ -547,14 +558,20 @@ void Session::Dispatch() {
   const bool keep_alive = parser_->keep_alive();
   parser_.reset();
   std::shared_ptr<httplib::Request> req = std::move(req_);
-  const HttpTransport::Handler* handler = owner_->Route(*req);
-  if (handler == nullptr) {
+  const Impl::Route* route = owner_->FindRoute(*req);
+  if (route == nullptr || route->run_on == HttpTransport::RunOn::kEventThread) {
     req_ = req;
     httplib::Response res;
-    res.status = 404;
+    if (route == nullptr) {
+      res.status = 404;
+    } else {
+      RunHandler(route->handler, *req, res);
+    }
     owner_->FillError(*req, res);
+    if (WantsClose(res)) return Answer(std::move(res), /*keep_alive=*/false);
     return Answer(std::move(res), keep_alive);
   }
+  const HttpTransport::Handler* handler = &route->handler;
   // Nothing is read while the worker has the connection: a pipelined request waits in the
   // socket (or in buffer_) for Finish().
   owner_->RunOnWorker([self = shared_from_this(), req = std::move(req), handler, keep_alive,
@@ -690,18 +707,23 @@ void HttpTransport::Impl::CloseConnections() {
     if (!open.empty()) spdlog::info("shutdown: closed {} client connection(s)", open.size());
     done->Set(true);
   });
-  done->Get(std::chrono::seconds(2));  // without a running event loop there is nothing to close
+  // Once the event loop has ended (no connection was left) the task will not run: nothing is
+  // open then.
+  const auto give_up = Clock::now() + std::chrono::seconds(2);
+  while (!done->Get(std::chrono::milliseconds(10))) {
+    if (ioc_.stopped() || Clock::now() > give_up) break;
+  }
 }
 
 HttpTransport::HttpTransport(int worker_threads, HttpLimits limits)
     : impl_(std::make_unique<Impl>(worker_threads, limits)) {}
 HttpTransport::~HttpTransport() = default;
 
-void HttpTransport::Get(const std::string& path, Handler handler) {
-  impl_->get_[path] = std::move(handler);
+void HttpTransport::Get(const std::string& path, Handler handler, RunOn run_on) {
+  impl_->get_[path] = {std::move(handler), run_on};
 }
 void HttpTransport::Post(const std::string& path, Handler handler) {
-  impl_->post_[path] = std::move(handler);
+  impl_->post_[path] = {std::move(handler), RunOn::kWorker};
 }
 void HttpTransport::SetPreRoutingHook(PreRoutingHook hook) { impl_->hook_ = std::move(hook); }
 void HttpTransport::SetErrorHandler(Handler handler) {

@@ -31,9 +31,14 @@ class HttpTransport {
   HttpTransport(const HttpTransport&) = delete;
   HttpTransport& operator=(const HttpTransport&) = delete;
 
+  // Where a route's handler runs: a worker (the default; handlers may block), or the event
+  // thread itself, for a handler that answers at once and never streams (/health), so that it
+  // answers even when every worker is busy.
+  enum class RunOn { kWorker, kEventThread };
+
   // Routes by exact path (the query string is in req.params); HEAD is served by the GET route
   // without its body.
-  void Get(const std::string& path, Handler handler);
+  void Get(const std::string& path, Handler handler, RunOn run_on = RunOn::kWorker);
   void Post(const std::string& path, Handler handler);
   void SetPreRoutingHook(PreRoutingHook hook);
   // Called for every answer with status >= 400 (the transport's own 400/404/413/431 included),

@@ -665,16 +665,21 @@ bool SendAll(int fd, const std::string& data) {
   return true;
 }
 
-// What the server sends on `fd` within `seconds` (until it closes, or the time is up).
+// What the server sends on `fd` within `seconds`: until it closes, the time is up, or a
+// keep-alive answer's head has come (its small body comes in the same write).
 std::string ReadFor(int fd, double seconds) {
-  timeval tv{static_cast<time_t>(seconds), static_cast<suseconds_t>((seconds - static_cast<int>(seconds)) * 1e6)};
+  const auto whole = static_cast<time_t>(seconds);
+  timeval tv{whole, static_cast<suseconds_t>((seconds - static_cast<double>(whole)) * 1e6)};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   std::string out;
   char buf[4096];
   ssize_t n;
   while ((n = read(fd, buf, sizeof buf)) > 0) {
     out.append(buf, static_cast<size_t>(n));
-    if (out.find("\r\n\r\n") != std::string::npos && out.find("Connection: keep-alive") != std::string::npos) break;
+    if (out.find("\r\n\r\n") != std::string::npos &&
+        out.find("Connection: keep-alive") != std::string::npos) {
+      break;
+    }
   }
   return out;
 }
@@ -711,7 +716,8 @@ TEST(HttpTransport, IdleTricklingAndHalfSentConnectionsDoNotStarveTheServer) {
   for (int i = 0; i < 200; ++i) {
     const int fd = Connect(port);
     ASSERT_GE(fd, 0);
-    ASSERT_TRUE(SendAll(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"));
+    ASSERT_TRUE(SendAll(
+        fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"));
     half.push_back(fd);
   }
   std::vector<int> tricklers;
@@ -755,7 +761,8 @@ TEST(HttpTransport, TooManyOrTooLargeHeadersGet431) {
   for (int i = 0; i < 60; ++i) many += "X-H" + std::to_string(i) + ": 1\r\n";
   EXPECT_EQ(StatusAfterHead(s.http->port(), many + "\r\n"),
             "HTTP/1.1 431 Request Header Fields Too Large");
-  std::string large = "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n";
+  std::string large =
+      "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n";
   EXPECT_EQ(StatusAfterHead(s.http->port(), large), "HTTP/1.1 431 Request Header Fields Too Large");
   std::string fine = "GET /health HTTP/1.1\r\nHost: x\r\n";
   for (int i = 0; i < 40; ++i) fine += "X-H" + std::to_string(i) + ": 1\r\n";
@@ -767,7 +774,8 @@ TEST(HttpTransport, ChunkedBodiesAreReadUpToTheBodyLimit) {
   HttpLimits limits;
   limits.max_body_bytes = 1000;
   TestServer s(256, "", 1024, 0, limits);
-  const std::string head = "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string head =
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
   // Under the limit: read and served.
   const std::string body = R"({"text":"hi"})";
   int fd = Connect(s.http->port());
@@ -858,7 +866,8 @@ TEST(HttpTransport, SlowAndIdleConnectionsAreClosedAfterTheirDeadlines) {
   ASSERT_GE(kept, 0);
   std::atomic<bool> stop{false};
   std::thread trickle([&] {
-    const std::string head = "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const std::string head =
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     for (size_t i = 0; !stop && i < head.size(); ++i) {
       if (send(trickler, &head[i], 1, MSG_NOSIGNAL) != 1) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -880,6 +889,30 @@ TEST(HttpTransport, SlowAndIdleConnectionsAreClosedAfterTheirDeadlines) {
   auto r = s.client->Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+}
+
+// /health runs on the event thread: it answers while every worker waits on a generation.
+TEST(HttpTransport, HealthAnswersWhileEveryWorkerIsBusy) {
+  TestServer s(4096, "", 4096);  // 64 workers
+  s.runner->set_step_delay_us(5000);
+  const json body = {{"prompt", "a"}, {"max_tokens", 2000}, {"ignore_eos", true}};
+  std::vector<int> busy;
+  for (int i = 0; i < 70; ++i) {
+    const int fd = OpenStream(s.http->port(), "/v1/completions", body.dump());
+    ASSERT_GE(fd, 0);
+    busy.push_back(fd);
+  }
+  // Every worker holds a request (the 6 more wait for one).
+  for (int i = 0; i < 500 && s.engine->Stats().running + s.engine->Stats().queued < 64; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(s.engine->Stats().running + s.engine->Stats().queued, 64);
+  httplib::Client c("127.0.0.1", s.http->port());
+  c.set_read_timeout(5, 0);
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health) << "no /health answer within 5 s";
+  EXPECT_EQ(health->status, 200);
+  for (int fd : busy) close(fd);
 }
 
 }  // namespace
