@@ -524,37 +524,42 @@ void QuantQ6_K(const float* x, uint8_t* b) {
 // Q4_0's shape with that codebook; IQ4_XS is the same 32-element layout with one f16 scale per
 // 256 elements and a 6-bit signed sub-scale per 32.
 
-// The index of the codebook value nearest to v (the values are sorted: binary search over the
-// midpoints between neighbours).
-int NearestIq4(float v) {
-  int lo = 0, hi = 15;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (v > 0.5f * (kIq4nlValues[mid] + kIq4nlValues[mid + 1])) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
+// The index of the codebook value nearest to v. The midpoints between neighbouring values are
+// multiples of 0.5, so a table over half-units, indexed by floor(2v), holds the answer for
+// every v in [-128, 128) (outside, the end values are nearest).
+struct Iq4NearestTable {
+  uint8_t index[512];  // index[t + 256]: nearest value to v for floor(2v) == t
+  Iq4NearestTable() {
+    int i = 0;
+    for (int t = -256; t < 256; ++t) {
+      while (i < 15 && t >= kIq4nlValues[i] + kIq4nlValues[i + 1]) ++i;  // 2v past a midpoint
+      index[t + 256] = static_cast<uint8_t>(i);
     }
   }
-  return lo;
+};
+int NearestIq4(float v) {
+  static const Iq4NearestTable table;
+  const float t = std::floor(2.0f * std::clamp(v, -128.0f, 127.5f));
+  return table.index[static_cast<int>(t) + 256];
 }
 
-// Squared error of x ~= scale * codebook[idx], with idx the nearest entries to x / scale.
-float Iq4Error(const float* x, int n, float scale, uint8_t* idx) {
+// Indices of the codebook values nearest to x / scale; returns sum x*v and sum v*v over them.
+void AssignIq4(const float* x, int n, float scale, uint8_t* idx, double* sxv, double* svv) {
   const float inv = scale != 0 ? 1.0f / scale : 0.0f;
-  float err = 0;
+  *sxv = *svv = 0;
   for (int i = 0; i < n; ++i) {
     idx[i] = static_cast<uint8_t>(NearestIq4(x[i] * inv));
-    const float diff = scale * kIq4nlValues[idx[i]] - x[i];
-    err += diff * diff;
+    const float v = kIq4nlValues[idx[i]];
+    *sxv += x[i] * v;
+    *svv += v * v;
   }
-  return err;
 }
 
 // The scale of a block of n values under the codebook: candidate scales map the element of
 // largest magnitude near either end of the codebook (-127 or 113: the sign of the scale is
-// free), each candidate's assignment is refitted by least squares, and the scale with the
-// smallest squared error wins.
+// free); each candidate's assignment gets its least-squares scale sum(xv) / sum(vv), whose
+// squared error is sum(xx) - sum(xv)^2 / sum(vv), so the best candidate has the largest
+// sum(xv)^2 / sum(vv).
 float FitIq4Scale(const float* x, int n) {
   float amax = 0, max = 0;
   for (int i = 0; i < n; ++i) {
@@ -564,22 +569,16 @@ float FitIq4Scale(const float* x, int n) {
     }
   }
   if (amax == 0) return 0;
-  float best_err = INFINITY, best_scale = max / kIq4nlValues[0];
+  double best_gain = -1;
+  float best_scale = max / kIq4nlValues[0];
   uint8_t idx[kQK];
   for (const float end : {float{kIq4nlValues[0]}, float{kIq4nlValues[15]}}) {
-    for (int step = -6; step <= 6; ++step) {
-      const float scale = max / (end + 2.0f * step);
-      Iq4Error(x, n, scale, idx);
-      double sxv = 0, svv = 0;
-      for (int i = 0; i < n; ++i) {
-        sxv += x[i] * kIq4nlValues[idx[i]];
-        svv += kIq4nlValues[idx[i]] * kIq4nlValues[idx[i]];
-      }
-      const float fitted = svv > 0 ? static_cast<float>(sxv / svv) : scale;
-      const float err = Iq4Error(x, n, fitted, idx);
-      if (err < best_err) {
-        best_err = err;
-        best_scale = fitted;
+    for (int step = -6; step <= 6; step += 2) {
+      double sxv, svv;
+      AssignIq4(x, n, max / (end + 2.0f * step), idx, &sxv, &svv);
+      if (svv > 0 && sxv * sxv / svv > best_gain) {
+        best_gain = sxv * sxv / svv;
+        best_scale = static_cast<float>(sxv / svv);
       }
     }
   }
@@ -604,7 +603,8 @@ void QuantIQ4_NL(const float* x, uint8_t* b) {
   const float d = FitIq4Scale(x, kQK);
   StoreHalf(b, d);
   uint8_t idx[kQK];
-  Iq4Error(x, kQK, LoadHalf(b), idx);  // the indices under the stored (f16) scale
+  double sxv, svv;
+  AssignIq4(x, kQK, LoadHalf(b), idx, &sxv, &svv);  // the indices under the stored (f16) scale
   PackIq4Nibbles(idx, b + 2);
 }
 
@@ -643,7 +643,8 @@ void QuantIQ4_XS(const float* x, uint8_t* b) {
     b[4 + s / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (s % 2)));
     scales_h |= static_cast<uint16_t>((ls >> 4) << (2 * s));
     uint8_t idx[kQK];
-    Iq4Error(x + kQK * s, kQK, d * (ls - 32), idx);  // indices under the stored scale
+    double sxv, svv;
+    AssignIq4(x + kQK * s, kQK, d * (ls - 32), idx, &sxv, &svv);  // under the stored scale
     PackIq4Nibbles(idx, b + 8 + 16 * s);
   }
   b[2] = scales_h & 0xFF;
