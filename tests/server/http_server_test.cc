@@ -915,5 +915,52 @@ TEST(HttpTransport, HealthAnswersWhileEveryWorkerIsBusy) {
   for (int fd : busy) close(fd);
 }
 
+// HEAD gets the GET route's head without its body; a client that asks "Expect: 100-continue"
+// gets its 100 before it sends the body (curl waits 1 s for it otherwise); pipelined requests
+// are answered in order.
+TEST(HttpTransport, HeadExpectContinueAndPipelining) {
+  TestServer s;
+  const int port = s.http->port();
+  int fd = Connect(port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const std::string head = ReadFor(fd, 5);
+  close(fd);
+  EXPECT_EQ(head.substr(0, head.find("\r\n")), "HTTP/1.1 200 OK") << head;
+  EXPECT_NE(head.find("Content-Length: 2\r\n"), std::string::npos) << head;
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "") << head;
+
+  const std::string body = R"({"text":"hi"})";
+  fd = Connect(port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "POST /tokenize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n"));
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[256];
+  const ssize_t n = read(fd, buf, sizeof buf);
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(std::max<ssize_t>(n, 0))),
+            "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(SendAll(fd, body));
+  const std::string answer = ReadFor(fd, 5);
+  EXPECT_EQ(answer.substr(0, answer.find("\r\n")), "HTTP/1.1 200 OK") << answer;
+  EXPECT_NE(answer.find("\"count\":2"), std::string::npos) << answer;
+  close(fd);
+
+  fd = Connect(port);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd, "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                          "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  std::string both;
+  for (int i = 0; i < 5 && both.find("Connection: close") == std::string::npos; ++i) {
+    both += ReadFor(fd, 2);
+  }
+  close(fd);
+  const size_t second = both.find("HTTP/1.1 200 OK");
+  EXPECT_EQ(both.rfind("HTTP/1.1 404 Not Found", 0), 0u) << both;
+  EXPECT_NE(second, std::string::npos) << both;
+  EXPECT_NE(both.find("no route for GET /nope"), std::string::npos) << both;
+}
+
 }  // namespace
 }  // namespace polychip::server
