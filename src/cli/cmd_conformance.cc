@@ -1,6 +1,9 @@
-// `polychip conformance --plugin <path.so> [--json] [--filter REGEX] [--device N] [--ranks N]`:
-// runs the plugin ABI contract (src/runtime/conformance) against one plugin file and prints a
-// table of checks. A comm plugin is checked with --ranks ranks (threads of this process); started
+// `polychip conformance --plugin <path.so> [--json] [--filter REGEX] [--device N] [--ranks N]
+// [--check-timeout S] [--in-process]`: runs the plugin ABI contract (src/runtime/conformance)
+// against one plugin file and prints a table of checks. Each check runs in a child process of its
+// own, so a check that crashes or hangs the plugin is a failed row ("crashed: SIGSEGV", "did not
+// finish in S s") and the others still run; --in-process runs them all in this process (for a
+// debugger). A comm plugin is checked with --ranks ranks (threads of this process); started
 // by mpirun (`mpirun -np N polychip conformance --plugin ...`), each process is one of the N ranks
 // (so a plugin that can start once per process, such as mpi, can be checked) and rank 0 prints
 // the table of every rank's verdicts.
@@ -30,6 +33,8 @@ struct ConformanceFlags {
   bool json = false;
   bool list = false;
   int32_t ranks = 2;
+  double check_timeout_s = 60;
+  bool in_process = false;
 };
 
 // The global --device flag names the ordinal under test: "N" or "backend:N".
@@ -54,6 +59,8 @@ int RunConformance(const ConformanceFlags& f) {
   options.filter = f.filter;
   options.seed = f.seed;
   options.ranks = f.ranks;
+  options.isolate = !f.in_process;
+  options.check_timeout_s = f.check_timeout_s;
   // Under mpirun (Open MPI's environment) the ranks are its processes, whatever --ranks says.
   // The exchange directory is named after the job and mpirun (our parent), so runs never meet.
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
@@ -101,6 +108,11 @@ std::function<int()> SetupConformance(CLI::App& app) {
   app.add_flag("--list", flags->list, "list the checks and exit");
   app.add_option("--ranks", flags->ranks, "comm plugins: number of ranks (threads), default 2; under mpirun, its -np")
       ->check(CLI::Range(1, 64));
+  app.add_option("--check-timeout", flags->check_timeout_s,
+                 "seconds a check may take in its child process before it is killed and failed")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--in-process", flags->in_process,
+               "run every check in this process (no child processes; for a debugger)");
   return [flags]() {
     if (flags->plugin.empty() && !flags->list) {
       std::fprintf(stderr, "polychip conformance: --plugin <path.so> is required\n");

@@ -5,7 +5,12 @@
 //   BROKEN_ERROR_MESSAGE  error_message returns NULL
 //   BROKEN_STREAM_ORDER   device-to-device copies are deferred to synchronize, overtaking
 //                         memsets and host copies enqueued after them
+//   FAULTS_FROM_ENV       PCTEST_ADD, PCTEST_SWIGLU, PCTEST_INIT = crash (SIGSEGV) or hang
+//                         (never returns): that op's launch, or initialize, misbehaves
 // Built into a test-only directory, never into build/lib/polychip (discovery must not find it).
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -60,7 +65,21 @@ const char* ErrorMessage(const pc_error_t* e) {
 }
 void ErrorDestroy(pc_error_t* e) { delete e; }
 
-pc_error_t* Initialize(const pc_param_t*, size_t) { return nullptr; }
+// FAULTS_FROM_ENV: what the variable `name` asks of the call that reads it.
+void MaybeMisbehave(const char* name) {
+#ifdef FAULTS_FROM_ENV
+  const char* mode = std::getenv(name);
+  if (mode != nullptr && std::strcmp(mode, "crash") == 0) raise(SIGSEGV);
+  while (mode != nullptr && std::strcmp(mode, "hang") == 0) pause();
+#else
+  (void)name;
+#endif
+}
+
+pc_error_t* Initialize(const pc_param_t*, size_t) {
+  MaybeMisbehave("PCTEST_INIT");
+  return nullptr;
+}
 void Shutdown() {}
 
 pc_error_t* DeviceCount(int32_t* count) {
@@ -176,6 +195,7 @@ pc_error_t* OpLaunch(pc_stream_t*, pc_op_t op, const void* args) {
     return Error(PC_CODE_INVALID_ARGUMENT, "args struct_size too small");
   }
   if (op == PC_OP_ADD) {
+    MaybeMisbehave("PCTEST_ADD");
     const auto* a = static_cast<const pc_add_args_t*>(args);
     const float* x = static_cast<const float*>(Ptr(a->a));
     const float* y = static_cast<const float*>(Ptr(a->b));
@@ -190,6 +210,7 @@ pc_error_t* OpLaunch(pc_stream_t*, pc_op_t op, const void* args) {
     return nullptr;
   }
   if (op == PC_OP_SWIGLU) {
+    MaybeMisbehave("PCTEST_SWIGLU");
     const auto* a = static_cast<const pc_swiglu_args_t*>(args);
     const float* g = static_cast<const float*>(Ptr(a->gate));
     const float* u = static_cast<const float*>(Ptr(a->up));

@@ -37,6 +37,12 @@ struct Options {
   // and rank 0's report holds every rank's failures. -1: ranks are threads.
   int32_t process_rank = -1;
   std::string kv_dir;
+  // Each check in a child process of its own (`polychip conformance` does this unless
+  // --in-process): a check that crashes or hangs is its own FAIL row ("crashed: SIGSEGV", "did
+  // not finish in N s") and every other check still runs. A comm plugin's checks run together in
+  // one child; ranks as processes (process_rank >= 0) always run in this process.
+  bool isolate = false;
+  double check_timeout_s = 60;  // per check (and for the load/initialize/open steps together)
 };
 
 struct Report {
