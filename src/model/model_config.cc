@@ -123,7 +123,8 @@ bool IsMatrixDType(DType t) {
   switch (t) {
     case DType::kF32: case DType::kF16: case DType::kBF16: case DType::kQ4_0: case DType::kQ4_1:
     case DType::kQ5_0: case DType::kQ5_1: case DType::kQ8_0: case DType::kQ2_K: case DType::kQ3_K:
-    case DType::kQ4_K: case DType::kQ5_K: case DType::kQ6_K:
+    case DType::kQ4_K: case DType::kQ5_K: case DType::kQ6_K: case DType::kIQ4_NL:
+    case DType::kIQ4_XS:
       return true;
     default:
       return false;
@@ -132,7 +133,6 @@ bool IsMatrixDType(DType t) {
 
 bool IsVectorDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-}  // namespace
 // gemma3's hyper-parameters, as llama.cpp reads them (src/models/gemma3.cpp).
 template <typename Key>
 Status ReadGemma3(const GgufFile& f, const Key& key, ModelConfig& c) {
@@ -161,6 +161,7 @@ Status ReadGemma3(const GgufFile& f, const Key& key, ModelConfig& c) {
   return Status::Ok();
 }
 
+}  // namespace
 
 StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ModelConfig c;

@@ -128,6 +128,7 @@ void RunMatmul(const OpContext& c, const MatmulCase& mc, bool pack, std::vector<
 
 TEST_P(CpuKernels, PackedMatmulMatchesReference) {
   for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K,
+                       PC_DTYPE_Q4_1, PC_DTYPE_Q5_1, PC_DTYPE_IQ4_NL, PC_DTYPE_IQ4_XS,
                        PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q5_K}) {
     const bool kquant = sdk::GetDtypeInfo(t)->block_elems == 256;
     for (int64_t m : {1, 3, 17, 31}) {  // 31 = tiles of 16, 8, 4 and 3 rows
@@ -148,6 +149,7 @@ TEST_P(CpuKernels, PackedMatmulMatchesReference) {
 TEST_P(CpuKernels, PackedVariantAgreesWithScalar) {
   ThreadPool pool(2);
   for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K,
+                       PC_DTYPE_Q4_1, PC_DTYPE_Q5_1, PC_DTYPE_IQ4_NL, PC_DTYPE_IQ4_XS,
                        PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q5_K}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
     std::vector<float> got, scalar, want;
@@ -357,8 +359,6 @@ TEST_P(CpuKernels, RopeNormSwigluMatchReference) {
     EXPECT_LT(RelErr(got, want), 1e-6);
     for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[i])) << i;
   }
-}
-
   {
     const int64_t n = 70001;
     auto g = Random(n, 53, -12, 12), u = Random(n, 54);
@@ -372,6 +372,8 @@ TEST_P(CpuKernels, RopeNormSwigluMatchReference) {
     EXPECT_LT(RelErr(got, want), 1e-6);
     for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(got[i])) << i;
   }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, CpuKernels, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return std::string(info.param->name); });
 

@@ -10,6 +10,7 @@
 
 #include "kernels.h"
 #include "kquant.h"
+#include "polychip/sdk/quant.h"
 
 namespace polychip::cpu {
 namespace avx2 {
@@ -78,7 +79,16 @@ inline __m256i Dot4(__m256i w, __m256i x) {
   }
 }
 
-template <int MT, bool Q4, bool HALF, bool MIN, bool S8>
+// The IQ4 codebook as unsigned bytes (value + 128) in each 128-bit lane, for vpshufb.
+inline __m256i CodebookLut() {
+  alignas(16) uint8_t u[16];
+  for (int i = 0; i < 16; ++i) u[i] = static_cast<uint8_t>(sdk::kIq4nlValues[i] + 128);
+  return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(u)));
+}
+
+// LUT: the 4-bit quants are codebook indices (PackedFormat::codebook), looked up with one byte
+// shuffle per vector into offset-128 bytes, which S8 then multiplies as signed.
+template <int MT, bool Q4, bool HALF, bool MIN, bool S8, bool LUT = false>
 void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
           int64_t x_stride, float* tile) {
   // 8-bit quants with offset 128 are multiplied as signed bytes: no offset correction.
@@ -86,6 +96,7 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   const int32_t offset = kSigned8 ? 0 : f.offset;
   const int64_t stride = f.block_bytes();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i lut = CodebookLut();
   for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h+7
     __m256 acc[MT];
     for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
@@ -97,6 +108,10 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 64 * c + 32 * h));
           w[c] = _mm256_and_si256(v, low4);
           w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          if constexpr (LUT) {
+            w[c] = _mm256_shuffle_epi8(lut, w[c]);
+            w[c + 4] = _mm256_shuffle_epi8(lut, w[c + 4]);
+          }
         }
       } else {
         for (int c = 0; c < 8; ++c)
@@ -134,18 +149,18 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   }
 }
 
-template <bool Q4, bool HALF, bool MIN, bool S8 = false>
+template <bool Q4, bool HALF, bool MIN, bool S8 = false, bool LUT = false>
 void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) Tile<4, Q4, HALF, MIN, S8>(f, group, kb, x + i * x_stride, x_stride,
-                                                    tile + i * kPackRows);
+  for (; i + 4 <= m; i += 4)
+    Tile<4, Q4, HALF, MIN, S8, LUT>(f, group, kb, x + i * x_stride, x_stride, tile + i * kPackRows);
   const ActBlock* xr = x + i * x_stride;
   float* tr = tile + i * kPackRows;
   switch (m - i) {
-    case 3: Tile<3, Q4, HALF, MIN, S8>(f, group, kb, xr, x_stride, tr); break;
-    case 2: Tile<2, Q4, HALF, MIN, S8>(f, group, kb, xr, x_stride, tr); break;
-    case 1: Tile<1, Q4, HALF, MIN, S8>(f, group, kb, xr, x_stride, tr); break;
+    case 3: Tile<3, Q4, HALF, MIN, S8, LUT>(f, group, kb, xr, x_stride, tr); break;
+    case 2: Tile<2, Q4, HALF, MIN, S8, LUT>(f, group, kb, xr, x_stride, tr); break;
+    case 1: Tile<1, Q4, HALF, MIN, S8, LUT>(f, group, kb, xr, x_stride, tr); break;
     default: break;
   }
 }
@@ -154,6 +169,8 @@ void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
                 int64_t x_stride, int64_t m, float* tile) {
   if (f.planes) return GemmPlanes(f, group, kb, x, x_stride, m, tile);  // kquant.h
   if (f.q4) {
+    if (f.codebook)  // offset-128 bytes after the lookup: the signed 8-bit product
+      return GemmFormat<true, false, false, true, true>(f, group, kb, x, x_stride, m, tile);
     if (f.has_min) return GemmFormat<true, false, true>(f, group, kb, x, x_stride, m, tile);
     return GemmFormat<true, false, false>(f, group, kb, x, x_stride, m, tile);
   }

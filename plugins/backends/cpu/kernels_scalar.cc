@@ -34,7 +34,8 @@ void QuantizeRow(const float* x, int64_t k, ActBlock* out) {
 inline int Quant(const PackedFormat& f, const uint8_t* q, int r, int e) {
   if (f.q4) {
     const uint8_t byte = q[64 * ((e % 16) / 4) + 4 * r + e % 4];
-    return e < 16 ? byte & 0xF : byte >> 4;
+    const int index = e < 16 ? byte & 0xF : byte >> 4;
+    return f.codebook ? sdk::kIq4nlValues[index] + 128 : index;
   }
   return q[64 * (e / 4) + 4 * r + e % 4];
 }

@@ -43,6 +43,38 @@ void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
       for (int e = 0; e < 32; ++e) c->u[e] = static_cast<uint8_t>(int8_t(blk[2 + e]) + 128);
       break;
     }
+    case PC_DTYPE_Q4_1: {  // [d:f16][m:f16][qs:16]: value = d * q + m, so min = -m
+      const uint8_t* blk = row + b * 20;
+      c->scale[0] = Load16(blk);
+      c->min = Load16(blk + 2) ^ 0x8000;  // f16 negation: flip the sign bit
+      for (int e = 0; e < 16; ++e) {
+        c->u[e] = blk[4 + e] & 0xF;
+        c->u[e + 16] = blk[4 + e] >> 4;
+      }
+      break;
+    }
+    case PC_DTYPE_IQ4_NL: {  // [d:f16][qs:16]: codebook indices, Q4_0's nibble order
+      const uint8_t* blk = row + b * 18;
+      c->scale[0] = Load16(blk);
+      for (int e = 0; e < 16; ++e) {
+        c->u[e] = blk[2 + e] & 0xF;
+        c->u[e + 16] = blk[2 + e] >> 4;
+      }
+      break;
+    }
+    case PC_DTYPE_IQ4_XS: {  // [d][scales_h:u16][scales_l:4][qs:128]; sub-block j at qs + 16j
+      const uint8_t* sb = row + (b / 8) * 136;
+      const int j = static_cast<int>(b % 8);
+      const int scales_h = Load16(sb + 2);
+      const int ls = ((sb[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
+      c->scale[0] = sdk::Fp32ToFp16(sdk::Fp16ToFp32(Load16(sb)) * (ls - 32));
+      const uint8_t* qs = sb + 8 + 16 * j;
+      for (int e = 0; e < 16; ++e) {
+        c->u[e] = qs[e] & 0xF;
+        c->u[e + 16] = qs[e] >> 4;
+      }
+      break;
+    }
     default:
       break;
   }
@@ -121,6 +153,9 @@ bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f) {
   switch (dtype) {
     case PC_DTYPE_Q4_0: p.q4 = true; p.offset = 8; break;
     case PC_DTYPE_Q8_0: p.offset = 128; break;
+    case PC_DTYPE_Q4_1: p.q4 = true; p.has_min = true; break;
+    case PC_DTYPE_IQ4_NL:
+    case PC_DTYPE_IQ4_XS: p.q4 = true; p.codebook = true; p.offset = 128; break;
     default: return false;
   }
   if (f) *f = p;
@@ -187,6 +222,7 @@ void UnpackRow(pc_dtype_t dtype, const uint8_t* packed, int64_t k, int64_t row, 
       if (f.q4) {
         const uint8_t byte = cell[64 * ((e % 16) / 4) + 4 * r + e % 4];
         u = e < 16 ? byte & 0xF : byte >> 4;
+        if (f.codebook) u = sdk::kIq4nlValues[u] + 128;
       } else {
         u = cell[64 * (e / 4) + 4 * r + e % 4];
       }

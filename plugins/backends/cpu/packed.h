@@ -1,5 +1,5 @@
-// The cpu plugin's private weight layout ("packed"), chosen at weight_upload for Q4_0, Q5_0,
-// Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights.
+// The cpu plugin's private weight layout ("packed"), chosen at weight_upload for Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights.
 //
 // Rows are taken kPackRows (16) at a time: a group holds 16 rows' 32-element blocks side by
 // side, so one 64-byte load holds 4 consecutive quants of each of the 16 rows and one integer
@@ -17,6 +17,9 @@
 // zero rows. Q4_0 and Q8_0 keep their exact size (18 and 34 bytes per 32). The K-quants
 // (Q2_K ... Q6_K) and Q5_0 take the bit-plane variant of kquant.h instead: integer sub-block
 // scales and f16 super-block factors kept exact, about the GGUF size.
+// Q4_1 keeps its 20 bytes (4-bit cells, min = -m). IQ4_NL keeps its 18 bytes and IQ4_XS grows
+// from 17 to 18 (d * (6-bit sub-scale - 32) rounded to one f16 scale per 32): 4-bit cells of
+// codebook indices, looked up in the kernel (one byte shuffle per vector).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +38,9 @@ struct PackedFormat {
   int32_t offset = 0;        // u = q + offset
   bool half_scales = false;  // a scale per 16 elements instead of per 32
   bool has_min = false;
+  // 4-bit cells hold indices into the IQ4 codebook (sdk::kIq4nlValues): the kernels look the
+  // quant up, u = kIq4nlValues[index] + 128, with offset 128 (IQ4_NL, IQ4_XS).
+  bool codebook = false;
 
   // The bit-plane layout of kquant.h instead (Q2_K ... Q6_K, Q5_0): quants in planes of
   // low_bits (4 or 2) and high_bits (0, 1 or 2) bits, an f16 d (and dmin) per row and
@@ -76,7 +82,9 @@ int64_t PackedBytes(const PackedFormat& f, int64_t n, int64_t k);
 void PackGroups(pc_dtype_t dtype, const uint8_t* src, int64_t n, int64_t k, int64_t g0,
                 int64_t g1, uint8_t* dst);
 // Dequantizes row `row` of a packed [n, k] matrix of `dtype` into out[k]: the inverse of
-// PackGroups, for EMBEDDING from a packed table: exactly the GGUF reference's values.
+// PackGroups, for EMBEDDING from a packed table. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and the
+// K-quants give exactly the GGUF reference's values; IQ4_XS carries the f16 rounding of its
+// folded scales (as MATMUL).
 void UnpackRow(pc_dtype_t dtype, const uint8_t* packed, int64_t k, int64_t row, float* out);
 
 }  // namespace polychip::cpu

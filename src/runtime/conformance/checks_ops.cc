@@ -19,7 +19,7 @@ namespace {
 const pc_dtype_t kWeightDtypes[] = {PC_DTYPE_F32,  PC_DTYPE_F16,  PC_DTYPE_BF16, PC_DTYPE_Q8_0,
                                     PC_DTYPE_Q4_0, PC_DTYPE_Q4_1, PC_DTYPE_Q5_0, PC_DTYPE_Q5_1,
                                     PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q4_K, PC_DTYPE_Q5_K,
-                                    PC_DTYPE_Q6_K};
+                                    PC_DTYPE_Q6_K, PC_DTYPE_IQ4_NL, PC_DTYPE_IQ4_XS};
 const pc_dtype_t kFloatDtypes[] = {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16};
 
 std::string Lower(pc_dtype_t d) {
