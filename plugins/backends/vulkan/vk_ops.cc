@@ -236,6 +236,24 @@ pc_error_t* Binary(Launcher& L, const char* name, pc_devptr_t a, pc_devptr_t b, 
   return nullptr;
 }
 
+pc_error_t* Scale(Launcher& L, const pc_scale_args_t& a) {
+  Kernel* k = nullptr;
+  PCV_TRY(GetKernel(L.device(), "scale", 2, &k));
+  const uint64_t chunk = L.MaxBytes() / 4 / 256 * 256;
+  for (uint64_t i0 = 0; i0 < static_cast<uint64_t>(a.n); i0 += chunk) {
+    const uint64_t c = std::min<uint64_t>(chunk, a.n - i0);
+    std::vector<Window> w(2);
+    PCV_TRY(L.Bind(a.x + i0 * 4, c * 4, 4, "x", &w[0]));
+    PCV_TRY(L.Bind(a.out + i0 * 4, c * 4, 4, "out", &w[1]));
+    struct {
+      uint32_t x_off, o_off, n;
+      float scale;
+    } push{w[0].first / 4, w[1].first / 4, U32(c), a.scale};
+    PCV_TRY(L.Dispatch(*k, w, &push, sizeof(push), Ceil(c, 256)));
+  }
+  return nullptr;
+}
+
 pc_error_t* RmsNorm(Launcher& L, const pc_rms_norm_args_t& a) {
   Kernel* k = nullptr;
   PCV_TRY(GetKernel(L.device(), "rms_norm", 3, &k));
@@ -453,6 +471,8 @@ int32_t OpSupports(const Device& d, const pc_op_query_t& q) {
     case PC_OP_RMS_NORM:
     case PC_OP_ROPE:
     case PC_OP_SWIGLU:
+    case PC_OP_GEGLU:
+    case PC_OP_SCALE:
     case PC_OP_ADD: return q.dtypes[0] == PC_DTYPE_F32 || q.dtypes[0] == PC_DTYPE_INVALID;
     default: return 0;
   }
@@ -487,6 +507,11 @@ pc_error_t* OpLaunch(StreamState& s, pc_op_t op, const void* args) {
         const auto& sw = *static_cast<const pc_swiglu_args_t*>(a);
         return Binary(L, "swiglu", sw.gate, sw.up, sw.out, sw.n);
       }
+      case PC_OP_GEGLU: {
+        const auto& ge = *static_cast<const pc_geglu_args_t*>(a);
+        return Binary(L, "geglu", ge.gate, ge.up, ge.out, ge.n);
+      }
+      case PC_OP_SCALE: return Scale(L, *static_cast<const pc_scale_args_t*>(a));
       case PC_OP_ADD: {
         const auto& ad = *static_cast<const pc_add_args_t*>(a);
         return Binary(L, "add", ad.a, ad.b, ad.out, ad.n);
