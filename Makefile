@@ -4,13 +4,15 @@
 # and for hardening:
 #   make fuzz  build the libFuzzer targets with clang in $(FUZZ_BUILD_DIR), run each for
 #              FUZZ_SECONDS on its corpus (tests/fuzz/)
+#   make asan  the unit and server tests under ASan + UBSan (preset `asan`, in build-asan/): builds
+#              only their executables and what they start (target unit_server_tests)
 BUILD_DIR ?= build
 PRESET ?= default
 JOBS ?= $(shell nproc)
 FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-.PHONY: all build run test test-setup fuzz clean
+.PHONY: all build run test test-setup fuzz asan clean
 
 all: build
 
@@ -33,6 +35,11 @@ test: build test-setup
 
 fuzz:
 	scripts/fuzz.sh --build-dir $(FUZZ_BUILD_DIR) --seconds $(FUZZ_SECONDS) --jobs $(JOBS)
+
+asan: test-setup
+	cmake --preset asan
+	cmake --build --preset asan -j $(JOBS)
+	ctest --preset asan -j $(JOBS)
 
 clean:
 	rm -rf $(BUILD_DIR)
