@@ -70,7 +70,9 @@ TEST_P(InTreePlugin, Conforms) {
 TEST_P(InTreePlugin, ClaimsEveryModelOp) {
   const std::string path = InTree(GetParam());
   ASSERT_TRUE(std::filesystem::exists(path)) << path << " was not built";
-  Report r = RunKit(path, 0, "^op\\.(embedding|matmul|attention|kv_store)\\.(f32|f16|q8_0|q4_0|q4_k|q6_k)|^op\\.(rms_norm|rope|swiglu|add)");
+  Report r = RunKit(path, 0,
+                    "^op\\.(embedding|matmul|attention|kv_store)\\.(f32|f16|q8_0|q4_0|q4_k|q6_k)|"
+                    "^op\\.(rms_norm|rope|swiglu|geglu|scale|add)");
   EXPECT_TRUE(r.Passed()) << FormatTable(r);
   for (const CheckResult& c : r.checks) {
     if (c.name.find(".uploaded") != std::string::npos) continue;  // weight_upload is optional
