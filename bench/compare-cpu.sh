@@ -52,6 +52,12 @@ model_spec() {  # name -> "shape vocab type"
     qwen05-iq4_xs) echo "qwen2.5-0.5b qwen2 IQ4_XS" ;;  # mostly IQ4_NL: 896-wide rows
     llama1b-q4_0) echo "llama-3.2-1b llama-bpe Q4_0" ;;
     qwen3moe-q4_k_m) echo "qwen3moe-1.5b qwen2 Q4_K_M" ;;
+    # K-quant mixtures (--models): on qwen2.5-0.5b most rows (896 wide) fall back to Q4_0,
+    # Q5_0, Q5_1 or Q8_0; the qwen3-0.6b shape's rows are multiples of 256 (real K-quants).
+    qwen05-q2_k|qwen05-q3_k_m|qwen05-q4_k_m|qwen05-q5_k_m|qwen05-q6_k)
+      echo "qwen2.5-0.5b qwen2 $(echo "${1#qwen05-}" | tr a-z A-Z)" ;;
+    qwen3-q2_k|qwen3-q3_k_m|qwen3-q4_k_m|qwen3-q5_k_m|qwen3-q6_k)
+      echo "qwen3-0.6b qwen2 $(echo "${1#qwen3-}" | tr a-z A-Z)" ;;
     *) echo "unknown model $1" >&2; exit 2 ;;
   esac
 }
