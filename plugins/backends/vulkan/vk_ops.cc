@@ -46,6 +46,8 @@ const char* WeightSuffix(pc_dtype_t t) {
     case PC_DTYPE_Q5_1: return "Q5_1";
     case PC_DTYPE_Q4_K: return "Q4_K";
     case PC_DTYPE_Q6_K: return "Q6_K";
+    case PC_DTYPE_IQ4_NL: return "IQ4_NL";
+    case PC_DTYPE_IQ4_XS: return "IQ4_XS";
     default: return nullptr;
   }
 }

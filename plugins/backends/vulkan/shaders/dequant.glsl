@@ -103,6 +103,30 @@ void Chunk(uint rb, uint c, out float v[32]) {
     int q = int(((Rd8(ql + l) >> sh) & 0xFu) | (((Rd8(qh + l) >> (2u * t)) & 3u) << 4)) - 32;
     v[l] = (l < 16u ? ds0 : ds1) * float(q);
   }
+#elif defined(WT_IQ4_NL) || defined(WT_IQ4_XS)
+  // 4-bit indices into a 16-value codebook (sdk::kIq4nlValues), Q4_0's nibble order.
+  const float kIq4[16] = float[16](-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+                                   1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+#if defined(WT_IQ4_NL)
+  // [d:f16][qs:16]
+  uint bb = rb + c * 18u;
+  uint qs = bb + 2u;
+  float d = F16ToF32(Rd16(bb));
+#else
+  // 256-element super-block: [d:f16][scales_h:u16][scales_l:4][qs:128]; sub-block s's 6-bit
+  // scale is nibble s % 2 of scales_l[s / 2] with bits 2s..2s+1 of scales_h on top, minus 32.
+  uint bb = rb + (c >> 3) * 136u;
+  uint s = c & 7u;
+  uint ls = ((Rd8(bb + 4u + (s >> 1)) >> (4u * (s & 1u))) & 0xFu) |
+            (((Rd16(bb + 2u) >> (2u * s)) & 3u) << 4);
+  uint qs = bb + 8u + 16u * s;
+  float d = F16ToF32(Rd16(bb)) * float(int(ls) - 32);
+#endif
+  [[unroll]] for (uint j = 0u; j < 16u; ++j) {
+    uint b = Rd8(qs + j);
+    v[j] = kIq4[b & 0xFu] * d;
+    v[j + 16u] = kIq4[b >> 4] * d;
+  }
 #else
 #error "no weight format defined"
 #endif
