@@ -148,7 +148,7 @@ void PackGroupsQx0(bool q4, const uint8_t* src, int64_t n, int64_t kb, int64_t r
 }  // namespace
 
 bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f) {
-  if (PlaneFormatOf(dtype, f)) return true;  // Q2_K ... Q6_K, Q5_0: kquant.h
+  if (PlaneFormatOf(dtype, f)) return true;  // Q2_K ... Q6_K, Q5_0, Q5_1: kquant.h
   PackedFormat p;
   switch (dtype) {
     case PC_DTYPE_Q4_0: p.q4 = true; p.offset = 8; break;
