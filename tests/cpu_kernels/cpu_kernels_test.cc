@@ -193,7 +193,7 @@ TEST_P(CpuKernels, PackedKQuantMatmulIsExact) {
           want += double(wd[e]) * x[i * k + e];
           mag += std::fabs(double(wd[e]) * x[i * k + e]);
         }
-        ASSERT_NEAR(got[i * n + j], want, 1e-5 * mag) << "row " << i << " col " << j;
+        ASSERT_NEAR(got[i * n + j], want, 1e-6 * mag) << "row " << i << " col " << j;
       }
     }
   }
