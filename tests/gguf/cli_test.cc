@@ -104,7 +104,7 @@ TEST(GgufCliTest, BadFilesFailWithOneLine) {
   ASSERT_TRUE(w.Write(arch).ok());
   ExpectCleanFailure(RunCli("gguf check " + arch),
                      "unsupported architecture mamba (supported: llama, qwen2, qwen3, phi3, "
-                     "qwen3moe)");
+                     "qwen3moe, gemma3)");
   ExpectCleanFailure(RunCli("gguf info /nonexistent/model.gguf"), "cannot open");
   ExpectCleanFailure(RunCli("gguf synth --vocab " + truncated + " --shape tiny --out " +
                          (TempDir() / "y.gguf").string()),
