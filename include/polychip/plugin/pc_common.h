@@ -89,6 +89,9 @@ typedef enum pc_dtype {
   PC_DTYPE_F64 = 28,
   PC_DTYPE_BF16 = 30,
   PC_DTYPE_INVALID = -1,
+  /* Not a type: widens the enum to 32 bits, as PC_OP_MAX_ENUM_ does for pc_op_t, so that a
+   * GGUF type id this header does not know is still a valid value (refused, never undefined). */
+  PC_DTYPE_MAX_ENUM_ = 0x7FFFFFFF,
 } pc_dtype_t;
 
 /* ---------------------------------------------------------------------------------------------

@@ -42,7 +42,11 @@ typedef enum pc_op {
 #define PC_OP(NAME, name, Name, id, ...) PC_OP_##NAME = id,
 #include "polychip/plugin/pc_ops.def"
 #undef PC_OP
-  PC_OP_COUNT /* one past the last op of this minor version (ids are appended in order) */
+  PC_OP_COUNT, /* one past the last op of this minor version (ids are appended in order) */
+  /* Not an op: widens the type to 32 bits, so that an op id added by a later minor is still a
+   * valid value of pc_op_t in a plugin built against this header (C++ forbids loading an enum
+   * value outside the range of its enumerators; UBSan reports it). */
+  PC_OP_MAX_ENUM_ = 0x7FFFFFFF
 } pc_op_t;
 
 /* Shape classes a plugin may distinguish in `supports` (e.g. a fast kernel only for decode). */
