@@ -222,8 +222,8 @@ float FitScaleMin(const float* x, int n, int nmax, float* min_out) {
   return best_scale;
 }
 
-// Fits x[i] ~= scale * L[i] with L in [-nmax - 1, nmax] (signed scale allowed).
-float FitScaleSigned(const float* x, int n, int nmax) {
+// The element of x[0..n) of largest magnitude (the first of them), with its sign; 0 if all are 0.
+float LargestMagnitude(const float* x, int n) {
   float amax = 0, max = 0;
   for (int i = 0; i < n; ++i) {
     if (std::fabs(x[i]) > amax) {
@@ -231,7 +231,13 @@ float FitScaleSigned(const float* x, int n, int nmax) {
       max = x[i];
     }
   }
-  if (amax == 0) return 0;
+  return max;
+}
+
+// Fits x[i] ~= scale * L[i] with L in [-nmax - 1, nmax] (signed scale allowed).
+float FitScaleSigned(const float* x, int n, int nmax) {
+  const float max = LargestMagnitude(x, n);
+  if (max == 0) return 0;
   float best_err = INFINITY, best_scale = 0;
   for (int step = -6; step <= 6; ++step) {
     const float iscale = -(nmax + 1 + 0.1f * step) / max;
@@ -561,14 +567,8 @@ void AssignIq4(const float* x, int n, float scale, uint8_t* idx, double* sxv, do
 // squared error is sum(xx) - sum(xv)^2 / sum(vv), so the best candidate has the largest
 // sum(xv)^2 / sum(vv).
 float FitIq4Scale(const float* x, int n) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < n; ++i) {
-    if (std::fabs(x[i]) > amax) {
-      amax = std::fabs(x[i]);
-      max = x[i];
-    }
-  }
-  if (amax == 0) return 0;
+  const float max = LargestMagnitude(x, n);
+  if (max == 0) return 0;
   double best_gain = -1;
   float best_scale = max / kIq4nlValues[0];
   uint8_t idx[kQK];
@@ -624,14 +624,8 @@ void DequantIQ4_XS(const uint8_t* b, float* y) {
 void QuantIQ4_XS(const float* x, uint8_t* b) {
   constexpr int kSub = kQK_K / kQK;
   float scales[kSub];
-  float amax = 0, max = 0;
-  for (int s = 0; s < kSub; ++s) {
-    scales[s] = FitIq4Scale(x + kQK * s, kQK);
-    if (std::fabs(scales[s]) > amax) {
-      amax = std::fabs(scales[s]);
-      max = scales[s];
-    }
-  }
+  for (int s = 0; s < kSub; ++s) scales[s] = FitIq4Scale(x + kQK * s, kQK);
+  const float max = LargestMagnitude(scales, kSub);
   // The sub-scale of largest magnitude takes ls - 32 = -32, the end of the signed 6-bit range.
   StoreHalf(b, max / -32);
   const float d = LoadHalf(b);

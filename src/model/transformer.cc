@@ -205,21 +205,15 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     }
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_gate, 0, b.gate, T, false));  // [T, n_ff]
     PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_up, 0, b.up, T, false));      // [T, n_ff]
-    if (c.gelu_ffn) {
-      runtime::GegluArgs act;
+    // gate = act(gate) * up; GEGLU and SWIGLU take the same arguments.
+    auto gated = [&](auto act) {
       act.gate = b.gate;
       act.up = b.up;
       act.out = b.gate;
       act.n = T * c.n_ff;
-      PC_RETURN_IF_ERROR(Launch(stream, act));
-    } else {
-      runtime::SwigluArgs act;
-      act.gate = b.gate;
-      act.up = b.up;
-      act.out = b.gate;
-      act.n = T * c.n_ff;
-      PC_RETURN_IF_ERROR(Launch(stream, act));
-    }
+      return Launch(stream, act);
+    };
+    PC_RETURN_IF_ERROR(c.gelu_ffn ? gated(runtime::GegluArgs{}) : gated(runtime::SwigluArgs{}));
     PC_RETURN_IF_ERROR(Residual(stream, b.gate, L.w_down, 0, L.post_ffn_norm, b.xn, b.x, T));
   }
   if (pipeline && !pp_->last()) PC_RETURN_IF_ERROR(pp_->send(stream, b.x, T));

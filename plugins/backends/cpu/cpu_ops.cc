@@ -524,28 +524,26 @@ const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a) {
   return nullptr;
 }
 
-const char* Geglu(const OpContext& c, const pc_geglu_args_t& a) {
+// SWIGLU and GEGLU: the same args layout, elementwise over chunks of n.
+template <typename Args, typename Kernel>
+const char* GatedActivation(const OpContext& c, const Args& a, Kernel kernel) {
   const auto* g = Ptr<const float>(a.gate);
   const auto* u = Ptr<const float>(a.up);
   auto* out = Ptr<float>(a.out);
   if (a.n == 0) return nullptr;
   if (!g || !u || !out) return "null operand";
   ParallelRange(c, a.n, ChunkSize(a.n, c.pool->size(), 16384), [&](int64_t i0, int64_t i1) {
-    c.k->geglu(g + i0, u + i0, out + i0, i1 - i0);
+    (c.k->*kernel)(g + i0, u + i0, out + i0, i1 - i0);
   });
   return nullptr;
 }
 
+const char* Geglu(const OpContext& c, const pc_geglu_args_t& a) {
+  return GatedActivation(c, a, &KernelTable::geglu);
+}
+
 const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a) {
-  const auto* g = Ptr<const float>(a.gate);
-  const auto* u = Ptr<const float>(a.up);
-  auto* out = Ptr<float>(a.out);
-  if (a.n == 0) return nullptr;
-  if (!g || !u || !out) return "null operand";
-  ParallelRange(c, a.n, ChunkSize(a.n, c.pool->size(), 16384), [&](int64_t i0, int64_t i1) {
-    c.k->swiglu(g + i0, u + i0, out + i0, i1 - i0);
-  });
-  return nullptr;
+  return GatedActivation(c, a, &KernelTable::swiglu);
 }
 
 void PackPanelsParallel(const OpContext& c, pc_dtype_t dtype, const void* src, int64_t n,

@@ -12,6 +12,23 @@
 
 namespace polychip::cpu {
 
+// Splits m activation rows into tiles of 16, then one of 8, 4 and the last 1-3, calling
+// run.template operator()<MT>(i) for each (MT the tile's rows, i its first row): the packed
+// kernels' register tiles, sized at compile time.
+template <typename Run>
+inline void ForEachRowTile(int64_t m, Run&& run) {
+  int64_t i = 0;
+  for (; m - i >= 16; i += 16) run.template operator()<16>(i);
+  if (m - i >= 8) run.template operator()<8>(i), i += 8;
+  if (m - i >= 4) run.template operator()<4>(i), i += 4;
+  switch (m - i) {
+    case 3: run.template operator()<3>(i); break;
+    case 2: run.template operator()<2>(i); break;
+    case 1: run.template operator()<1>(i); break;
+    default: break;
+  }
+}
+
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 struct KernelTable {

@@ -133,21 +133,10 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
 template <bool Q4, bool HALF, bool MIN, bool LUT = false>
 void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
-  int64_t i = 0;
-  auto run = [&]<int MT>() {
+  ForEachRowTile(m, [&]<int MT>(int64_t i) {
     Tile<MT, Q4, HALF, MIN, LUT>(f, group, kb, x + i * x_stride, x_stride, tile + i * kPackRows,
-                            i == 0);
-    i += MT;
-  };
-  while (m - i >= 16) run.template operator()<16>();
-  if (m - i >= 8) run.template operator()<8>();
-  if (m - i >= 4) run.template operator()<4>();
-  switch (m - i) {
-    case 3: run.template operator()<3>(); break;
-    case 2: run.template operator()<2>(); break;
-    case 1: run.template operator()<1>(); break;
-    default: break;
-  }
+                                 i == 0);
+  });
 }
 
 void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,

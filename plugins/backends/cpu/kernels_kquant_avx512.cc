@@ -128,21 +128,10 @@ void Tile(int32_t offset, const uint8_t* group, int64_t kb, const ActBlock* x, i
 template <int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
 void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
           int64_t x_stride, int64_t m, float* tile) {
-  int64_t i = 0;
-  auto run = [&]<int MT>() {
+  ForEachRowTile(m, [&]<int MT>(int64_t i) {
     Tile<MT, LOW, HIGH, SUB16, MIN, NIB, SC>(f.offset, group, kb, x + i * x_stride, x_stride,
-                                         tile + i * kPackRows, i == 0);
-    i += MT;
-  };
-  while (m - i >= 16) run.template operator()<16>();
-  if (m - i >= 8) run.template operator()<8>();
-  if (m - i >= 4) run.template operator()<4>();
-  switch (m - i) {
-    case 3: run.template operator()<3>(); break;
-    case 2: run.template operator()<2>(); break;
-    case 1: run.template operator()<1>(); break;
-    default: break;
-  }
+                                             tile + i * kPackRows, i == 0);
+  });
 }
 
 }  // namespace

@@ -9,12 +9,6 @@
 namespace polychip::cpu {
 namespace {
 
-uint16_t Load16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
 constexpr int kSuperBlock = 256;
 
 // One GGUF super-block (or Q5_0 block) decoded to its integers: unsigned codes, per-sub-block

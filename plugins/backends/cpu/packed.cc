@@ -12,12 +12,6 @@
 namespace polychip::cpu {
 namespace {
 
-uint16_t Load16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
 // One source block of 32 weights decoded to the packed form: unsigned quants, scale(s), min.
 struct Cell {
   uint8_t u[32];

@@ -23,12 +23,20 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "polychip/plugin/pc_common.h"
 
 namespace polychip::cpu {
 
 constexpr int kPackRows = 16;
+
+// A little-endian u16 (an f16's bits) at any alignment.
+inline uint16_t Load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
 constexpr int kBlock = 32;
 // The layout tag weight_upload returns for packed weights (w_dtype still says the source type).
 constexpr uint32_t kLayoutPacked = 0x43505531u;  // "1UPC"

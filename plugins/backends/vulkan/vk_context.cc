@@ -245,11 +245,8 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
     }
   }
   info.queues = PlanQueues(plan_input, ext, kMaxQueuesPerFamily);
-  if (info.queues.normal_family != UINT32_MAX) {
-    info.queue_family = info.queues.normal_family;
-    info.queue_count = info.queues.normal_count;
-    info.timestamps = plan_input[info.queue_family].timestamps;
-  }
+  if (info.queues.normal_family != UINT32_MAX)
+    info.timestamps = plan_input[info.queues.normal_family].timestamps;
 
   if (info.props.apiVersion < VK_API_VERSION_1_2) {
     info.why_unusable = "device supports Vulkan < 1.2";
@@ -257,7 +254,7 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
     info.why_unusable = "device has no timeline semaphores";
   } else if (!subgroup_ops) {
     info.why_unusable = "device has no subgroup arithmetic in compute shaders";
-  } else if (info.queue_family == UINT32_MAX) {
+  } else if (info.queues.normal_family == UINT32_MAX) {
     info.why_unusable = "device has no compute queue";
   } else if (info.device_memory_type == UINT32_MAX || info.staging_memory_type == UINT32_MAX) {
     info.why_unusable = "device lacks a device-local or a host-visible coherent memory type";

@@ -81,8 +81,7 @@ struct PhysicalInfo {
   uint32_t device_memory_type = UINT32_MAX, staging_memory_type = UINT32_MAX;
   uint64_t heap_size = 0;
   uint64_t max_alloc = 0;  // maxMemoryAllocationSize, capped by maxBufferSize
-  uint32_t queue_family = UINT32_MAX, queue_count = 0;  // the normal streams' queues
-  QueuePlan queues;  // and the high-priority ones, where the driver allows them
+  QueuePlan queues;  // the normal streams' queue family, and the high-priority one if any
   uint32_t subgroup_size = 0;
   bool subgroup_shuffle = false;  // matvec.comp's xor shuffles (with subgroup_size >= 8)
   bool timestamps = false;

@@ -484,7 +484,7 @@ pc_error_t* StreamCreate(pc_device_t* device, int32_t priority, pc_stream_t** ou
     }
     VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
     pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-    pi.queueFamilyIndex = high ? d.info.queues.high_family : d.info.queue_family;
+    pi.queueFamilyIndex = high ? d.info.queues.high_family : d.info.queues.normal_family;
     VkResult r = vk.vkCreateCommandPool(d.device, &pi, nullptr, &st->command_pool);
     VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
     ti.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;

@@ -406,8 +406,12 @@ Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
 }
 
 // ---- SWIGLU, ADD ------------------------------------------------------------------------------
-Verdict Swiglu(Harness& h, bool aliased) {
-  if (!h.Supports(PC_OP_SWIGLU, {PC_DTYPE_F32})) return NotClaimed();
+// SWIGLU and GEGLU: out = act(gate) * up, with the same args layout (gate, up, out, n).
+template <typename Args>
+Verdict GatedActivation(Harness& h, pc_op_t op, bool aliased,
+                        std::vector<float> (*reference)(const std::vector<float>&,
+                                                        const std::vector<float>&)) {
+  if (!h.Supports(op, {PC_DTYPE_F32})) return NotClaimed();
   const int64_t n = 10007;
   std::vector<float> gate = h.RandomFloats(n, -6, 6), up = h.RandomFloats(n, -2, 2);
   PCC_ASSIGN(pc_devptr_t d_g, h.UploadVec(gate));
@@ -416,26 +420,18 @@ Verdict Swiglu(Harness& h, bool aliased) {
   if (!aliased) {
     PCC_ASSIGN(d_out, h.Alloc(n * sizeof(float)));
   }
-  pc_swiglu_args_t a{sizeof(pc_swiglu_args_t), d_g, d_u, d_out, n};
-  PCC_TRY(h.Launch(PC_OP_SWIGLU, &a));
+  Args a{sizeof(Args), d_g, d_u, d_out, n};
+  PCC_TRY(h.Launch(op, &a));
   PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n));
-  return CompareOutputs(out, ref::Swiglu(gate, up), 1e-5);
+  return CompareOutputs(out, reference(gate, up), 1e-5);
+}
+
+Verdict Swiglu(Harness& h, bool aliased) {
+  return GatedActivation<pc_swiglu_args_t>(h, PC_OP_SWIGLU, aliased, ref::Swiglu);
 }
 
 Verdict Geglu(Harness& h, bool aliased) {
-  if (!h.Supports(PC_OP_GEGLU, {PC_DTYPE_F32})) return NotClaimed();
-  const int64_t n = 10007;
-  std::vector<float> gate = h.RandomFloats(n, -6, 6), up = h.RandomFloats(n, -2, 2);
-  PCC_ASSIGN(pc_devptr_t d_g, h.UploadVec(gate));
-  PCC_ASSIGN(pc_devptr_t d_u, h.UploadVec(up));
-  pc_devptr_t d_out = d_g;
-  if (!aliased) {
-    PCC_ASSIGN(d_out, h.Alloc(n * sizeof(float)));
-  }
-  pc_geglu_args_t a{sizeof(pc_geglu_args_t), d_g, d_u, d_out, n};
-  PCC_TRY(h.Launch(PC_OP_GEGLU, &a));
-  PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, n));
-  return CompareOutputs(out, ref::Geglu(gate, up), 1e-5);
+  return GatedActivation<pc_geglu_args_t>(h, PC_OP_GEGLU, aliased, ref::Geglu);
 }
 
 Verdict Scale(Harness& h, bool aliased) {
