@@ -43,6 +43,7 @@ struct ServeOptions {
   double mem_fraction_static = 0;
   int64_t max_total_tokens = 0;
   int page_size = 16;
+  double swa_full_tokens_ratio = 0.5;
   int chunked_prefill_size = 512;
   double max_itl_ms = 0;
   bool disable_radix_cache = false;
@@ -124,6 +125,7 @@ int Serve(CLI::App& app, ServeOptions& o) {
   auto kv_type = ParseKvCacheType(o.kv_cache_dtype);
   if (!kv_type.ok()) return Fail(kv_type.status());
   ro.kv_dtype = *kv_type;
+  ro.swa_full_tokens_ratio = o.swa_full_tokens_ratio;
   const auto& cfg = mf->config;
   const int64_t ctx = o.context_length > 0 ? o.context_length
                                            : std::min<int64_t>(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096, 4096);
@@ -138,10 +140,15 @@ int Serve(CLI::App& app, ServeOptions& o) {
     if (!comm.ok()) return Fail(comm.status());
     const dist::KvBudget budget = dist::ComputeKvBudget(free_bytes, o.mem_fraction_static, *comm);
     spdlog::info("{}", budget.Describe());
-    const int64_t per_token = cfg.n_layer * cfg.n_head_kv *
-                              (cfg.head_dim + std::max(cfg.head_dim_v, cfg.head_dim)) *
-                              RowBytes(*kv_type, 1);
-    kv_tokens = static_cast<int64_t>(budget.kv_bytes) / std::max<int64_t>(per_token, 1);
+    // A token of the main pool costs every layer's K and V, less the sliding layers' share
+    // beyond the window pool's ratio (where that pool is used).
+    const double per_layer = double(cfg.n_head_kv) *
+                             (cfg.head_dim + std::max(cfg.head_dim_v, cfg.head_dim)) *
+                             RowBytes(*kv_type, 1);
+    const double ratio = std::clamp(o.swa_full_tokens_ratio, 0.0, 1.0);
+    const int64_t sliding = ratio > 0 ? cfg.NumSlidingLayers() : 0;
+    const double per_token = per_layer * (double(cfg.n_layer - sliding) + ratio * double(sliding));
+    kv_tokens = static_cast<int64_t>(double(budget.kv_bytes) / std::max(per_token, 1.0));
   }
   if (kv_tokens <= 0) kv_tokens = std::max<int64_t>(65536, ctx);
   ro.kv_tokens = std::max(kv_tokens, ctx);
@@ -234,6 +241,12 @@ int Serve(CLI::App& app, ServeOptions& o) {
   spdlog::info("polychip serve: model {} on {}:{} (context {}, {} KV blocks of {} tokens)",
                so.model_name, o.host, http.port(), engine.context_length(),
                (*runner)->num_kv_blocks(), (*runner)->block_size());
+  if ((*runner)->num_window_kv_blocks() > 0) {
+    spdlog::info("polychip serve: sliding-window layers keep the last {} positions in a pool of "
+                 "{} blocks (--swa-full-tokens-ratio {:g})",
+                 (*runner)->kv_window(), (*runner)->num_window_kv_blocks(),
+                 o.swa_full_tokens_ratio);
+  }
   std::fprintf(stderr, "listening on http://%s:%d\n", o.host.c_str(), http.port());
   http.Run();
   g_stop.store(true);
@@ -261,6 +274,11 @@ std::function<int()> SetupServe(CLI::App& app) {
                  "fraction of free device memory for the KV cache");
   app.add_option("--max-total-tokens", o->max_total_tokens, "KV cache size in tokens");
   app.add_option("--page-size", o->page_size, "tokens per KV block");
+  app.add_option("--swa-full-tokens-ratio", o->swa_full_tokens_ratio,
+                 "sliding-window layers (gemma3): their KV pool's size as a fraction of the "
+                 "full layers' tokens; blocks a sequence has moved a window past are released "
+                 "(0: those layers keep every block)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--max-itl-ms", o->max_itl_ms,
                  "inter-token latency target: while streams decode, each step's prompt tokens "
                  "are sized from the learned step costs to keep it (default off; "

@@ -713,7 +713,7 @@ StatusOr<std::string> RankDeviceFlag(const std::string& device_flag, int32_t ran
 // ---- the step protocol ----------------------------------------------------------------------
 // Each step: a header {kind, payload int32 count} then the payload, both broadcast from rank 0.
 // payload: n_seqs, then per sequence: seq_id (2 words), start_pos, logits mode, n_tokens,
-// n_blocks, tokens..., blocks...
+// n_blocks, n_window_blocks, tokens..., blocks..., window blocks...
 enum : int64_t { kStop = 0, kStep = 1 };
 
 std::vector<int32_t> Encode(std::span<const SequenceStep> batch) {
@@ -726,8 +726,10 @@ std::vector<int32_t> Encode(std::span<const SequenceStep> batch) {
     p.push_back(int32_t(s.logits));
     p.push_back(int32_t(s.tokens.size()));
     p.push_back(int32_t(s.block_table.size()));
+    p.push_back(int32_t(s.window_block_table.size()));
     p.insert(p.end(), s.tokens.begin(), s.tokens.end());
     p.insert(p.end(), s.block_table.begin(), s.block_table.end());
+    p.insert(p.end(), s.window_block_table.begin(), s.window_block_table.end());
   }
   return p;
 }
@@ -740,17 +742,19 @@ StatusOr<std::vector<SequenceStep>> Decode(const std::vector<int32_t>& p) {
   if (!need(1)) return Internal("dist: empty step message");
   const int32_t n = p[i++];
   for (int32_t k = 0; k < n; ++k) {
-    if (!need(6)) return Internal("dist: truncated step message");
+    if (!need(7)) return Internal("dist: truncated step message");
     SequenceStep s;
     s.seq_id = int64_t(uint64_t(uint32_t(p[i])) | (uint64_t(uint32_t(p[i + 1])) << 32));
     s.start_pos = p[i + 2];
     s.logits = static_cast<engine::LogitsMode>(p[i + 3]);
-    const size_t n_tok = size_t(p[i + 4]), n_blk = size_t(p[i + 5]);
-    i += 6;
-    if (!need(n_tok + n_blk)) return Internal("dist: truncated step message");
+    const size_t n_tok = size_t(uint32_t(p[i + 4])), n_blk = size_t(uint32_t(p[i + 5])),
+                 n_win = size_t(uint32_t(p[i + 6]));
+    i += 7;
+    if (!need(n_tok + n_blk + n_win)) return Internal("dist: truncated step message");
     s.tokens = {p.data() + i, n_tok};
     s.block_table = {p.data() + i + n_tok, n_blk};
-    i += n_tok + n_blk;
+    s.window_block_table = {p.data() + i + n_tok + n_blk, n_win};
+    i += n_tok + n_blk + n_win;
     batch.push_back(s);
   }
   return batch;
@@ -839,6 +843,8 @@ class TpRunner : public engine::ModelRunner {
   int64_t context_length() const override { return local_->context_length(); }
   int64_t block_size() const override { return local_->block_size(); }
   int64_t num_kv_blocks() const override { return local_->num_kv_blocks(); }
+  int64_t num_window_kv_blocks() const override { return local_->num_window_kv_blocks(); }
+  int64_t kv_window() const override { return local_->kv_window(); }
   int64_t hidden_size() const override { return local_->hidden_size(); }
 
   Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) override {

@@ -1,6 +1,7 @@
 #include "engine/block_manager.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "util/status.h"
 
@@ -17,16 +18,54 @@ struct BlockManager::Node {
   uint64_t evictable_tick = 0;  // the tick under which it sits in evictable_
 };
 
-BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache)
+BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache,
+                           WindowPool window_pool)
     : num_blocks_(num_blocks),
       block_size_(block_size),
       enable_prefix_cache_(enable_prefix_cache),
       ref_(num_blocks, 0),
-      root_(std::make_unique<Node>()) {
+      root_(std::make_unique<Node>()),
+      window_(window_pool) {
   PC_CHECK(num_blocks > 0 && block_size > 0);
+  PC_CHECK(window_.num_blocks >= 0 && (window_.num_blocks == 0 || window_.window > 0));
   free_.reserve(num_blocks);
   // Reversed so that block 0 is handed out first (easier to read in logs and tests).
   for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+  if (has_window_pool()) {
+    window_of_.assign(num_blocks, -1);
+    for (int32_t w = window_.num_blocks - 1; w >= 0; --w) window_free_.push_back(w);
+  }
+}
+
+int32_t BlockManager::NumAvailable() const {
+  const int32_t blocks = static_cast<int32_t>(free_.size()) + num_evictable_;
+  if (!has_window_pool()) return blocks;
+  return std::min(blocks, static_cast<int32_t>(window_free_.size()) + num_evictable_window_);
+}
+
+int32_t BlockManager::MaxStepTokens() const {
+  if (!has_window_pool()) return INT32_MAX;
+  // A sequence keeps at most window/bs + 3 blocks' shares (the window, a partial block each
+  // side, the margin of SlideWindow) and a step of n tokens adds at most n/bs + 1 blocks.
+  const int32_t keep = window_.window / block_size_ + 3;
+  return std::max(1, window_.num_blocks - keep - 1) * block_size_;
+}
+
+void BlockManager::DropWindowShare(int32_t block) {
+  if (!has_window_pool() || window_of_[block] < 0) return;
+  window_free_.push_back(window_of_[block]);
+  window_of_[block] = -1;
+}
+
+void BlockManager::SlideWindow(std::span<const int32_t> blocks, int32_t next_pos) {
+  if (!has_window_pool()) return;
+  // Block j's positions end at (j+1)*bs - 1; a query at q >= next_pos sees keys > q - window.
+  // One block more is kept, so that a later request matching this sequence up to its last
+  // whole block (next_pos - bs or later) still finds that point's window.
+  const int64_t last_hidden = int64_t(next_pos) - window_.window - block_size_;
+  for (size_t j = 0; j < blocks.size() && int64_t(j + 1) * block_size_ - 1 <= last_hidden; ++j) {
+    if (ref_[blocks[j]] == 1) DropWindowShare(blocks[j]);
+  }
 }
 
 BlockManager::~BlockManager() = default;
@@ -61,58 +100,78 @@ bool BlockManager::EvictOne() {
   block_node_.erase(block);
   parent->children.erase(node->key);  // destroys node
   --num_evictable_;
+  if (has_window_pool() && HasWindowShare(block)) --num_evictable_window_;
+  DropWindowShare(block);
   free_.push_back(block);
   ++stats_.evicted_blocks;
   UpdateEvictable(parent);
   return true;
 }
 
-int32_t BlockManager::PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens) const {
-  if (!enable_prefix_cache_) return 0;
+std::vector<BlockManager::Node*> BlockManager::UsablePath(std::span<const int32_t> tokens,
+                                                         int32_t max_tokens) const {
+  std::vector<Node*> path;
+  if (!enable_prefix_cache_) return path;
   const int32_t n = std::min<int64_t>(tokens.size(), std::max(max_tokens, 0)) / block_size_;
   const Node* node = root_.get();
-  int32_t matched = 0;
   for (int32_t i = 0; i < n; ++i) {
     auto chunk = Chunk(tokens, i);
     auto it = node->children.find(Key(chunk.begin(), chunk.end()));
     if (it == node->children.end()) break;
     node = it->second.get();
-    matched += block_size_;
+    path.push_back(it->second.get());
   }
-  return matched;
+  if (!has_window_pool()) return path;
+  // The sliding layers of the first token computed after m matched blocks (position m*bs) read
+  // positions (m*bs - window, m*bs): those blocks must still have their window shares.
+  for (int64_t m = static_cast<int64_t>(path.size()); m > 0; --m) {
+    const int64_t first = std::max<int64_t>(0, (m * block_size_ - window_.window + 1) / block_size_);
+    bool usable = true;
+    for (int64_t j = first; j < m && usable; ++j) usable = HasWindowShare(path[j]->block);
+    if (usable) {
+      path.resize(m);
+      return path;
+    }
+  }
+  path.clear();
+  return path;
+}
+
+int32_t BlockManager::PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens) const {
+  return static_cast<int32_t>(UsablePath(tokens, max_tokens).size()) * block_size_;
 }
 
 int32_t BlockManager::MatchPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
                                   std::vector<int32_t>* blocks) {
-  if (!enable_prefix_cache_) return 0;
-  const int32_t n = std::min<int64_t>(tokens.size(), std::max(max_tokens, 0)) / block_size_;
-  Node* node = root_.get();
-  int32_t matched = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    auto chunk = Chunk(tokens, i);
-    auto it = node->children.find(Key(chunk.begin(), chunk.end()));
-    if (it == node->children.end()) break;
-    node = it->second.get();
+  const std::vector<Node*> path = UsablePath(tokens, max_tokens);
+  for (Node* node : path) {
     if (ref_[node->block]++ == 0) {
       --num_evictable_;
       ++num_held_;
+      if (has_window_pool() && HasWindowShare(node->block)) --num_evictable_window_;
     }
     blocks->push_back(node->block);
-    matched += block_size_;
   }
-  if (node != root_.get()) Touch(node);  // also drops the now-held path from evictable_
-  return matched;
+  if (!path.empty()) Touch(path.back());  // also drops the now-held path from evictable_
+  return static_cast<int32_t>(path.size()) * block_size_;
 }
 
 bool BlockManager::Allocate(int32_t n, std::vector<int32_t>* blocks) {
   if (n <= 0) return true;
   if (NumAvailable() < n) return false;
-  while (static_cast<int32_t>(free_.size()) < n) PC_CHECK(EvictOne());
+  while (static_cast<int32_t>(free_.size()) < n ||
+         (has_window_pool() && static_cast<int32_t>(window_free_.size()) < n)) {
+    PC_CHECK(EvictOne());
+  }
   for (int32_t i = 0; i < n; ++i) {
     const int32_t b = free_.back();
     free_.pop_back();
     PC_CHECK(ref_[b] == 0);
     ref_[b] = 1;
+    if (has_window_pool()) {
+      window_of_[b] = window_free_.back();
+      window_free_.pop_back();
+    }
     blocks->push_back(b);
   }
   num_held_ += n;
@@ -126,9 +185,11 @@ void BlockManager::Release(std::span<const int32_t> blocks) {
     --num_held_;
     auto it = block_node_.find(b);
     if (it == block_node_.end()) {
+      DropWindowShare(b);
       free_.push_back(b);
     } else {
       ++num_evictable_;
+      if (has_window_pool() && HasWindowShare(b)) ++num_evictable_window_;
       UpdateEvictable(it->second);
     }
   }
@@ -151,6 +212,11 @@ void BlockManager::InsertPrefix(std::span<const int32_t> tokens, std::vector<int
         if (ref_[child->block]++ == 0) {
           --num_evictable_;
           ++num_held_;
+          if (has_window_pool() && HasWindowShare(child->block)) --num_evictable_window_;
+        }
+        // Same content: the tree's block takes over our window share if it has none.
+        if (has_window_pool() && window_of_[child->block] < 0) {
+          std::swap(window_of_[child->block], window_of_[mine]);
         }
         const int32_t duplicate = mine;
         mine = child->block;

@@ -8,6 +8,13 @@
 //   held       refcount > 0 (a running sequence uses it; cached blocks can be held by several);
 //   cached     refcount == 0 but in the radix tree: reusable by a later prefix match, evicted
 //              least-recently-used first when Allocate() runs out of free blocks.
+//
+// A model with sliding-window layers may keep those layers' KV in a window pool of its own
+// (WindowPool): each held block then also owns a window block for the sliding layers, and once
+// a sequence has moved `window` positions past a block, the block's window share is released
+// (SlideWindow) while the full layers keep theirs. A cached block whose window share is gone
+// still serves prefix matches, as long as the blocks in the window before the match's end
+// kept theirs (MatchPrefix stops earlier otherwise).
 // Not thread-safe: the engine thread is its only user.
 #pragma once
 
@@ -29,9 +36,17 @@ struct PrefixCacheStats {
   }
 };
 
+// The sliding layers' own pool: `num_blocks` window blocks (0: the sliding layers use the main
+// blocks, nothing is released) for layers that see the last `window` positions.
+struct WindowPool {
+  int32_t num_blocks = 0;
+  int32_t window = 0;
+};
+
 class BlockManager {
  public:
-  BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache);
+  BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache,
+               WindowPool window_pool = {});
   ~BlockManager();
   BlockManager(const BlockManager&) = delete;
   BlockManager& operator=(const BlockManager&) = delete;
@@ -40,8 +55,9 @@ class BlockManager {
   int32_t block_size() const { return block_size_; }
   bool prefix_cache_enabled() const { return enable_prefix_cache_; }
 
-  // Blocks Allocate() can hand out now: free plus cached-and-unreferenced (evictable).
-  int32_t NumAvailable() const { return static_cast<int32_t>(free_.size()) + num_evictable_; }
+  // Blocks Allocate() can hand out now: free plus cached-and-unreferenced (evictable); with a
+  // window pool, no more than it can pair with window blocks.
+  int32_t NumAvailable() const;
   int32_t NumFree() const { return static_cast<int32_t>(free_.size()); }
   // Blocks held by at least one sequence.
   int32_t NumHeld() const { return num_held_; }
@@ -80,6 +96,20 @@ class BlockManager {
   // Evicts every cached block nobody holds (POST /flush_cache). Returns how many were freed.
   int32_t Flush();
 
+  // ---- window pool (all no-ops without one) ----
+  bool has_window_pool() const { return window_.num_blocks > 0; }
+  int32_t num_window_blocks() const { return window_.num_blocks; }
+  int32_t NumWindowFree() const { return static_cast<int32_t>(window_free_.size()); }
+  // The window block paired with `block`, or -1 once it has been released (or without a pool).
+  int32_t WindowBlockOf(int32_t block) const { return has_window_pool() ? window_of_[block] : -1; }
+  // Releases the window share of the sequence's blocks that no query at position >= `next_pos`
+  // can see any more, less one block of margin (all their positions <= next_pos - window - bs).
+  // Blocks another sequence also holds keep theirs (that sequence may be behind).
+  void SlideWindow(std::span<const int32_t> blocks, int32_t next_pos);
+  // Most tokens one sequence may add in a step: its blocks' window shares (the window and the
+  // new tokens) must fit in the pool with room to spare. INT32_MAX without a pool.
+  int32_t MaxStepTokens() const;
+
   int32_t RefCount(int32_t block) const { return ref_[block]; }
   bool IsCached(int32_t block) const { return block_node_.count(block) != 0; }
   const PrefixCacheStats& stats() const { return stats_; }
@@ -88,6 +118,11 @@ class BlockManager {
   struct Node;
   using Key = std::vector<int32_t>;
 
+  // The cached path of `tokens`' whole blocks, at most max_tokens tokens, cut (with a window
+  // pool) to the longest prefix whose last window of blocks still has its window shares.
+  std::vector<Node*> UsablePath(std::span<const int32_t> tokens, int32_t max_tokens) const;
+  bool HasWindowShare(int32_t block) const { return !has_window_pool() || window_of_[block] >= 0; }
+  void DropWindowShare(int32_t block);  // back to window_free_ (if it has one)
   void Touch(Node* node);
   void UpdateEvictable(Node* node);
   bool EvictOne();
@@ -109,6 +144,13 @@ class BlockManager {
   int32_t num_evictable_ = 0;  // cached blocks with refcount 0 (leaves or not: see InsertPrefix)
   uint64_t tick_ = 0;
   PrefixCacheStats stats_;
+
+  WindowPool window_;
+  std::vector<int32_t> window_of_;    // block id -> its window block, -1: none
+  std::vector<int32_t> window_free_;  // a stack of free window blocks
+  // Evictable (cached, refcount 0) blocks that still have a window share: evicting them gives
+  // the share back, so Allocate can count on them.
+  int32_t num_evictable_window_ = 0;
 };
 
 }  // namespace polychip::engine

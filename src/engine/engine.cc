@@ -16,6 +16,7 @@ struct Engine::Sequence {
   int32_t max_total = 0;     // tokens.size() at which generation ends (length)
   int32_t num_computed = 0;  // tokens whose KV is in `blocks`
   std::vector<int32_t> blocks;
+  std::vector<int32_t> window_table;  // the window pool's blocks of `blocks` (RunPlan)
   int32_t priority = 0;
   int64_t arrival = 0;  // submission order; kept across preemption
   int32_t cached_tokens = 0;
@@ -50,7 +51,9 @@ Engine::Engine(ModelRunner* runner, EngineOptions options, PieceFn piece,
                                         runner->num_kv_blocks() * runner->block_size())),
       vocab_size_(runner->vocab_size()),
       blocks_(static_cast<int32_t>(runner->num_kv_blocks()),
-              static_cast<int32_t>(runner->block_size()), options.enable_prefix_cache) {
+              static_cast<int32_t>(runner->block_size()), options.enable_prefix_cache,
+              WindowPool{static_cast<int32_t>(runner->num_window_kv_blocks()),
+                         static_cast<int32_t>(runner->kv_window())}) {
   stats_.kv_blocks_total = blocks_.num_blocks();
 }
 
@@ -299,6 +302,7 @@ bool Engine::GrowBlocks(Sequence* seq, int32_t n_tokens) {
   const int64_t bs = blocks_.block_size();
   const int64_t needed = (seq->num_computed + n_tokens + bs - 1) / bs;
   const int32_t missing = static_cast<int32_t>(needed - static_cast<int64_t>(seq->blocks.size()));
+  blocks_.SlideWindow(seq->blocks, seq->num_computed);  // window shares it no longer needs
   return blocks_.Allocate(missing, &seq->blocks);
 }
 
@@ -337,7 +341,8 @@ bool Engine::PlanRunning(std::vector<Planned>* plan, int32_t* budget) {
   for (auto it = running_.begin(); it != running_.end();) {
     Sequence* s = it->get();
     const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
-    const int32_t n = remaining == 1 ? 1 : std::min(remaining, *budget);
+    const int32_t n =
+        remaining == 1 ? 1 : std::min({remaining, *budget, blocks_.MaxStepTokens()});
     if (n <= 0) {
       ++it;
       continue;
@@ -391,6 +396,7 @@ void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
       if (s->embed == Pooling::kNone) {
         s->num_computed = blocks_.MatchPrefix(
             s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, &s->blocks);
+        blocks_.SlideWindow(s->blocks, s->num_computed);
       }
       s->matched = true;
     }
@@ -408,7 +414,7 @@ void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
       continue;
     }
     const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
-    const int32_t n = std::min(remaining, *budget);
+    const int32_t n = std::min({remaining, *budget, blocks_.MaxStepTokens()});
     const int64_t missing = (s->num_computed + n + bs - 1) / bs - static_cast<int64_t>(s->blocks.size());
     const int32_t usable = blocks_.NumAvailable() - (running_.empty() ? 0 : reserve);
     if (missing > usable) {
@@ -541,6 +547,15 @@ Status Engine::RunPlan(const std::vector<Planned>& plan, std::vector<SequenceSte
     st.tokens = std::span<const int32_t>(p.seq->tokens).subspan(p.seq->num_computed, p.n_tokens);
     st.start_pos = p.seq->num_computed;
     st.block_table = p.seq->blocks;
+    if (blocks_.has_window_pool()) {
+      // Released shares read the pool's spare block (num_window_blocks()), which stays zero.
+      p.seq->window_table.clear();
+      for (int32_t b : p.seq->blocks) {
+        const int32_t w = blocks_.WindowBlockOf(b);
+        p.seq->window_table.push_back(w >= 0 ? w : blocks_.num_window_blocks());
+      }
+      st.window_block_table = p.seq->window_table;
+    }
     const bool last = p.seq->num_computed + p.n_tokens == static_cast<int32_t>(p.seq->tokens.size());
     switch (p.seq->embed) {
       case Pooling::kNone:
@@ -719,6 +734,8 @@ void Engine::PublishStats() {
   }
   stats_.kv_blocks_held = blocks_.NumHeld();
   stats_.kv_blocks_cached = blocks_.NumCached();
+  stats_.window_blocks_total = blocks_.num_window_blocks();
+  stats_.window_blocks_free = blocks_.NumWindowFree();
   stats_.prefix = blocks_.stats();
 }
 
@@ -743,6 +760,12 @@ void Engine::RenderMetrics(std::string* out) const {
         s.kv_blocks_cached);
   gauge("polychip_kv_cache_usage", "gauge", "Fraction of KV blocks held by running requests.",
         s.kv_blocks_total ? static_cast<double>(s.kv_blocks_held) / s.kv_blocks_total : 0.0);
+  if (s.window_blocks_total > 0) {
+    gauge("polychip_kv_window_blocks_total", "gauge",
+          "KV blocks of the sliding-window layers' pool.", s.window_blocks_total);
+    gauge("polychip_kv_window_blocks_free", "gauge",
+          "Free blocks of the sliding-window layers' pool.", s.window_blocks_free);
+  }
   gauge("polychip_prefix_cache_hit_rate", "gauge",
         "Prompt tokens found in the prefix cache / prompt tokens looked up.", s.prefix.hit_rate());
   gauge("polychip_prefix_cache_hit_tokens_total", "counter", "Prompt tokens reused from cache.",

@@ -59,6 +59,8 @@ struct EngineStats {
   int32_t kv_blocks_total = 0;
   int32_t kv_blocks_held = 0;    // by running sequences
   int32_t kv_blocks_cached = 0;  // in the prefix cache (held or not)
+  int32_t window_blocks_total = 0;  // the sliding layers' window pool (0: none)
+  int32_t window_blocks_free = 0;
   PrefixCacheStats prefix;
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0;      // prompt tokens of finished and running requests

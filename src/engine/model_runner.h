@@ -35,6 +35,9 @@ struct SequenceStep {
   int32_t start_pos = 0;                 // position of tokens[0] = tokens already in the KV cache
   std::span<const int32_t> block_table;  // block ids covering positions [0, start_pos + n)
   LogitsMode logits = LogitsMode::kLast;
+  // With a window pool (ModelRunner::num_window_kv_blocks() > 0): the sliding layers' blocks
+  // for the same positions; num_window_kv_blocks() (a spare block) where released.
+  std::span<const int32_t> window_block_table;
 };
 
 class ModelRunner {
@@ -45,6 +48,11 @@ class ModelRunner {
   virtual int64_t context_length() const = 0;  // max positions per sequence
   virtual int64_t block_size() const = 0;      // token slots per KV block
   virtual int64_t num_kv_blocks() const = 0;   // KV blocks available to the engine
+  // Sliding-window layers with KV blocks of their own, released once a sequence has moved
+  // kv_window() positions past them: the size of that window pool (0: those layers use the main
+  // blocks, nothing is released) and the window. See BlockManager's WindowPool.
+  virtual int64_t num_window_kv_blocks() const { return 0; }
+  virtual int64_t kv_window() const { return 0; }
   // Floats per hidden-state row (the model width); 0: this runner cannot return hidden states
   // (a step asking for them fails).
   virtual int64_t hidden_size() const { return 0; }

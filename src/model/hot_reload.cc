@@ -108,6 +108,8 @@ StatusOr<std::unique_ptr<ReloadableRunner>> ReloadableRunner::Create(
   r->context_length_ = r->runner_->context_length();
   r->block_size_ = r->runner_->block_size();
   r->num_kv_blocks_ = r->runner_->num_kv_blocks();
+  r->num_window_kv_blocks_ = r->runner_->num_window_kv_blocks();
+  r->kv_window_ = r->runner_->kv_window();
   return r;
 }
 
@@ -206,7 +208,8 @@ Status ReloadableRunner::Build(const std::string& path, const runtime::PluginSpe
   *stage = "runner";
   PC_ASSIGN_OR_RETURN(auto runner, TransformerRunner::Create(file_, config_, device, options_));
   if (runner->num_kv_blocks() != num_kv_blocks_ || runner->block_size() != block_size_ ||
-      runner->context_length() != context_length_) {
+      runner->context_length() != context_length_ ||
+      runner->num_window_kv_blocks() != num_window_kv_blocks_) {
     return FailedPrecondition(
         "the new runner's KV cache is " + std::to_string(runner->num_kv_blocks()) +
         " blocks of " + std::to_string(runner->block_size()) + " tokens (context " +

@@ -68,6 +68,8 @@ class ReloadableRunner : public engine::ModelRunner {
   int64_t context_length() const override { return context_length_; }
   int64_t block_size() const override { return block_size_; }
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }
+  int64_t num_window_kv_blocks() const override { return num_window_kv_blocks_; }
+  int64_t kv_window() const override { return kv_window_; }
   int64_t hidden_size() const override { return config_.n_embd; }
   Status Forward(std::span<const engine::SequenceStep> batch,
                  std::vector<float>* logits) override;
@@ -109,6 +111,8 @@ class ReloadableRunner : public engine::ModelRunner {
   int64_t context_length_ = 0;
   int64_t block_size_ = 0;
   int64_t num_kv_blocks_ = 0;
+  int64_t num_window_kv_blocks_ = 0;
+  int64_t kv_window_ = 0;
 
   mutable std::mutex mu_;  // guards the three below against /metrics and device() readers
   std::unique_ptr<TransformerRunner> runner_;

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "model/op_coverage.h"
@@ -60,6 +61,15 @@ Status TransformerRunner::Init(const GgufFile& file) {
   const int64_t kv_tokens = o.kv_tokens > 0 ? o.kv_tokens : context_length_;
   num_blocks_ = CeilDiv(kv_tokens, o.block_size);
   max_blocks_per_seq_ = CeilDiv(context_length_, o.block_size);
+  // The sliding layers' window pool: never smaller than one sequence needs to step (the window,
+  // three blocks of slack and a 64-token chunk: BlockManager::MaxStepTokens), and only where it
+  // saves memory (smaller than the main pool).
+  if (c.NumSlidingLayers() > 0 && o.swa_full_tokens_ratio > 0) {
+    const int64_t least = c.sliding_window / o.block_size + 4 + CeilDiv(64, o.block_size);
+    const int64_t wanted = std::max<int64_t>(
+        least, static_cast<int64_t>(std::ceil(double(num_blocks_) * o.swa_full_tokens_ratio)));
+    if (wanted < num_blocks_) num_window_blocks_ = wanted;
+  }
 
   // LongRoPE (phi3): the long factors serve contexts beyond the original one, as llama.cpp
   // chooses them by its context size.
@@ -116,19 +126,29 @@ Status TransformerRunner::Init(const GgufFile& file) {
   if (tp.size > 1) transformer_->SetTensorParallel(&options_.tensor_parallel);
   if (pipeline) transformer_->SetPipeline(&options_.pipeline);
 
-  // KV cache: per layer, K and V of [n_blocks, block_size, n_head_kv, head_dim].
-  const uint64_t kv_layer_bytes = uint64_t(num_blocks_) * o.block_size * c.n_head_kv *
-                                  c.head_dim * ElementBytes(o.kv_dtype);
+  // KV cache: per layer, K and V of [n_blocks, block_size, n_head_kv, head_dim]; a sliding
+  // layer with the window pool has its blocks plus a spare one, zeroed, that released blocks'
+  // table entries point to (the window masks what it holds; it is never written).
+  const uint64_t kv_block_bytes =
+      uint64_t(o.block_size) * c.n_head_kv * c.head_dim * ElementBytes(o.kv_dtype);
   kv_.dtype = o.kv_dtype;
   kv_.block_size = o.block_size;
+  kv_.window_pool = num_window_blocks_ > 0;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     if (l < layer_begin || l >= layer_end) {  // another pipeline stage's layer
       kv_.k.push_back(0);
       kv_.v.push_back(0);
       continue;
     }
+    const bool windowed = kv_.window_pool && c.IsSlidingLayer(l);
+    const uint64_t kv_layer_bytes =
+        uint64_t(windowed ? num_window_blocks_ + 1 : num_blocks_) * kv_block_bytes;
     for (auto* list : {&kv_.k, &kv_.v}) {
       PC_ASSIGN_OR_RETURN(PoolBuffer b, PoolBuffer::Allocate(pool_, kv_layer_bytes));
+      if (windowed) {
+        PC_RETURN_IF_ERROR(stream_->Memset(b.ptr() + num_window_blocks_ * kv_block_bytes, 0,
+                                           kv_block_bytes));
+      }
       list->push_back(b.ptr());
       kv_buffers_.push_back(std::move(b));
       kv_bytes_ += kv_layer_bytes;
@@ -157,9 +177,10 @@ Status TransformerRunner::Init(const GgufFile& file) {
                       alloc(o.max_logit_rows * (tp.size > 1 ? weights_->vocab.rows : c.n_vocab)));
 
   // tokens, positions, slots, rows: [T]; query_start [T + 1]; seq_lens [T];
-  // block_tables [T, max_blocks_per_seq].
-  const int64_t meta_elems =
-      5 * Align64(T) + Align64(T + 1) + Align64(T * max_blocks_per_seq_);
+  // block_tables [T, max_blocks_per_seq]; with the window pool, window slots [T] and window
+  // block tables [T, max_blocks_per_seq].
+  const int64_t meta_elems = 5 * Align64(T) + Align64(T + 1) + Align64(T * max_blocks_per_seq_) +
+                             (kv_.window_pool ? Align64(T) + Align64(T * max_blocks_per_seq_) : 0);
   meta_bytes_ = uint64_t(meta_elems) * 4;
   PC_ASSIGN_OR_RETURN(meta_, PoolBuffer::Allocate(pool_, meta_bytes_));
   host_meta_.resize(meta_elems);
@@ -183,6 +204,28 @@ Status TransformerRunner::Validate(const SequenceStep& s) const {
       return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": block id " +
                              std::to_string(b) + " out of range [0, " +
                              std::to_string(num_blocks_) + ")");
+    }
+  }
+  if (num_window_blocks_ > 0) {
+    const auto& w = s.window_block_table;
+    if (int64_t(w.size()) < CeilDiv(end, options_.block_size)) {
+      return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": window block table has " +
+                             std::to_string(w.size()) + " blocks, " +
+                             std::to_string(CeilDiv(end, options_.block_size)) + " needed");
+    }
+    for (int32_t b : w) {
+      if (b < 0 || b > num_window_blocks_) {
+        return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": window block id " +
+                               std::to_string(b) + " out of range [0, " +
+                               std::to_string(num_window_blocks_) + "]");
+      }
+    }
+    // The new tokens' K/V go to real blocks, never to the spare one.
+    for (int64_t b = s.start_pos / options_.block_size; b < CeilDiv(end, options_.block_size); ++b) {
+      if (w[b] == num_window_blocks_) {
+        return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": window block " +
+                               std::to_string(b) + " (positions being written) was released");
+      }
     }
   }
   for (int32_t t : s.tokens) {
@@ -253,7 +296,10 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   int32_t* m = host_meta_.data();
   const int64_t o_tokens = 0, o_pos = Align64(T_cap), o_slots = 2 * Align64(T_cap),
                 o_rows = 3 * Align64(T_cap), o_lens = 4 * Align64(T_cap),
-                o_qstart = 5 * Align64(T_cap), o_tables = o_qstart + Align64(T_cap + 1);
+                o_qstart = 5 * Align64(T_cap), o_tables = o_qstart + Align64(T_cap + 1),
+                o_wslots = o_tables + Align64(T_cap * max_blocks_per_seq_),
+                o_wtables = o_wslots + Align64(T_cap);
+  const bool window = kv_.window_pool;
   int64_t t = 0, n_rows = 0;
   row_hidden_.clear();
   for (int64_t s = 0; s < n_seqs; ++s) {
@@ -264,6 +310,11 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
     for (int64_t b = 0; b < max_blocks; ++b) {
       m[o_tables + s * max_blocks + b] =
           b < int64_t(seq.block_table.size()) ? seq.block_table[b] : 0;
+      if (window) {
+        m[o_wtables + s * max_blocks + b] = b < int64_t(seq.window_block_table.size())
+                                                ? seq.window_block_table[b]
+                                                : static_cast<int32_t>(num_window_blocks_);
+      }
     }
     const bool last_piece = p.begin + p.count == int64_t(seq.tokens.size());
     for (int64_t i = 0; i < p.count; ++i, ++t) {
@@ -271,6 +322,9 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
       m[o_tokens + t] = seq.tokens[p.begin + i];
       m[o_pos + t] = static_cast<int32_t>(pos);
       m[o_slots + t] = static_cast<int32_t>(seq.block_table[pos / bs] * bs + pos % bs);
+      if (window) {
+        m[o_wslots + t] = static_cast<int32_t>(seq.window_block_table[pos / bs] * bs + pos % bs);
+      }
       const bool every = seq.logits == LogitsMode::kAll || seq.logits == LogitsMode::kHiddenAll;
       const bool last = (seq.logits == LogitsMode::kLast ||
                          seq.logits == LogitsMode::kHiddenLast) &&
@@ -287,7 +341,8 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   }
 
   const DevPtr base = meta_.ptr();
-  const uint64_t copy_bytes = uint64_t(o_tables + n_seqs * max_blocks) * 4;
+  const uint64_t copy_bytes =
+      uint64_t(window ? o_wtables + n_seqs * max_blocks : o_tables + n_seqs * max_blocks) * 4;
   PC_RETURN_IF_ERROR(stream_->CopyH2D(base, host_meta_.data(), copy_bytes));
 
   StepInputs in;
@@ -299,6 +354,10 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   in.query_start = base + o_qstart * 4;
   in.seq_lens = base + o_lens * 4;
   in.block_tables = base + o_tables * 4;
+  if (window) {
+    in.window_slots = base + o_wslots * 4;
+    in.window_block_tables = base + o_wtables * 4;
+  }
   in.max_blocks_per_seq = max_blocks;
   in.max_seq_len = max_len;
   PC_RETURN_IF_ERROR(transformer_->Layers(*stream_, in, buf_, kv_));

@@ -26,6 +26,12 @@ struct RunnerOptions {
   int64_t context_length = 0;        // max positions per sequence; 0: min(n_ctx_train, 4096)
   int64_t kv_tokens = 0;             // token slots in the KV cache; 0: context_length
   int64_t block_size = 16;           // token slots per KV block
+  // Sliding-window layers (gemma3): their KV in a window pool of its own, this fraction of the
+  // main pool's token slots (as SGLang's --swa-full-tokens-ratio), whose blocks the engine
+  // releases once a sequence has moved a window past them. 0, or a pool no smaller than the
+  // main one: those layers share the main blocks (callers that build steps without the engine
+  // must leave it 0). Never below what one sequence needs to make progress.
+  double swa_full_tokens_ratio = 0;
   DType kv_dtype = DType::kF16;      // F16 (default, as llama.cpp), F32 or BF16
   int64_t max_tokens_per_step = 512; // activation workspace rows
   int64_t max_logit_rows = 64;       // logits computed per output launch
@@ -50,6 +56,8 @@ class TransformerRunner : public engine::ModelRunner {
   int64_t context_length() const override { return context_length_; }
   int64_t block_size() const override { return options_.block_size; }
   int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t num_window_kv_blocks() const override { return num_window_blocks_; }
+  int64_t kv_window() const override { return num_window_blocks_ > 0 ? config_.sliding_window : 0; }
   int64_t hidden_size() const override { return config_.n_embd; }
 
   Status Forward(std::span<const engine::SequenceStep> batch,
@@ -86,6 +94,7 @@ class TransformerRunner : public engine::ModelRunner {
   RunnerOptions options_;
   int64_t context_length_ = 0;
   int64_t num_blocks_ = 0;
+  int64_t num_window_blocks_ = 0;  // 0: no window pool
   int64_t max_blocks_per_seq_ = 0;
   uint64_t kv_bytes_ = 0;
 
@@ -96,7 +105,7 @@ class TransformerRunner : public engine::ModelRunner {
   std::vector<float> shard_logits_, gathered_logits_;  // tensor parallel: CopyLogits's staging
 
   std::vector<PoolBuffer> kv_buffers_;  // K and V of every layer
-  KvCacheView kv_;
+  KvCacheView kv_;  // with a window pool, the sliding layers' K/V have its blocks
   std::vector<PoolBuffer> work_;        // activation buffers
   StepBuffers buf_;
   runtime::DevPtr h_ = 0;        // [max_logit_rows, n_embd]

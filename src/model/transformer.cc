@@ -163,7 +163,8 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     store.v = b.v;
     store.k_cache = kv.k[l];
     store.v_cache = kv.v[l];
-    store.slots = in.slots;
+    const bool own_pool = sliding && kv.window_pool;
+    store.slots = own_pool ? in.window_slots : in.slots;
     store.cache_dtype = kv.dtype;
     store.n_tokens = T;
     store.n_kv_heads = c.n_head_kv;
@@ -178,7 +179,7 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     att.out = b.attn;
     att.query_start = in.query_start;
     att.seq_lens = in.seq_lens;
-    att.block_tables = in.block_tables;
+    att.block_tables = own_pool ? in.window_block_tables : in.block_tables;
     att.cache_dtype = kv.dtype;
     att.n_tokens = T;
     att.n_seqs = in.n_seqs;

@@ -42,11 +42,14 @@ ArchTraits Gemma3Traits();    // gemma3.cc
 ArchTraits TraitsFor(Arch arch);
 
 // The paged KV cache: per layer one K and one V buffer of
-// [n_blocks, block_size, n_head_kv, head_dim] elements of `dtype`.
+// [n_blocks, block_size, n_head_kv, head_dim] elements of `dtype`. With a window pool
+// (`window_pool`), the sliding layers' buffers have that pool's blocks and their steps use
+// StepInputs' window_slots and window_block_tables.
 struct KvCacheView {
   std::vector<runtime::DevPtr> k, v;  // [n_layer]
   DType dtype = DType::kF16;
   int64_t block_size = 16;
+  bool window_pool = false;
 };
 
 // Index arrays of one step, already on the device (all int32).
@@ -59,6 +62,9 @@ struct StepInputs {
   runtime::DevPtr query_start = 0;   // [n_seqs + 1]
   runtime::DevPtr seq_lens = 0;      // [n_seqs]
   runtime::DevPtr block_tables = 0;  // [n_seqs, max_blocks_per_seq]
+  // The same for the sliding layers' window pool (KvCacheView::window_pool).
+  runtime::DevPtr window_slots = 0;
+  runtime::DevPtr window_block_tables = 0;
   int64_t max_blocks_per_seq = 0;
   int64_t max_seq_len = 0;
 };

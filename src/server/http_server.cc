@@ -290,6 +290,11 @@ class HttpServer::Impl {
     info["num_running_reqs"] = s.running;
     info["num_queue_reqs"] = s.queued;
     info["kv_blocks_used"] = s.kv_blocks_held;
+    if (s.window_blocks_total > 0) {  // the sliding-window layers' own pool
+      info["swa_max_total_num_tokens"] = s.window_blocks_total * engine_->runner().block_size();
+      info["swa_kv_blocks_free"] = s.window_blocks_free;
+      info["sliding_window"] = engine_->runner().kv_window();
+    }
     info["prefix_cache_hit_rate"] = s.prefix.hit_rate();
     info["num_preemptions"] = s.preemptions;
     if (options_.live_info) info.update(options_.live_info());

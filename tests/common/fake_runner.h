@@ -1,7 +1,10 @@
 // A deterministic toy model behind the ModelRunner interface, for engine and server tests.
 // Its "KV cache" stores, per block slot, the token and position written there; the next token
 // is a hash of every token READ BACK through the block table, so wrong block tables, wrong
-// prefix-cache reuse or a lost preemption show up as different outputs.
+// prefix-cache reuse or a lost preemption show up as different outputs. With a window pool
+// (set_window_pool), every token also goes to its window block, and every query checks that the
+// last `window` positions up to its own read back from the window blocks (a window share
+// released too early, or shared by two sequences, fails the step).
 #pragma once
 
 #include <algorithm>
@@ -10,6 +13,7 @@
 #include <thread>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/model_runner.h"
@@ -42,6 +46,15 @@ class FakeRunner : public ModelRunner {
   int64_t context_length() const override { return context_; }
   int64_t block_size() const override { return block_size_; }
   int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t num_window_kv_blocks() const override { return num_window_blocks_; }
+  int64_t kv_window() const override { return window_; }
+
+  // `blocks` window blocks (plus the spare one, id `blocks`) for a window of `window` positions.
+  void set_window_pool(int64_t blocks, int64_t window) {
+    num_window_blocks_ = blocks;
+    window_ = window;
+    wkv_.assign((blocks + 1) * block_size_, Slot{-1, -1});
+  }
 
   Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -63,6 +76,7 @@ class FakeRunner : public ModelRunner {
         if (block < 0 || block >= num_blocks_) return Internal("bad block id");
         kv_[block * block_size_ + pos % block_size_] = Slot{s.tokens[i], static_cast<int32_t>(pos)};
       }
+      if (num_window_blocks_ > 0) PC_RETURN_IF_ERROR(CheckWindow(s, end));
       if (s.logits == LogitsMode::kNone) continue;
       // Read the whole history back from the KV cache.
       std::vector<int32_t> history;
@@ -88,6 +102,7 @@ class FakeRunner : public ModelRunner {
   void WipeKv() {
     std::lock_guard<std::mutex> lock(mu_);
     std::fill(kv_.begin(), kv_.end(), Slot{-1, -1});
+    std::fill(wkv_.begin(), wkv_.end(), Slot{-1, -1});
   }
   // Makes every step take at least this long (so that tests can act mid-request).
   void set_step_delay_us(int64_t us) { step_delay_us_ = us; }
@@ -102,9 +117,36 @@ class FakeRunner : public ModelRunner {
     int32_t token;
     int32_t pos;
   };
+  // Writes the step's tokens to their window blocks, then reads back each query's window.
+  Status CheckWindow(const SequenceStep& s, int64_t end) {
+    const auto& w = s.window_block_table;
+    if (static_cast<int64_t>(w.size()) * block_size_ < end) return Internal("window table too short");
+    for (int32_t b : w) {
+      if (b < 0 || b > num_window_blocks_) return Internal("bad window block id");
+    }
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      const int64_t pos = s.start_pos + static_cast<int64_t>(i);
+      const int32_t block = w[pos / block_size_];
+      if (block == num_window_blocks_) return Internal("a token written to the spare window block");
+      wkv_[block * block_size_ + pos % block_size_] = Slot{s.tokens[i], static_cast<int32_t>(pos)};
+    }
+    for (int64_t q = s.start_pos; q < end; ++q) {
+      for (int64_t pos = std::max<int64_t>(0, q - window_ + 1); pos <= q; ++pos) {
+        const Slot& got = wkv_[w[pos / block_size_] * block_size_ + pos % block_size_];
+        const Slot& want = kv_[s.block_table[pos / block_size_] * block_size_ + pos % block_size_];
+        if (got.pos != pos || got.token != want.token) {
+          return Internal("window KV slot of position " + std::to_string(pos) +
+                          " lost (query at " + std::to_string(q) + ")");
+        }
+      }
+    }
+    return Status::Ok();
+  }
   int64_t vocab_, context_, block_size_, num_blocks_;
   std::mutex mu_;
   std::vector<Slot> kv_;  // [num_blocks * block_size]
+  int64_t num_window_blocks_ = 0, window_ = 0;
+  std::vector<Slot> wkv_;  // [(num_window_blocks + 1) * block_size]
   std::atomic<int64_t> step_delay_us_{0};
   int64_t steps_ = 0, tokens_processed_ = 0, max_step_tokens_ = 0, max_batch_ = 0,
           mixed_steps_ = 0;

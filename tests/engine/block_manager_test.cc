@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <numeric>
 
 namespace polychip::engine {
@@ -128,6 +129,96 @@ TEST(BlockManager, DisabledCacheNeverMatches) {
   EXPECT_EQ(bm.MatchPrefix(t, 4, &b), 0);
   EXPECT_EQ(bm.NumCached(), 0);
   EXPECT_EQ(bm.NumFree(), 4);
+}
+
+// ---- the window pool ----
+
+TEST(BlockManagerWindowPool, AllocationPairsWindowBlocksAndSlidingReleasesThem) {
+  BlockManager bm(16, 4, true, WindowPool{6, 8});
+  std::vector<int32_t> a;
+  ASSERT_TRUE(bm.Allocate(5, &a));
+  EXPECT_EQ(bm.NumWindowFree(), 1);
+  EXPECT_EQ(bm.NumAvailable(), 1);  // the window pool is the limit now
+  std::vector<int32_t> b;
+  EXPECT_FALSE(bm.Allocate(2, &b));
+  for (int32_t blk : a) EXPECT_GE(bm.WindowBlockOf(blk), 0);
+  // The next query is at 24: it sees (16, 24]; with one block of margin, blocks 0-2 (last
+  // position 11 <= 24 - 8 - 4) go and block 3 (12-15) stays.
+  bm.SlideWindow(a, 24);
+  EXPECT_EQ(bm.WindowBlockOf(a[0]), -1);
+  EXPECT_EQ(bm.WindowBlockOf(a[1]), -1);
+  EXPECT_EQ(bm.WindowBlockOf(a[2]), -1);
+  EXPECT_GE(bm.WindowBlockOf(a[3]), 0);
+  EXPECT_EQ(bm.NumWindowFree(), 4);
+  EXPECT_TRUE(bm.Allocate(2, &b));
+  bm.Release(a);
+  bm.Release(b);
+  EXPECT_EQ(bm.NumWindowFree(), 6);
+  EXPECT_EQ(bm.NumFree(), 16);
+}
+
+TEST(BlockManagerWindowPool, SharedBlocksKeepTheirShares) {
+  BlockManager bm(16, 4, true, WindowPool{8, 4});
+  auto tokens = Iota(16, 10);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(bm.Allocate(4, &a));
+  bm.InsertPrefix(tokens, &a);
+  std::vector<int32_t> b;
+  EXPECT_EQ(bm.MatchPrefix(tokens, 15, &b), 12);  // another sequence, still at position 12
+  bm.SlideWindow(a, 20);
+  for (int i = 0; i < 3; ++i) EXPECT_GE(bm.WindowBlockOf(a[i]), 0) << i;  // shared with b
+  bm.Release(b);
+  bm.SlideWindow(a, 20);  // a alone now: blocks 0-2 (last position 11 <= 20 - 4 - 4) go
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(bm.WindowBlockOf(a[i]), -1) << i;
+  EXPECT_GE(bm.WindowBlockOf(a[3]), 0);
+  bm.Release(a);
+}
+
+TEST(BlockManagerWindowPool, PrefixMatchesStopWhereTheWindowWasReleased) {
+  BlockManager bm(32, 4, true, WindowPool{16, 8});
+  auto tokens = Iota(40, 1);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(bm.Allocate(10, &a));
+  bm.SlideWindow(a, 24);  // blocks 0-2 (positions 0-11, 11 <= 24 - 8 - 4) lose their shares
+  bm.InsertPrefix(tokens, &a);
+  bm.Release(a);
+  // A match ending at m blocks needs blocks (4m - 7) / 4 .. m - 1: any m >= 5 works (its window
+  // starts at block 3 or later), so the whole 10-block match stands.
+  std::vector<int32_t> b;
+  EXPECT_EQ(bm.MatchPrefix(tokens, 40, &b), 40);
+  bm.Release(b);
+  b.clear();
+  // Ending at 4 blocks (16 tokens) needs blocks 2 and 3, released: the match gives up there
+  // and, further back, everything below lost its shares too.
+  EXPECT_EQ(bm.PeekPrefix(tokens, 19), 0);
+  EXPECT_EQ(bm.MatchPrefix(tokens, 19, &b), 0);
+  EXPECT_TRUE(b.empty());
+  // Eviction gives the remaining shares back: everything is free after a flush.
+  EXPECT_EQ(bm.Flush(), 10);
+  EXPECT_EQ(bm.NumWindowFree(), 16);
+  EXPECT_EQ(bm.NumFree(), 32);
+}
+
+TEST(BlockManagerWindowPool, AllocateEvictsCachedBlocksForWindowShares) {
+  BlockManager bm(32, 4, true, WindowPool{6, 4});
+  auto tokens = Iota(24, 1);
+  std::vector<int32_t> a;
+  ASSERT_TRUE(bm.Allocate(6, &a));
+  bm.InsertPrefix(tokens, &a);
+  bm.Release(a);  // cached, unreferenced, every share kept
+  EXPECT_EQ(bm.NumWindowFree(), 0);
+  EXPECT_EQ(bm.NumAvailable(), 6);  // evicting them gives the shares back
+  std::vector<int32_t> b;
+  ASSERT_TRUE(bm.Allocate(6, &b));
+  EXPECT_EQ(bm.NumCached(), 0);
+  EXPECT_EQ(bm.NumAvailable(), 0);
+  bm.Release(b);
+}
+
+TEST(BlockManagerWindowPool, MaxStepTokensLeavesRoomForTheWindow) {
+  EXPECT_EQ(BlockManager(64, 4, true).MaxStepTokens(), INT32_MAX);
+  // 20 window blocks, window 16: a sequence keeps 16/4 + 3 = 7, one more for a partial block.
+  EXPECT_EQ(BlockManager(64, 4, true, WindowPool{20, 16}).MaxStepTokens(), 12 * 4);
 }
 
 }  // namespace

@@ -254,6 +254,92 @@ TEST(Engine, PrefixCacheReusesSharedPrompt) {
   }
 }
 
+// A window pool too small for one request's whole length: the engine must release the window
+// shares a sequence has moved past (FakeRunner fails any query whose window was lost).
+TEST(Engine, WindowPoolReleasesBlocksOutsideTheWindow) {
+  FakeRunner runner(kVocab, 512, 4, 128);
+  runner.set_window_pool(/*blocks=*/12, /*window=*/8);
+  EngineOptions opt;
+  opt.chunked_prefill_size = 64;
+  Engine engine(&runner, opt, Piece, {0});
+  auto prompt = Prompt(100, 4);
+  auto s = engine.Submit(Input(prompt, 60));  // 160 positions: 40 blocks, 3x the pool
+  ASSERT_TRUE(s.ok());
+  engine.RunUntilIdle(100000);
+  Result r;
+  Drain(**s, &r);
+  ASSERT_TRUE(r.finished);
+  ASSERT_TRUE(r.last.error.ok()) << r.last.error.ToString();
+  EXPECT_EQ(r.tokens, FakeRunner::Reference(prompt, 60, kVocab));
+  // Steps were cut to what the pool holds beside a window (12 blocks: 12 - (8/4 + 3) - 1 = 6
+  // blocks of new tokens).
+  EXPECT_LE(runner.max_step_tokens(), 6 * 4);
+  EXPECT_EQ(engine.Stats().preemptions, 0);
+  EXPECT_EQ(engine.Stats().window_blocks_total, 12);
+  EXPECT_TRUE(engine.FlushCache());
+  EXPECT_EQ(engine.Stats().window_blocks_free, 12);
+}
+
+// Many requests with shared prefixes through a small window pool: preemption, prefix matches
+// cut to where the window shares remain, and blocks shared by several sequences.
+TEST(Engine, WindowPoolWithPrefixCacheAndPreemptionKeepsOutputs) {
+  FakeRunner runner(kVocab, 256, 4, 48);
+  runner.set_window_pool(/*blocks=*/16, /*window=*/6);
+  EngineOptions opt;
+  opt.chunked_prefill_size = 12;
+  Engine engine(&runner, opt, Piece, {0});
+  auto system = Prompt(24, 7);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 10; ++i) {
+    auto p = system;
+    if (i % 3 == 0) p.resize(12);  // a shorter shared prefix
+    for (int k = 0; k < 3 + i; ++k) p.push_back(1 + (i * 13 + k) % (kVocab - 1));
+    prompts.push_back(p);
+    auto st = engine.Submit(Input(p, 20 + 3 * i));
+    ASSERT_TRUE(st.ok());
+    streams.push_back(*st);
+    if (i % 2 == 1) engine.Step();
+  }
+  engine.RunUntilIdle(100000);
+  int64_t cached = 0;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Result r;
+    Drain(*streams[i], &r);
+    ASSERT_TRUE(r.finished) << i;
+    ASSERT_TRUE(r.last.error.ok()) << i << ": " << r.last.error.ToString();
+    EXPECT_EQ(r.tokens, FakeRunner::Reference(prompts[i], 20 + 3 * static_cast<int>(i), kVocab))
+        << "request " << i;
+    cached += r.last.cached_tokens;
+  }
+  EXPECT_GT(cached, 0);  // the prefix cache still served some prompts
+  // A follow-up turn: the whole first conversation (prompt and answer) is cached with the
+  // window shares of its last blocks, so it is reused.
+  Result first;
+  auto again = prompts[1];
+  {
+    auto st = engine.Submit(Input(prompts[1], 8));
+    ASSERT_TRUE(st.ok());
+    engine.RunUntilIdle(100000);
+    Drain(**st, &first);
+    ASSERT_TRUE(first.finished);
+    again.insert(again.end(), first.tokens.begin(), first.tokens.end());
+    again.push_back(3);
+  }
+  auto st = engine.Submit(Input(again, 4));
+  ASSERT_TRUE(st.ok());
+  engine.RunUntilIdle(100000);
+  Result r;
+  Drain(**st, &r);
+  ASSERT_TRUE(r.finished);
+  ASSERT_TRUE(r.last.error.ok()) << r.last.error.ToString();
+  EXPECT_EQ(r.tokens, FakeRunner::Reference(again, 4, kVocab));
+  EXPECT_GE(r.last.cached_tokens, static_cast<int32_t>(again.size()) - 1 - 4);
+  EXPECT_EQ(engine.Stats().kv_blocks_held, 0);
+  EXPECT_TRUE(engine.FlushCache());
+  EXPECT_EQ(engine.Stats().window_blocks_free, 16);
+}
+
 // Requests submitted together with a shared system prompt: the later ones wait for the first
 // one's prefill and reuse its blocks instead of computing the prefix again.
 TEST(Engine, SimultaneousSharedPrefixIsComputedOnce) {
