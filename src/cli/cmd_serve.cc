@@ -306,6 +306,17 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--keep-alive-timeout", o->http_limits.keep_alive_timeout_s,
                  "seconds an idle keep-alive connection is kept (default 30)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--request-body-timeout", o->http_limits.body_timeout_s,
+                 "seconds a client has to send a request's body after its head (default 60)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--write-timeout", o->http_limits.write_timeout_s,
+                 "seconds one write of a response may wait on a client that does not read; "
+                 "the connection is closed after (default 30)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-request-body", o->http_limits.max_body_bytes,
+                 "largest request body in bytes, Content-Length or chunked; larger ones get "
+                 "413 (default 64 MiB)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--pooling", o->pooling,
                  "/v1/embeddings: last (the last token's final hidden state, default) or mean "
                  "(over the input's tokens); L2-normalised");

@@ -185,10 +185,6 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   if (c.n_ctx_train <= 0) {
     return InvalidArgument(fmt::format("hyper-parameter '{}' is 0", key("context_length")));
   }
-  // A context of 0 used to become 4096 without a word; a file that says so is broken.
-  if (c.n_ctx_train <= 0) {
-    return InvalidArgument(fmt::format("hyper-parameter '{}' is 0", key("context_length")));
-  }
   if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_head_kv <= 0 || c.n_ff <= 0) {
     return InvalidArgument(fmt::format("invalid hyper-parameters: embd={} layers={} heads={} "
                                        "kv_heads={} ff={}",

@@ -67,6 +67,12 @@ std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
+std::string AsanOptionsWithoutSegvHandler() {
+  const char* current = std::getenv("ASAN_OPTIONS");
+  return std::string("ASAN_OPTIONS=") + (current && *current ? std::string(current) + ":" : "") +
+         "handle_segv=0";
+}
+
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});

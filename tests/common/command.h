@@ -34,6 +34,11 @@ CommandResult RunCommand(const std::string& shell_command, Stderr stderr_to = St
 // `s` as one single-quoted shell word.
 std::string ShellQuote(const std::string& s);
 
+// "ASAN_OPTIONS=<this process's options>:handle_segv=0", for a child whose SIGSEGV the test
+// expects: a sanitizer build would report it itself, and replacing the options outright would
+// drop the ones the test preset set (detect_leaks=0). Harmless without a sanitizer.
+std::string AsanOptionsWithoutSegvHandler();
+
 // The whole file, "" when it cannot be read.
 std::string ReadFile(const std::filesystem::path& path);
 

@@ -11,10 +11,13 @@
 #include <sys/wait.h>
 #include <vector>
 
+#include "common/command.h"
 #include "runtime/conformance/conformance.h"
 
 namespace polychip::runtime::conformance {
 namespace {
+
+using polychip::testing::AsanOptionsWithoutSegvHandler;
 
 // The backend plugins this build produced (tests/CMakeLists.txt, polychip_test_every_backend).
 const std::vector<std::string>& Backends() {
@@ -223,7 +226,7 @@ std::string Row(const std::string& table, const std::string& name) {
 TEST(Cli, AnOpThatCrashesOrHangsFailsItsChecksAndTheOthersStillRun) {
   std::string out;
   EXPECT_EQ(RunCli("--check-timeout 2 --plugin " + TestPlugin("libpolychip_backend_faulty.so"),
-                   &out, "ASAN_OPTIONS=handle_segv=0 PCTEST_ADD=crash PCTEST_SWIGLU=hang"),
+                   &out, AsanOptionsWithoutSegvHandler() + " PCTEST_ADD=crash PCTEST_SWIGLU=hang"),
             1)
       << out;
   EXPECT_NE(Row(out, "op.add").find("FAIL"), std::string::npos) << out;
@@ -238,7 +241,7 @@ TEST(Cli, AnOpThatCrashesOrHangsFailsItsChecksAndTheOthersStillRun) {
 TEST(Cli, AnInitializeThatCrashesSkipsWhatNeedsIt) {
   std::string out;
   EXPECT_EQ(RunCli("--plugin " + TestPlugin("libpolychip_backend_faulty.so"), &out,
-                   "ASAN_OPTIONS=handle_segv=0 PCTEST_INIT=crash"),
+                   AsanOptionsWithoutSegvHandler() + " PCTEST_INIT=crash"),
             1)
       << out;
   EXPECT_NE(Row(out, "lifetime.initialize").find("crashed: SIGSEGV"), std::string::npos) << out;

@@ -19,7 +19,9 @@ using ::testing::HasSubstr;
 class AbiMembersTest : public testing::RuntimeTest {};
 
 TEST_F(AbiMembersTest, WindowIsNeverSentToAPluginOlderThan14) {
-  pc_backend_iface_t t = *FakeBackendTable();
+  // Static: the registry keeps the backend (and calls its table) until the fixture clears it.
+  static pc_backend_iface_t t;
+  t = *FakeBackendTable();
   t.abi_minor = 3;
   auto b = PluginRegistry::Global().RegisterBackendTable(&t);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
@@ -47,7 +49,9 @@ TEST_F(AbiMembersTest, WindowIsNeverSentToAPluginOlderThan14) {
 }
 
 TEST_F(AbiMembersTest, A14PluginGetsTheWindow) {
-  pc_backend_iface_t t = *FakeBackendTable();  // declares the host's ABI
+  // Static: the registry keeps the backend (and calls its table) until the fixture clears it.
+  static pc_backend_iface_t t;
+  t = *FakeBackendTable();  // declares the host's ABI
   auto b = PluginRegistry::Global().RegisterBackendTable(&t);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   auto devices = OpenDevices(*b, {0});

@@ -13,6 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
+using polychip::testing::AsanOptionsWithoutSegvHandler;
 using polychip::testing::CommandResult;
 using polychip::testing::RunCommand;
 using polychip::testing::Stderr;
@@ -102,7 +103,7 @@ TEST(CliTest, DoctorExplainsEveryCandidate) {
 TEST(CliTest, DoctorSurvivesAProbeThatCrashesOrHangs) {
   // (A sanitizer build would turn the SIGSEGV into its own report and exit 1.)
   CommandResult crash =
-      RunPolychip("ASAN_OPTIONS=handle_segv=0 PCTEST_PROBE=crash " + kTestPath, "doctor", true);
+      RunPolychip(AsanOptionsWithoutSegvHandler() + " PCTEST_PROBE=crash " + kTestPath, "doctor", true);
   EXPECT_THAT(crash.out, HasSubstr("NOT usable (probe): crashed in probe: SIGSEGV"));
   EXPECT_THAT(crash.out, HasSubstr("usable: goodfake 0.0.1-test"));
   CommandResult hang =
@@ -115,7 +116,7 @@ TEST(CliTest, DoctorSurvivesAProbeThatCrashesOrHangs) {
 // process first, so one whose probe segfaults or never returns is skipped with its reason and
 // the others are still listed.
 TEST(CliTest, DevicesSkipsAProbeThatCrashesOrHangs) {
-  CommandResult crash = RunPolychip("ASAN_OPTIONS=handle_segv=0 PCTEST_PROBE=crash " + kTestPath,
+  CommandResult crash = RunPolychip(AsanOptionsWithoutSegvHandler() + " PCTEST_PROBE=crash " + kTestPath,
                                     "devices", true);
   EXPECT_EQ(crash.exit_code, 0) << crash.out;
   EXPECT_THAT(crash.out, HasSubstr("skipped plugin " PCTEST_PLUGIN_DIR

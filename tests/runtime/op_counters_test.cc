@@ -45,7 +45,9 @@ int32_t ShortRecords(pc_device_t*, pc_op_counters_t* out, int32_t capacity) {
 int32_t CountingOff(pc_device_t*, pc_op_counters_t*, int32_t) { return -1; }
 
 TEST_F(OpCountersTest, TableOfAbi12LoadsAndReadsAsAbsent) {
-  pc_backend_iface_t t = *FakeBackendTable();
+  // Static: the registry keeps the backend (and calls its table) until the fixture clears it.
+  static pc_backend_iface_t t;
+  t = *FakeBackendTable();
   t.struct_size = offsetof(pc_backend_iface_t, op_counters_read);  // the 1.2 table
   t.abi_minor = 2;
   t.op_counters_read = ShortRecords;  // beyond struct_size: must never be called
@@ -60,7 +62,9 @@ TEST_F(OpCountersTest, TableOfAbi12LoadsAndReadsAsAbsent) {
 }
 
 TEST_F(OpCountersTest, SwitchedOffReadsAsAbsent) {
-  pc_backend_iface_t t = *FakeBackendTable();
+  // Static: the registry keeps the backend (and calls its table) until the fixture clears it.
+  static pc_backend_iface_t t;
+  t = *FakeBackendTable();
   t.op_counters_read = CountingOff;
   auto b = PluginRegistry::Global().RegisterBackendTable(&t);
   ASSERT_TRUE(b.ok());
@@ -70,7 +74,9 @@ TEST_F(OpCountersTest, SwitchedOffReadsAsAbsent) {
 }
 
 TEST_F(OpCountersTest, ShortRecordsAreReadAsFarAsTheyGo) {
-  pc_backend_iface_t t = *FakeBackendTable();
+  // Static: the registry keeps the backend (and calls its table) until the fixture clears it.
+  static pc_backend_iface_t t;
+  t = *FakeBackendTable();
   t.op_counters_read = ShortRecords;
   auto b = PluginRegistry::Global().RegisterBackendTable(&t);
   ASSERT_TRUE(b.ok());

@@ -29,8 +29,7 @@ fs::path FolderWithProbeenv() {
 void ServesDespite(const std::string& model, const std::vector<std::string>& env,
                    const std::vector<std::string>& device_flags, const std::string& expected) {
   std::vector<std::string> argv = {"/usr/bin/env", "POLYCHIP_PLUGIN_PATH=" + FolderWithProbeenv().string(),
-                                   // A sanitizer build would report the SIGSEGV itself.
-                                   "ASAN_OPTIONS=handle_segv=0"};
+                                   polychip::testing::AsanOptionsWithoutSegvHandler()};
   argv.insert(argv.end(), env.begin(), env.end());
   for (const std::string& a : {PolychipBinary().string(), std::string("serve"),
                                std::string("--model-path"), model}) {

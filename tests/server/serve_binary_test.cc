@@ -147,6 +147,19 @@ TEST(ServeBinary, BadInputGets4xxAndServerStillAnswers) {
   EXPECT_EQ(s.Metric("polychip_requests_failed_total", key), 0);
 }
 
+// The transport's limits are flags: a body over --max-request-body gets 413 before any work.
+TEST(ServeBinary, MaxRequestBodyFlagSetsThe413Limit) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--max-request-body", "2048", "--request-body-timeout", "5",
+                         "--write-timeout", "5"});
+  ASSERT_TRUE(s.ok());
+  const std::string small = json{{"prompt", "hi"}, {"max_tokens", 2}}.dump();
+  const std::string large =
+      json{{"prompt", "hi"}, {"max_tokens", 2}, {"user", std::string(3000, 'x')}}.dump();
+  EXPECT_EQ(s.PostRaw("/v1/completions", large).first, 413);
+  EXPECT_EQ(s.PostRaw("/v1/completions", small).first, 200);
+}
+
 TEST(ServeBinary, ClientDisconnectMidStreamFreesKvBlocks) {
   PC_REQUIRE_SERVE_DEPS(model);
   ServeProcess s(model, {"--context-length", "2048"});
