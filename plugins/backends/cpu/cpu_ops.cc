@@ -361,6 +361,20 @@ void PrefetchChunk(const pc_attention_args_t& a, const int64_t* offsets, int64_t
   }
 }
 
+// q . (row of the cache), the row in the cache's dtype.
+float DotCacheRow(const OpContext& c, pc_dtype_t dtype, const float* q, const uint8_t* row,
+                  int64_t n) {
+  switch (dtype) {
+    case PC_DTYPE_F32: return c.k->dot_f32(q, reinterpret_cast<const float*>(row), n);
+    case PC_DTYPE_BF16: return c.k->dot_bf16(q, reinterpret_cast<const uint16_t*>(row), n);
+    default: return c.k->dot_f16(q, reinterpret_cast<const uint16_t*>(row), n);
+  }
+}
+
+// Up to this many query vectors per task (decode: one token's GQA group), scores are dot
+// products straight from the cache rows: the GEMM would pad them to 32 columns.
+constexpr int64_t kFewQueries = 4;
+
 }  // namespace
 
 // Flash-style paged attention. A task is (sequence, KV head, a few consecutive query tokens):
@@ -414,10 +428,12 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
     const int64_t first_pos = seq_lens[s] - n_q + (task.t0 - qstart[s]);
     const int64_t rows = task.t1 - task.t0, nv = rows * group;  // query vectors v = r * group + g
     const int64_t last_pos = first_pos + rows - 1;
-    const int64_t ncols = (nv + kGemmTCols - 1) / kGemmTCols * kGemmTCols;
+    const bool few = nv <= kFewQueries;
+    const int64_t ncols = few ? nv : (nv + kGemmTCols - 1) / kGemmTCols * kGemmTCols;
     const int32_t* table = tables + s * a.max_blocks_per_seq;
     thread_local std::vector<float> qt, kf, vf, st, pm, o, mx, sum;
-    qt.assign(hd * ncols, 0.f);  // [hd, ncols] scaled queries, transposed
+    // [hd, ncols] scaled queries, transposed ([ncols, hd] when few: one per dot product)
+    qt.assign(hd * ncols, 0.f);
     kf.resize(kAttnChunk * hd);  // [chunk, hd]
     vf.resize(kAttnChunk * hd);
     st.resize(kAttnChunk * ncols);  // [chunk, ncols] scores, transposed
@@ -428,7 +444,7 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
     for (int64_t v = 0; v < nv; ++v) {
       const int64_t t = task.t0 + v / group, h = kvh * group + v % group;
       const float* qv = q + (t * a.n_heads + h) * hd;
-      for (int64_t e = 0; e < hd; ++e) qt[e * ncols + v] = qv[e] * a.scale;
+      for (int64_t e = 0; e < hd; ++e) (few ? qt[v * hd + e] : qt[e * ncols + v]) = qv[e] * a.scale;
     }
     // Row offsets of this chunk and of the next, whose rows are prefetched (they arrive while
     // this chunk is computed). A sliding window starts at the first position the task's first
@@ -446,9 +462,15 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
         ChunkRowOffsets(a, table, kvh, p0 + kAttnChunk, next_pc, offsets[(chunk + 1) & 1]);
         PrefetchChunk(a, offsets[(chunk + 1) & 1], next_pc);
       }
-      c.k->cache_rows_to_f32(a.cache_dtype, kc, rows, pc, hd, kf.data());
-      std::fill(st.begin(), st.begin() + pc * ncols, 0.f);
-      GemmT(c, kf.data(), hd, pc, qt.data(), ncols, hd, ncols, st.data(), ncols);
+      if (few) {
+        for (int64_t j = 0; j < pc; ++j)
+          for (int64_t v = 0; v < nv; ++v)
+            st[j * ncols + v] = DotCacheRow(c, a.cache_dtype, qt.data() + v * hd, kc + rows[j], hd);
+      } else {
+        c.k->cache_rows_to_f32(a.cache_dtype, kc, rows, pc, hd, kf.data());
+        std::fill(st.begin(), st.begin() + pc * ncols, 0.f);
+        GemmT(c, kf.data(), hd, pc, qt.data(), ncols, hd, ncols, st.data(), ncols);
+      }
       for (int64_t v = 0; v < nv; ++v) {
         float* p = pm.data() + v * kAttnChunk;
         // Causal: query row r sees positions <= first_pos + r (and, in a window, those after
