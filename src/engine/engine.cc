@@ -471,6 +471,11 @@ void Engine::Finish(Sequence* seq, StreamEvent event) {
     } else {
       ++stats_.requests_failed;
     }
+    // The KV figures too, before the client can see its final event: a /metrics read right
+    // after the response must not find this request's blocks still held.
+    stats_.kv_blocks_held = blocks_.NumHeld();
+    stats_.kv_blocks_cached = blocks_.NumCached();
+    stats_.window_blocks_free = blocks_.NumWindowFree();
   }
   seq->stream->Push(std::move(event));
   for (auto* list : {&running_, &waiting_}) {
