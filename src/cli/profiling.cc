@@ -90,7 +90,9 @@ std::string OpTable(const std::vector<runtime::OpCounters>& ops_in, int steps, d
     const bool timed = c.has_time && s > 0;
     std::string row =
         fmt::format("| {} | {:g} | {} | {} | {} |", Name(c.op), c.launches * k,
-                    cell(c.has_time, ns / 1e6, "{:.3f}"),
+                    // Three decimals, or three significant digits for ops under a microsecond
+                    // (a tiny model's kv_store), which would otherwise read 0.000.
+                    cell(c.has_time, ns / 1e6, ns >= 1000 ? "{:.3f}" : "{:.3g}"),
                     cell(c.has_time && step_wall_s > 0, 100 * s / step_wall_s, "{:.1f}"),
                     cell(timed && c.has_bytes, bytes / s / 1e9, "{:.2f}"));
     if (bandwidth_bps) {

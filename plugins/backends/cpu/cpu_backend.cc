@@ -495,6 +495,9 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
         why = Attention(c, *static_cast<const pc_attention_args_t*>(args));
         break;
       case PC_OP_ROPE: why = Rope(c, *static_cast<const pc_rope_args_t*>(args)); break;
+      case PC_OP_KV_STORE:
+        why = KvStore(c, *static_cast<const pc_kv_store_args_t*>(args));
+        break;
       case PC_OP_RMS_NORM: why = RmsNorm(c, *static_cast<const pc_rms_norm_args_t*>(args)); break;
       case PC_OP_SWIGLU: why = Swiglu(c, *static_cast<const pc_swiglu_args_t*>(args)); break;
       case PC_OP_GEGLU: why = Geglu(c, *static_cast<const pc_geglu_args_t*>(args)); break;

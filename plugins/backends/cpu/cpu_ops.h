@@ -19,6 +19,7 @@ struct OpContext {
 const char* Matmul(const OpContext& c, const pc_matmul_args_t& a);
 const char* Attention(const OpContext& c, const pc_attention_args_t& a);
 const char* Rope(const OpContext& c, const pc_rope_args_t& a);
+const char* KvStore(const OpContext& c, const pc_kv_store_args_t& a);
 const char* RmsNorm(const OpContext& c, const pc_rms_norm_args_t& a);
 const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a);
 const char* Geglu(const OpContext& c, const pc_geglu_args_t& a);

@@ -55,6 +55,7 @@ struct KernelTable {
   float (*dot_bf16)(const float* x, const uint16_t* w, int64_t n);
   void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
   void (*bf16_to_f32)(const uint16_t* x, float* y, int64_t n);
+  void (*f32_to_f16)(const float* x, uint16_t* y, int64_t n);  // round to nearest even
   void (*axpy_f32)(float a, const float* x, float* y, int64_t n);  // y += a * x
   void (*scale_f32)(float a, float* y, int64_t n);                 // y *= a
   void (*swiglu)(const float* gate, const float* up, float* out, int64_t n);

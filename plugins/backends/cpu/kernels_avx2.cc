@@ -200,6 +200,15 @@ void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
 }
 
+void F32ToF16Row(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
 // One column of a panel (32 rows' values of one element index) as four f32 vectors.
 template <pc_dtype_t DT>
 inline void LoadPanelColumn(const uint8_t* p, __m256* w) {
@@ -260,7 +269,7 @@ const KernelTable& Avx2Kernels() {
   static const KernelTable t = {
       "avx2",          Isa::kAvx2,       avx2::QuantizeRow, avx2::GemmPacked,
       avx2::DotF32,    avx2::Dot4F32, avx2::Dot4x4F32,    avx2::DotF16,      avx2::DotBf16,
-      avx2::F16ToF32Row, avx2::Bf16ToF32Row, avx2::AxpyF32, avx2::ScaleF32,
+      avx2::F16ToF32Row, avx2::Bf16ToF32Row, avx2::F32ToF16Row, avx2::AxpyF32, avx2::ScaleF32,
       avx2::Swiglu,    avx2::Geglu,    avx2::CacheRowsToF32, avx2::ExpSum,    avx2::RmsNorm,
       /*gemm_t_f32=*/nullptr, avx2::GemmPanel,
   };

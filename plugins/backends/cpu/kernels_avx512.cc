@@ -174,6 +174,15 @@ void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
 }
 
+void F32ToF16Row(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
 template <int NW>
 void GemmTRows(const float* w, int64_t ldw, const float* xt, int64_t ldx, int64_t n, float* acc,
                int64_t ldc) {
@@ -306,7 +315,8 @@ const KernelTable& Avx512Kernels() {
   static const KernelTable t = {
       "avx512",          Isa::kAvx512,       avx512::QuantizeRow, avx512::GemmPacked,
       avx512::DotF32,    avx512::Dot4F32, avx512::Dot4x4F32,    avx512::DotF16,      avx512::DotBf16,
-      avx512::F16ToF32Row, avx512::Bf16ToF32Row, avx512::AxpyF32, avx512::ScaleF32,
+      avx512::F16ToF32Row, avx512::Bf16ToF32Row, avx512::F32ToF16Row, avx512::AxpyF32,
+      avx512::ScaleF32,
       avx512::Swiglu,    avx512::Geglu,    avx512::CacheRowsToF32, avx512::ExpSum,
       avx512::RmsNorm,   avx512::GemmTF32,
       avx512::GemmPanel,

@@ -80,13 +80,18 @@ void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = sdk::Fp16ToFp32(x[i]);
 }
 
+void F32ToF16Row(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = sdk::Fp32ToFp16(x[i]);
+}
+
 }  // namespace scalar
 
 const KernelTable& ScalarKernels() {
   static const KernelTable t = {
       "scalar",          Isa::kScalar,       scalar::QuantizeRow, scalar::GemmPacked,
       scalar::DotF32,    scalar::Dot4F32, scalar::Dot4x4F32,    scalar::DotF16,      scalar::DotBf16,
-      scalar::F16ToF32Row, scalar::Bf16ToF32Row, scalar::AxpyF32, scalar::ScaleF32,
+      scalar::F16ToF32Row, scalar::Bf16ToF32Row, scalar::F32ToF16Row, scalar::AxpyF32,
+      scalar::ScaleF32,
       scalar::Swiglu,    scalar::Geglu,    scalar::CacheRowsToF32, scalar::ExpSum,
       scalar::RmsNorm,
   };
