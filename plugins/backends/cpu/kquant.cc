@@ -115,10 +115,22 @@ void Decode(pc_dtype_t dtype, const uint8_t* b, SuperBlock* s) {
   }
 }
 
-// ORs `bits` bits of value v into a plane for element e of row r (kquant.h).
-void PutField(uint8_t* plane, int bits, int r, int e, int v) {
-  const int j = e / 4;
-  plane[64 * (j % bits) + 4 * r + e % 4] |= static_cast<uint8_t>(v << (bits * (j / bits)));
+// Writes row r's bytes of a plane of `bits` bits (kquant.h) for one 32-element block: bits
+// (from `shift` up) of each code u[e]. Each byte is built in a register and stored once (an OR
+// into memory per element chained every store to the last and made packing most of a K-quant
+// model's load time).
+void PutPlane(uint8_t* plane, int bits, int shift, int r, const uint8_t* u) {
+  const unsigned mask = (1u << bits) - 1;
+  for (int chunk = 0; chunk < bits; ++chunk) {
+    for (int lane = 0; lane < 4; ++lane) {
+      unsigned byte = 0;
+      // Element e = 4j + lane with j % bits == chunk sits at bits * (j / bits).
+      for (int t = 0; t < 8 / bits; ++t) {
+        byte |= ((u[4 * (chunk + bits * t) + lane] >> shift) & mask) << (bits * t);
+      }
+      plane[64 * chunk + 4 * r + lane] = static_cast<uint8_t>(byte);
+    }
+  }
 }
 
 }  // namespace
@@ -151,6 +163,9 @@ void PackPlaneGroups(pc_dtype_t dtype, const PackedFormat& f, const uint8_t* src
   const int64_t src_super = row_bytes / n_super;
   const int64_t super_bytes = KSuperBytes(f), cell_bytes = KCellBytes(f);
   const int64_t header = KHeaderBytes(f), plane = KPlaneBytes(f), nsub = KSubBlocks(f);
+  // Locals: the byte stores below may alias `f` as far as the compiler knows, which made it
+  // reload these for every element.
+  const int low_bits = f.low_bits, high_bits = f.high_bits;
   SuperBlock s;
   for (int64_t g = g0; g < g1; ++g) {
     uint8_t* out = dst + g * n_super * super_bytes;
@@ -165,11 +180,9 @@ void PackPlaneGroups(pc_dtype_t dtype, const PackedFormat& f, const uint8_t* src
         if (f.has_min) std::memcpy(hdr + 32 + 2 * r, &s.dmin, 2);
         for (int c = 0; c < cells; ++c) {
           uint8_t* cell = hdr + header + c * cell_bytes;
-          for (int e = 0; e < kBlock; ++e) {
-            const int u = s.u[kBlock * c + e];
-            PutField(cell, f.low_bits, r, e, u & ((1 << f.low_bits) - 1));
-            if (f.high_bits) PutField(cell + 64 * f.low_bits, f.high_bits, r, e, u >> f.low_bits);
-          }
+          const uint8_t* u = s.u + kBlock * c;
+          PutPlane(cell, low_bits, 0, r, u);
+          if (high_bits) PutPlane(cell + 64 * low_bits, high_bits, low_bits, r, u);
           if (!f.sub_scales) continue;
           uint8_t* scales = cell + plane;
           for (int64_t i = 0; i < nsub; ++i) {
