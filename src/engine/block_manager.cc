@@ -52,7 +52,7 @@ int32_t BlockManager::MaxStepTokens() const {
 }
 
 void BlockManager::DropWindowShare(int32_t block) {
-  if (!has_window_pool() || window_of_[block] < 0) return;
+  if (!HasWindowShare(block)) return;
   window_free_.push_back(window_of_[block]);
   window_of_[block] = -1;
 }
@@ -100,7 +100,7 @@ bool BlockManager::EvictOne() {
   block_node_.erase(block);
   parent->children.erase(node->key);  // destroys node
   --num_evictable_;
-  if (has_window_pool() && HasWindowShare(block)) --num_evictable_window_;
+  if (HasWindowShare(block)) --num_evictable_window_;
   DropWindowShare(block);
   free_.push_back(block);
   ++stats_.evicted_blocks;
@@ -148,7 +148,7 @@ int32_t BlockManager::MatchPrefix(std::span<const int32_t> tokens, int32_t max_t
     if (ref_[node->block]++ == 0) {
       --num_evictable_;
       ++num_held_;
-      if (has_window_pool() && HasWindowShare(node->block)) --num_evictable_window_;
+      if (HasWindowShare(node->block)) --num_evictable_window_;
     }
     blocks->push_back(node->block);
   }
@@ -189,7 +189,7 @@ void BlockManager::Release(std::span<const int32_t> blocks) {
       free_.push_back(b);
     } else {
       ++num_evictable_;
-      if (has_window_pool() && HasWindowShare(b)) ++num_evictable_window_;
+      if (HasWindowShare(b)) ++num_evictable_window_;
       UpdateEvictable(it->second);
     }
   }
@@ -212,7 +212,7 @@ void BlockManager::InsertPrefix(std::span<const int32_t> tokens, std::vector<int
         if (ref_[child->block]++ == 0) {
           --num_evictable_;
           ++num_held_;
-          if (has_window_pool() && HasWindowShare(child->block)) --num_evictable_window_;
+          if (HasWindowShare(child->block)) --num_evictable_window_;
         }
         // Same content: the tree's block takes over our window share if it has none.
         if (has_window_pool() && window_of_[child->block] < 0) {

@@ -121,7 +121,7 @@ class BlockManager {
   // The cached path of `tokens`' whole blocks, at most max_tokens tokens, cut (with a window
   // pool) to the longest prefix whose last window of blocks still has its window shares.
   std::vector<Node*> UsablePath(std::span<const int32_t> tokens, int32_t max_tokens) const;
-  bool HasWindowShare(int32_t block) const { return !has_window_pool() || window_of_[block] >= 0; }
+  bool HasWindowShare(int32_t block) const { return WindowBlockOf(block) >= 0; }
   void DropWindowShare(int32_t block);  // back to window_free_ (if it has one)
   void Touch(Node* node);
   void UpdateEvictable(Node* node);

@@ -473,9 +473,7 @@ void Engine::Finish(Sequence* seq, StreamEvent event) {
     }
     // The KV figures too, before the client can see its final event: a /metrics read right
     // after the response must not find this request's blocks still held.
-    stats_.kv_blocks_held = blocks_.NumHeld();
-    stats_.kv_blocks_cached = blocks_.NumCached();
-    stats_.window_blocks_free = blocks_.NumWindowFree();
+    PublishKvStatsLocked();
   }
   seq->stream->Push(std::move(event));
   for (auto* list : {&running_, &waiting_}) {
@@ -737,6 +735,10 @@ void Engine::PublishStats() {
     std::lock_guard<std::mutex> lock2(mu_);
     stats_.queued = num_queued_;
   }
+  PublishKvStatsLocked();
+}
+
+void Engine::PublishKvStatsLocked() {
   stats_.kv_blocks_held = blocks_.NumHeld();
   stats_.kv_blocks_cached = blocks_.NumCached();
   stats_.window_blocks_total = blocks_.num_window_blocks();

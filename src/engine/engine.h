@@ -160,6 +160,8 @@ class Engine {
   void Finish(Sequence* seq, StreamEvent event);
   void FreeBlocks(Sequence* seq, bool cache_prefix);
   void PublishStats();
+  // The block manager's figures into stats_ (the caller holds stats_mu_).
+  void PublishKvStatsLocked();
   void Wake();
   // Prompt tokens this step may carry: --chunked-prefill-size, or with --max-itl-ms and
   // sequences decoding, what keeps the step within the target by the learned costs.

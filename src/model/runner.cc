@@ -296,10 +296,12 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   int32_t* m = host_meta_.data();
   const int64_t o_tokens = 0, o_pos = Align64(T_cap), o_slots = 2 * Align64(T_cap),
                 o_rows = 3 * Align64(T_cap), o_lens = 4 * Align64(T_cap),
-                o_qstart = 5 * Align64(T_cap), o_tables = o_qstart + Align64(T_cap + 1),
-                o_wslots = o_tables + Align64(T_cap * max_blocks_per_seq_),
-                o_wtables = o_wslots + Align64(T_cap);
+                o_qstart = 5 * Align64(T_cap), o_tables = o_qstart + Align64(T_cap + 1);
+  // The window pool's arrays right after this step's tables, so that one copy of what the
+  // step uses carries them all (meta_ is sized for the largest step).
   const bool window = kv_.window_pool;
+  const int64_t o_wslots = Align64(o_tables + n_seqs * max_blocks),
+                o_wtables = o_wslots + Align64(n_tokens);
   int64_t t = 0, n_rows = 0;
   row_hidden_.clear();
   for (int64_t s = 0; s < n_seqs; ++s) {

@@ -429,24 +429,33 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
     sc.resize(nh * kAttnChunk);  // [query vector, position in the chunk]
     vf.resize(kAttnChunk * n_kv * hd);
     row_offsets.resize(kAttnChunk * n_kv);
-    auto slot = [&](int64_t pos) {
-      return (int64_t(table[pos / a.block_size]) * a.block_size + pos % a.block_size) * slot_bytes;
+    // Byte offsets of the chunk's slots (KV head 0's rows), this chunk's and the next one's,
+    // which is prefetched whole while this one is computed.
+    int64_t slots[2][kAttnChunk];
+    auto chunk_slots = [&](int64_t p, int64_t* out) {
+      const int64_t n = std::min(kAttnChunk, part.p1 - p);
+      if (n > 0) ChunkRowOffsets(a, table, /*kvh=*/0, p, n, out);
+      return n;
     };
-    for (int64_t p0 = part.p0; p0 < part.p1; p0 += kAttnChunk) {
+    chunk_slots(part.p0, slots[0]);
+    for (int64_t p0 = part.p0, chunk = 0; p0 < part.p1; p0 += kAttnChunk, ++chunk) {
       const int64_t pc = std::min(kAttnChunk, part.p1 - p0);
-      for (int64_t pos = p0 + kAttnChunk; pos < std::min(part.p1, p0 + 2 * kAttnChunk); ++pos) {
+      const int64_t* here = slots[chunk & 1];
+      int64_t* next = slots[(chunk + 1) & 1];
+      const int64_t next_n = chunk_slots(p0 + kAttnChunk, next);
+      for (int64_t j = 0; j < next_n; ++j) {
         for (const uint8_t* cache : {kc, vc})
           for (int64_t off = 0; off < slot_bytes; off += 64)
-            __builtin_prefetch(cache + slot(pos) + off, 0, 3);
+            __builtin_prefetch(cache + next[j] + off, 0, 3);
       }
       for (int64_t j = 0; j < pc; ++j) {
-        const int64_t base = slot(p0 + j);
         for (int64_t kvh = 0; kvh < n_kv; ++kvh) {
-          row_offsets[j * n_kv + kvh] = base + kvh * row_bytes;
+          const int64_t row = here[j] + kvh * row_bytes;
+          row_offsets[j * n_kv + kvh] = row;
           for (int64_t g = 0; g < group; ++g) {
             const int64_t v = kvh * group + g;
-            sc[v * kAttnChunk + j] = DotCacheRow(c, a.cache_dtype, qs.data() + v * hd,
-                                                 kc + base + kvh * row_bytes, hd);
+            sc[v * kAttnChunk + j] =
+                DotCacheRow(c, a.cache_dtype, qs.data() + v * hd, kc + row, hd);
           }
         }
       }

@@ -22,7 +22,8 @@ struct Cell {
 // Decodes block b (of 32 elements) of one GGUF row.
 void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
   switch (dtype) {
-    case PC_DTYPE_Q4_0: {  // [d:f16][qs:16], element e<16 low nibble of qs[e], else high
+    case PC_DTYPE_Q4_0:      // [d:f16][qs:16], element e<16 low nibble of qs[e], else high
+    case PC_DTYPE_IQ4_NL: {  // the same bytes: the nibbles are codebook indices
       const uint8_t* blk = row + b * 18;
       c->scale[0] = Load16(blk);
       for (int e = 0; e < 16; ++e) {
@@ -44,15 +45,6 @@ void DecodeCell(pc_dtype_t dtype, const uint8_t* row, int64_t b, Cell* c) {
       for (int e = 0; e < 16; ++e) {
         c->u[e] = blk[4 + e] & 0xF;
         c->u[e + 16] = blk[4 + e] >> 4;
-      }
-      break;
-    }
-    case PC_DTYPE_IQ4_NL: {  // [d:f16][qs:16]: codebook indices, Q4_0's nibble order
-      const uint8_t* blk = row + b * 18;
-      c->scale[0] = Load16(blk);
-      for (int e = 0; e < 16; ++e) {
-        c->u[e] = blk[2 + e] & 0xF;
-        c->u[e + 16] = blk[2 + e] >> 4;
       }
       break;
     }
