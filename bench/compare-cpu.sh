@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compares the polychip cpu backend with llama.cpp on the same GGUF files, same thread count,
 # in one run, and prints one markdown table (stdout; progress on stderr):
-#   model | test | polychip t/s | llama.cpp t/s | ratio | decode % of bandwidth (ours, theirs)
+#   model | test | polychip t/s | llama.cpp t/s | ratio | decode % of bandwidth (ours, theirs),
+#   against the whole run's bandwidth and against the bandwidth measured around the model's runs
 # "% of bandwidth" = tokens/s x bytes read per token (model tensors, minus the embedding table
 # unless tied; of a mixture of experts' expert tensors only the share a token runs) / measured
 # read bandwidth of this machine with the same threads.
@@ -85,12 +86,16 @@ cc -O3 -march=native -pthread "$ROOT/bench/membw.c" -o "$OUT/membw"
 
 for m in $MODELS; do
   f="$CACHE/$m.gguf"
+  # The bandwidth around this model's runs as well: on a shared VM it can move by half within
+  # minutes, so a figure taken at the start can be far from the one the model ran at.
+  "$OUT/membw" "$THREADS" 2>/dev/null > "$OUT/$m.membw.before.txt"
   log "$m: polychip bench"
   "$PC" bench --model-path "$f" -p "$NP" -n "$NG" -r "$REPS" -t "$THREADS" -o json \
     > "$OUT/$m.ours.json" 2> "$OUT/$m.ours.log" || { cat "$OUT/$m.ours.log" >&2; echo '[]' > "$OUT/$m.ours.json"; }
   log "$m: llama-bench"
   "$LB/llama-bench" -m "$f" -p "$NP" -n "$NG" -r "$REPS" -t "$THREADS" -o json \
     > "$OUT/$m.theirs.json" 2> "$OUT/$m.theirs.log" || { cat "$OUT/$m.theirs.log" >&2; echo '[]' > "$OUT/$m.theirs.json"; }
+  "$OUT/membw" "$THREADS" 2>/dev/null > "$OUT/$m.membw.after.txt"
 done
 
 # Once more after the single-sequence runs: on a shared VM the bandwidth can move during a run,
@@ -122,8 +127,13 @@ bw_end = float(open(f"{out}/membw.c.end.txt").read())
 bw = max(bw_start, bw_end) * 1e9
 print(f"Read bandwidth ({threads} threads): {bw/1e9:.2f} GB/s "
       f"(before the runs {bw_start:.2f}, after {bw_end:.2f})\n")
-print("| model | test | polychip t/s | llama.cpp t/s | ratio | decode % of BW (polychip / llama.cpp) |")
-print("| --- | --- | ---: | ---: | ---: | ---: |")
+print("| model | test | polychip t/s | llama.cpp t/s | ratio | decode % of BW (polychip / llama.cpp) "
+      "| % of BW around the model's runs (GB/s) |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+def local_bw(m):  # the larger of the figures just before and just after this model's runs
+    try:
+        return max(float(open(f"{out}/{m}.membw.{w}.txt").read()) for w in ("before", "after")) * 1e9
+    except (OSError, ValueError): return 0
 def fmt(r): return f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}" if r else "n/a"
 for m in models:
     ours, theirs = load(f"{out}/{m}.ours.json"), load(f"{out}/{m}.theirs.json")
@@ -131,12 +141,17 @@ for m in models:
     for kind in ("pp", "tg"):
         o = next((r for r in ours if (r["n_prompt"] > 0) == (kind == "pp") and r["n_seqs"] == 1), None)
         t = next((r for r in theirs if (r["n_prompt"] > 0) == (kind == "pp")), None)
+        if not o and not t: continue  # a test this run skipped (-p 0 or -n 0)
         test = f"pp{o['n_prompt']}" if kind == "pp" and o else (f"tg{o['n_gen']}" if o else kind)
         ratio = f"{o['avg_ts']/t['avg_ts']:.2f}x" if o and t else "n/a"
-        frac = ""
+        frac = local = ""
         if kind == "tg" and bpt:
             frac = " / ".join(f"{100*r['avg_ts']*bpt/bw:.0f}%" if r else "n/a" for r in (o, t))
-        print(f"| {m} | {test} | {fmt(o)} | {fmt(t)} | {ratio} | {frac} |")
+            lbw = local_bw(m)
+            if lbw:
+                local = " / ".join(f"{100*r['avg_ts']*bpt/lbw:.0f}%" if r else "n/a" for r in (o, t))
+                local += f" ({lbw/1e9:.1f})"
+        print(f"| {m} | {test} | {fmt(o)} | {fmt(t)} | {ratio} | {frac} | {local} |")
 for m in batch_models:
     ours = load(f"{out}/{m}.ours_batch.json")
     o = ours[0] if ours else None
@@ -151,5 +166,5 @@ for m in batch_models:
     ours_ts = f"{o['avg_ts']:.2f} ± {o['stddev_ts']:.2f}" if o else "n/a"
     theirs_ts = f"{t['speed_tg']:.2f}" if t else "n/a"
     ratio = f"{o['avg_ts']/t['speed_tg']:.2f}x" if o and t else "n/a"
-    print(f"| {m} | {batch} seqs decode (aggregate) | {ours_ts} | {theirs_ts} | {ratio} | |")
+    print(f"| {m} | {batch} seqs decode (aggregate) | {ours_ts} | {theirs_ts} | {ratio} | | |")
 PY

@@ -35,6 +35,26 @@ void ParallelRange(const OpContext& c, int64_t n, int64_t chunk, F&& body) {
   c.pool->Run(n_tasks, [&](int64_t t) { body(t * chunk, std::min(n, (t + 1) * chunk)); });
 }
 
+// ParallelRange with tasks that shrink as the range runs out (guided scheduling): each takes
+// 1/(2 x threads) of what is left, at least min_chunk. Early tasks are long (few claims); the
+// last ones are short, so the threads finish together instead of one waiting a whole
+// fixed-size chunk for the other at the end of every matmul.
+template <typename F>
+void ParallelRangeGuided(const OpContext& c, int64_t n, int64_t min_chunk, F&& body) {
+  const int64_t split = 2 * int64_t{c.pool->size()};
+  if (split <= 2 || n <= min_chunk) {
+    if (n > 0) body(int64_t{0}, n);
+    return;
+  }
+  thread_local std::vector<int64_t> starts;  // task t is [starts[t], starts[t + 1])
+  starts.clear();
+  for (int64_t at = 0; at < n; at += std::max(min_chunk, (n - at) / split)) starts.push_back(at);
+  starts.push_back(n);
+  const int64_t* bounds = starts.data();  // the workers read the caller's vector
+  c.pool->Run(static_cast<int64_t>(starts.size()) - 1,
+              [&](int64_t t) { body(bounds[t], bounds[t + 1]); });
+}
+
 inline void Store(const pc_matmul_args_t& a, const float* bias, float* out, int64_t i, int64_t j,
                   float v) {
   float& y = out[i * a.out_stride + j];
@@ -91,7 +111,7 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   // Rows of activations handled per kernel call: keeps them in L2 while the group's weights
   // are reused from L1 for each 4-row tile.
   constexpr int64_t kMBlock = 64;
-  ParallelRange(c, n_groups, ChunkSize(n_groups, c.pool->size(), 1), [&](int64_t g0, int64_t g1) {
+  ParallelRangeGuided(c, n_groups, 1, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<float> tile;
     tile.resize(kMBlock * kPackRows);
     for (int64_t i0 = 0; i0 < a.m; i0 += kMBlock) {
