@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Compares the polychip cpu backend with llama.cpp on the same GGUF files, same thread count,
-# in one run, and prints one markdown table (stdout; progress on stderr):
+# in one run, and prints one markdown table (stdout; progress on stderr). Each model runs -r
+# rounds of one timed repetition, polychip and llama.cpp alternating:
 #   model | test | polychip t/s | llama.cpp t/s | ratio | decode % of bandwidth (ours, theirs),
-#   against the whole run's bandwidth and against the bandwidth measured around the model's runs
+#   against the whole run's bandwidth (the larger of a probe before and one after all runs), and
+#   against the median of six probes taken just before and after the model's own runs
 # "% of bandwidth" = tokens/s x bytes read per token (model tensors, minus the embedding table
 # unless tied; of a mixture of experts' expert tensors only the share a token runs) / measured
 # read bandwidth of this machine with the same threads.
@@ -87,15 +89,20 @@ cc -O3 -march=native -pthread "$ROOT/bench/membw.c" -o "$OUT/membw"
 for m in $MODELS; do
   f="$CACHE/$m.gguf"
   # The bandwidth around this model's runs as well: on a shared VM it can move by half within
-  # minutes, so a figure taken at the start can be far from the one the model ran at.
-  "$OUT/membw" "$THREADS" 2>/dev/null > "$OUT/$m.membw.before.txt"
-  log "$m: polychip bench"
-  "$PC" bench --model-path "$f" -p "$NP" -n "$NG" -r "$REPS" -t "$THREADS" -o json \
-    > "$OUT/$m.ours.json" 2> "$OUT/$m.ours.log" || { cat "$OUT/$m.ours.log" >&2; echo '[]' > "$OUT/$m.ours.json"; }
-  log "$m: llama-bench"
-  "$LB/llama-bench" -m "$f" -p "$NP" -n "$NG" -r "$REPS" -t "$THREADS" -o json \
-    > "$OUT/$m.theirs.json" 2> "$OUT/$m.theirs.log" || { cat "$OUT/$m.theirs.log" >&2; echo '[]' > "$OUT/$m.theirs.json"; }
-  "$OUT/membw" "$THREADS" 2>/dev/null > "$OUT/$m.membw.after.txt"
+  # minutes, so a figure taken at the start can be far from the one the model ran at. Three
+  # probes before and three after; the table takes their median (one probe lasts ~2 s and
+  # catches the VM's short bursts, a model's runs last tens of seconds).
+  for i in 1 2 3; do "$OUT/membw" "$THREADS" 2>/dev/null; echo; done > "$OUT/$m.membw.before.txt"
+  # REPS rounds of one timed repetition each, polychip and llama.cpp alternating, so both see
+  # the same moments of a shared machine; the ratio is the median of the rounds' ratios.
+  for r in $(seq "$REPS"); do
+    log "$m: round $r/$REPS: polychip bench, llama-bench"
+    "$PC" bench --model-path "$f" -p "$NP" -n "$NG" -r 1 -t "$THREADS" -o json \
+      > "$OUT/$m.ours.$r.json" 2> "$OUT/$m.ours.log" || { cat "$OUT/$m.ours.log" >&2; echo '[]' > "$OUT/$m.ours.$r.json"; }
+    "$LB/llama-bench" -m "$f" -p "$NP" -n "$NG" -r 1 -t "$THREADS" -o json \
+      > "$OUT/$m.theirs.$r.json" 2> "$OUT/$m.theirs.log" || { cat "$OUT/$m.theirs.log" >&2; echo '[]' > "$OUT/$m.theirs.$r.json"; }
+  done
+  for i in 1 2 3; do "$OUT/membw" "$THREADS" 2>/dev/null; echo; done > "$OUT/$m.membw.after.txt"
 done
 
 # Once more after the single-sequence runs: on a shared VM the bandwidth can move during a run,
@@ -115,9 +122,10 @@ for m in $BATCH_MODELS; do
     > "$OUT/$m.theirs_batch.jsonl" 2> "$OUT/$m.theirs_batch.log" || { cat "$OUT/$m.theirs_batch.log" >&2; : > "$OUT/$m.theirs_batch.jsonl"; }
 done
 
-python3 - "$OUT" "$THREADS" "$MODELS" "$BATCH_MODELS" "$BATCH" <<'PY'
-import json, os, sys
+python3 - "$OUT" "$THREADS" "$MODELS" "$BATCH_MODELS" "$BATCH" "$REPS" <<'PY'
+import json, os, statistics, sys
 out, threads, models, batch_models, batch = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split(), int(sys.argv[5])
+reps = int(sys.argv[6])
 def load(p):
     try:
         with open(p) as f: return json.load(f)
@@ -127,23 +135,40 @@ bw_end = float(open(f"{out}/membw.c.end.txt").read())
 bw = max(bw_start, bw_end) * 1e9
 print(f"Read bandwidth ({threads} threads): {bw/1e9:.2f} GB/s "
       f"(before the runs {bw_start:.2f}, after {bw_end:.2f})\n")
+print(f"t/s: mean ± stddev of {reps} rounds, polychip and llama.cpp alternating; ratio: median of "
+      "the rounds' ratios (lowest-highest)\n")
 print("| model | test | polychip t/s | llama.cpp t/s | ratio | decode % of BW (polychip / llama.cpp) "
-      "| % of BW around the model's runs (GB/s) |")
+      "| % of the median BW around the model's runs (GB/s) |")
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-def local_bw(m):  # the larger of the figures just before and just after this model's runs
+def local_bw(m):  # the median of the probes just before and just after this model's runs
     try:
-        return max(float(open(f"{out}/{m}.membw.{w}.txt").read()) for w in ("before", "after")) * 1e9
-    except (OSError, ValueError): return 0
+        probes = sorted(float(x) for w in ("before", "after")
+                        for x in open(f"{out}/{m}.membw.{w}.txt").read().split())
+        return (probes[len(probes) // 2] + probes[(len(probes) - 1) // 2]) / 2 * 1e9
+    except (OSError, ValueError, IndexError): return 0
 def fmt(r): return f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}" if r else "n/a"
+def rounds(m, who, kind):  # the test's t/s in each round (None where a round failed)
+    out_rounds = []
+    for i in range(1, reps + 1):
+        rs = load(f"{out}/{m}.{who}.{i}.json")
+        r = next((r for r in rs if (r["n_prompt"] > 0) == (kind == "pp") and r.get("n_seqs", 1) == 1), None)
+        out_rounds.append(r)
+    return out_rounds
+def summary(rs):  # mean ± stddev over the rounds, in the shape of one bench record
+    ts = [r["avg_ts"] for r in rs if r]
+    if not ts: return None
+    first = next(r for r in rs if r)
+    return dict(first, avg_ts=statistics.mean(ts), stddev_ts=statistics.stdev(ts) if len(ts) > 1 else 0)
 for m in models:
-    ours, theirs = load(f"{out}/{m}.ours.json"), load(f"{out}/{m}.theirs.json")
-    bpt = next((r.get("bytes_per_token", 0) for r in ours), 0)
+    bpt = next((r.get("bytes_per_token", 0) for r in load(f"{out}/{m}.ours.1.json")), 0)
     for kind in ("pp", "tg"):
-        o = next((r for r in ours if (r["n_prompt"] > 0) == (kind == "pp") and r["n_seqs"] == 1), None)
-        t = next((r for r in theirs if (r["n_prompt"] > 0) == (kind == "pp")), None)
+        ro, rt = rounds(m, "ours", kind), rounds(m, "theirs", kind)
+        o, t = summary(ro), summary(rt)
         if not o and not t: continue  # a test this run skipped (-p 0 or -n 0)
         test = f"pp{o['n_prompt']}" if kind == "pp" and o else (f"tg{o['n_gen']}" if o else kind)
-        ratio = f"{o['avg_ts']/t['avg_ts']:.2f}x" if o and t else "n/a"
+        paired = [a["avg_ts"] / b["avg_ts"] for a, b in zip(ro, rt) if a and b]
+        ratio = f"{statistics.median(paired):.2f}x" if paired else "n/a"
+        if len(paired) > 1: ratio += f" ({min(paired):.2f}-{max(paired):.2f})"
         frac = local = ""
         if kind == "tg" and bpt:
             frac = " / ".join(f"{100*r['avg_ts']*bpt/bw:.0f}%" if r else "n/a" for r in (o, t))
