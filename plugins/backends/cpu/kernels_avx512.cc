@@ -55,10 +55,10 @@ inline __m512i CodebookLut() {
 // prefetcher alone leaves one core at ~5 GB/s on this access pattern (measured on Zen 5:
 // 2-3x slower batched decode); 8-16 cells (2-5 KiB) ahead lets it stream at compute speed.
 constexpr int64_t kPrefetchCells = 12;
-// Q8_0's cells are twice as long (544 bytes): 12 cells ahead into L1 keeps ~100 line fills in
-// flight per core, more than L1 tracks, and its decode streamed at ~0.8 of a plain read (4-bit
-// formats ~0.9-1.0). It prefetches into L2 twice as far ahead and into L1 just 4 cells ahead
-// (0.99-1.10 of a plain read in alternated runs, 2 threads, Zen 5 VM).
+// Q8_0's cells are twice as long (544 bytes): 12 cells is ~100 lines ahead into L1, and its
+// decode streamed at ~0.8 of a plain read of the same buffers (the 4-bit formats ~0.9-1.0).
+// It prefetches into L2 twice as far ahead and into L1 only 4 cells ahead: 0.99-1.10 of a
+// plain read (2 threads, alternated runs, Zen 5 VM).
 constexpr int64_t kPrefetchCellsQ8L2 = 24, kPrefetchCellsQ8L1 = 4;
 
 // MT activation rows against one group: the group's weight vectors are loaded (and, for 4-bit,

@@ -30,9 +30,10 @@ template <int B, int J, int TO>
 }
 
 // w[j] = unsigned quants of elements 4j..4j+3 of the 8 rows of half `cell` points into.
+// Forced inline, and the lambda inside it too: left to itself GCC calls one or the other out of
+// line for the 5-bit formats (Q5_0, Q5_1, Q5_K), and the eight vectors go through the stack
+// (LoadQuants<4, 1> alone had a fifth of a qwen2.5-0.5b Q4_K_M decode's samples, AVX-512).
 template <int LOW, int HIGH>
-// Forced inline: left to itself GCC calls it out of line for Q5_0/Q5_1/Q5_K, and the eight
-// vectors go through the stack (a fifth of a Q5 decode step in perf).
 [[gnu::always_inline]] inline void LoadQuants(const uint8_t* cell, __m256i* w) {
   __m256i lo[LOW], hi[HIGH > 0 ? HIGH : 1];
   for (int c = 0; c < LOW; ++c)
