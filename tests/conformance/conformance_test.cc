@@ -222,16 +222,17 @@ std::string Row(const std::string& table, const std::string& name) {
 
 // Issue 16: each check runs in a child process, so a plugin that crashes or hangs in one op gives
 // the whole table, the misbehaving checks failed by name. (A sanitizer build would report the
-// SIGSEGV itself and exit: handle_segv=0 leaves it a plain signal.)
+// SIGSEGV itself and exit: handle_segv=0 leaves it a plain signal.) The timeout leaves the healthy
+// checks room on a loaded machine: at 2 s one of them once ran out under a parallel build.
 TEST(Cli, AnOpThatCrashesOrHangsFailsItsChecksAndTheOthersStillRun) {
   std::string out;
-  EXPECT_EQ(RunCli("--check-timeout 2 --plugin " + TestPlugin("libpolychip_backend_faulty.so"),
+  EXPECT_EQ(RunCli("--check-timeout 5 --plugin " + TestPlugin("libpolychip_backend_faulty.so"),
                    &out, AsanOptionsWithoutSegvHandler() + " PCTEST_ADD=crash PCTEST_SWIGLU=hang"),
             1)
       << out;
   EXPECT_NE(Row(out, "op.add").find("FAIL"), std::string::npos) << out;
   EXPECT_NE(Row(out, "op.add").find("crashed: SIGSEGV"), std::string::npos) << out;
-  EXPECT_NE(Row(out, "op.swiglu").find("did not finish in 2 s"), std::string::npos) << out;
+  EXPECT_NE(Row(out, "op.swiglu").find("did not finish in 5 s"), std::string::npos) << out;
   for (const char* name : {"load", "lifetime.initialize", "device.open", "memory.round_trip"}) {
     EXPECT_NE(Row(out, name).find("PASS"), std::string::npos) << name << "\n" << out;
   }
