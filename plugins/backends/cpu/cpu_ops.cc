@@ -544,7 +544,6 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
     int32_t seq, kv_head;
     int64_t t0, t1;  // query rows
   };
-  std::vector<Task> tasks;
   std::vector<uint8_t> owned(a.n_tokens, 0);
   bool decode = true;  // every sequence has at most one query token
   for (int64_t s = 0; s < a.n_seqs; ++s) {
@@ -556,16 +555,20 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
       if (tables[s * a.max_blocks_per_seq + b] < 0) return "negative block index";
     for (int64_t t = q0; t < q1; ++t) owned[t] = 1;
     decode = decode && q1 - q0 <= 1;
-    const int64_t rows_per_task = q1 - q0 >= 32 * base_rows ? 4 * base_rows : base_rows;
-    for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh)
-      for (int64_t t0 = q0; t0 < q1; t0 += rows_per_task)
-        tasks.push_back({int32_t(s), int32_t(kvh), t0, std::min(q1, t0 + rows_per_task)});
   }
   for (int64_t t = 0; t < a.n_tokens; ++t)  // rows no sequence owns: defined as zeros
     if (!owned[t]) std::memset(out + t * a.n_heads * hd, 0, a.n_heads * hd * sizeof(float));
   if (decode) {
     AttentionDecode(c, a);
     return nullptr;
+  }
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < a.n_seqs; ++s) {
+    const int64_t q0 = qstart[s], q1 = qstart[s + 1];
+    const int64_t rows_per_task = q1 - q0 >= 32 * base_rows ? 4 * base_rows : base_rows;
+    for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh)
+      for (int64_t t0 = q0; t0 < q1; t0 += rows_per_task)
+        tasks.push_back({int32_t(s), int32_t(kvh), t0, std::min(q1, t0 + rows_per_task)});
   }
 
   c.pool->Run(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {

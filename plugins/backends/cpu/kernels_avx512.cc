@@ -57,9 +57,9 @@ inline __m512i CodebookLut() {
 constexpr int64_t kPrefetchCells = 12;
 // Q8_0's cells are twice as long (544 bytes): 12 cells is ~100 lines ahead into L1, and its
 // decode streamed at ~0.8 of a plain read of the same buffers (the 4-bit formats ~0.9-1.0).
-// It prefetches into L2 twice as far ahead and into L1 only 4 cells ahead: 0.99-1.10 of a
-// plain read (2 threads, alternated runs, Zen 5 VM).
-constexpr int64_t kPrefetchCellsQ8L2 = 24, kPrefetchCellsQ8L1 = 4;
+// It prefetches into L2 twice as far ahead as well, and into L1 only 4 cells ahead: 0.99-1.10
+// of a plain read (2 threads, alternated runs, Zen 5 VM).
+constexpr int64_t kPrefetchCellsQ8L1 = 4, kPrefetchCellsQ8L2 = 24;
 
 // MT activation rows against one group: the group's weight vectors are loaded (and, for 4-bit,
 // unpacked) once per block and reused for every row of the tile. With MT = 16 a batched decode
@@ -78,16 +78,12 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   for (int64_t b = 0; b < kb; ++b, cell += stride) {
     if (prefetch) {
       // Past the end of the matrix this is harmless: prefetches do not fault.
-      if constexpr (Q4) {
-        const char* ahead = reinterpret_cast<const char*>(cell + kPrefetchCells * stride);
-        for (int64_t off = 0; off < stride; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
-      } else {
-        const char* far = reinterpret_cast<const char*>(cell + kPrefetchCellsQ8L2 * stride);
-        const char* near = reinterpret_cast<const char*>(cell + kPrefetchCellsQ8L1 * stride);
-        for (int64_t off = 0; off < stride; off += 64) {
-          _mm_prefetch(far + off, _MM_HINT_T1);
-          _mm_prefetch(near + off, _MM_HINT_T0);
-        }
+      const char* l1 = reinterpret_cast<const char*>(
+          cell + (Q4 ? kPrefetchCells : kPrefetchCellsQ8L1) * stride);
+      const char* l2 = reinterpret_cast<const char*>(cell + kPrefetchCellsQ8L2 * stride);
+      for (int64_t off = 0; off < stride; off += 64) {
+        _mm_prefetch(l1 + off, _MM_HINT_T0);
+        if constexpr (!Q4) _mm_prefetch(l2 + off, _MM_HINT_T1);
       }
     }
     __m512i w[8];
