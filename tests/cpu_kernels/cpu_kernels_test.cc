@@ -159,6 +159,65 @@ TEST_P(CpuKernels, PackedVariantAgreesWithScalar) {
   }
 }
 
+// Decode's lockstep kernel (KernelTable::gemm_packed_streams) reads n_streams groups at once;
+// each group's sums are the ones gemm_packed (m = 1) computes. Equal up to f32 rounding: the
+// kernel files may reassociate float sums (-fassociative-math), differently where inlined.
+TEST_P(CpuKernels, PackedStreamsEqualOneGroupAtATime) {
+  const KernelTable* kt = GetParam();
+  if (!kt->gemm_packed_streams) GTEST_SKIP() << kt->name << " has no streams kernel";
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K,
+                       PC_DTYPE_Q4_1, PC_DTYPE_Q5_1, PC_DTYPE_IQ4_NL, PC_DTYPE_IQ4_XS,
+                       PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q5_K}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
+    const int64_t k = 512, kb = k / kBlock, n = 16 * 12;
+    auto wf = Random(n * k, 31), xf = Random(k, 32);
+    const int64_t rb = sdk::RowBytes(t, k);
+    std::vector<uint8_t> w(n * rb);
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_TRUE(sdk::QuantizeRow(t, wf.data() + j * k, w.data() + j * rb, k));
+    PackedFormat f;
+    ASSERT_TRUE(PackedFormatOf(t, &f));
+    std::vector<uint8_t> packed(PackedBytes(f, n, k));
+    PackParallel(Ctx(), t, w.data(), n, k, packed.data());
+    std::vector<ActBlock> x(kb);
+    kt->quantize_row(xf.data(), k, x.data());
+    const int64_t group_bytes = kb * f.block_bytes();
+    for (int ns = 1; ns <= kMaxWeightStreams; ++ns) {
+      for (int64_t groups_apart : {1, 3}) {
+        SCOPED_TRACE(std::to_string(ns) + " streams " + std::to_string(groups_apart) +
+                     " groups apart");
+        std::vector<float> got(kMaxWeightStreams * kPackRows, 7.f), want(kPackRows);
+        kt->gemm_packed_streams(f, packed.data(), groups_apart * group_bytes, ns, kb, x.data(),
+                                got.data());
+        for (int s = 0; s < ns; ++s) {
+          kt->gemm_packed(f, packed.data() + s * groups_apart * group_bytes, kb, x.data(), kb, 1,
+                          want.data());
+          for (int r = 0; r < kPackRows; ++r)
+            ASSERT_NEAR(got[s * kPackRows + r], want[r], 1e-5f * std::max(1.f, std::fabs(want[r])))
+                << "stream " << s << " row " << r;
+        }
+        for (int64_t i = ns * kPackRows; i < kMaxWeightStreams * kPackRows; ++i)
+          ASSERT_EQ(got[i], 7.f) << "wrote past stream " << ns;
+      }
+    }
+  }
+}
+
+// Decode-shaped matmuls (m = 1) over enough groups for the streams path (cpu_ops.cc): every row
+// of every run, the shorter last run included, against the reference.
+TEST_P(CpuKernels, PackedDecodeMatmulMatchesReference) {
+  for (pc_dtype_t t : {PC_DTYPE_Q8_0, PC_DTYPE_Q4_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K}) {
+    const bool kquant = sdk::GetDtypeInfo(t)->block_elems == 256;
+    for (int64_t n : {16 * 4, 16 * 9 + 5, 16 * 14 + 1}) {
+      SCOPED_TRACE(std::string(sdk::GetDtypeInfo(t)->name) + " n=" + std::to_string(n));
+      std::vector<float> got, want, bound;
+      RunMatmul(Ctx(), {t, 1, n, kquant ? 256 : 96}, /*pack=*/true, &got, &want, &bound);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_LE(std::fabs(got[i] - want[i]), bound[i]) << "output " << i;
+    }
+  }
+}
+
 // The K-quants' packed layout keeps d, dmin and the integer sub-block scales (kquant.h), so
 // with activations that int8 holds exactly (integers, 127 in every block: scale 1) the packed
 // matmul equals the double-precision product of the GGUF weights to f32 accumulation error.

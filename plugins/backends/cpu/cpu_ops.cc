@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -88,6 +89,20 @@ std::vector<ActBlock>& ActBuffer() {
   return buf;
 }
 
+// Weight streams per thread of a decode matmul (KernelTable::gemm_packed_streams). Two measured
+// best on a Zen 5 VM (docs/performance.md, session 8); four split the hardware prefetcher's
+// attention too thinly there. POLYCHIP_CPU_WEIGHT_STREAMS=1..4 overrides it (1: one
+// sequential read per task, the layout's plain order), to measure other CPUs.
+int WeightStreams() {
+  static const int n = [] {
+    constexpr int kDefault = 2;
+    const char* e = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
+    const int v = e && *e ? std::atoi(e) : kDefault;
+    return std::clamp(v, 1, kMaxWeightStreams);
+  }();
+  return n;
+}
+
 const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   PackedFormat f;
   if (!PackedFormatOf(a.w_dtype, &f) || a.k % kBlock != 0) return "packed layout for this dtype";
@@ -108,6 +123,26 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   }
   const int64_t n_groups = (a.n + kPackRows - 1) / kPackRows;
   const int64_t group_bytes = kb * f.block_bytes();
+  const int streams = WeightStreams();
+  if (a.m == 1 && c.k->gemm_packed_streams && streams > 1 && n_groups >= 2 * streams) {
+    // Decode: the groups as `streams` runs of `run` groups; a task takes positions [j0, j1)
+    // of every run at once, so each thread reads that many far-apart parts of the matrix
+    // together (KernelTable::gemm_packed_streams). The last run may be shorter.
+    const int64_t run = (n_groups + streams - 1) / streams;
+    ParallelRangeGuided(c, run, 1, [&](int64_t j0, int64_t j1) {
+      float tile[kMaxWeightStreams * kPackRows];
+      for (int64_t j = j0; j < j1; ++j) {
+        const int ns = static_cast<int>(std::min<int64_t>(streams, (n_groups - j + run - 1) / run));
+        c.k->gemm_packed_streams(f, w + j * group_bytes, run * group_bytes, ns, kb, xq, tile);
+        for (int s = 0; s < ns; ++s) {
+          const int64_t j_row = (s * run + j) * kPackRows;
+          const int64_t rows = std::min<int64_t>(kPackRows, a.n - j_row);
+          StoreRow(a, bias ? bias + j_row : nullptr, tile + s * kPackRows, rows, out + j_row);
+        }
+      }
+    });
+    return nullptr;
+  }
   // Rows of activations handled per kernel call: keeps them in L2 while the group's weights
   // are reused from L1 for each 4-row tile.
   constexpr int64_t kMBlock = 64;

@@ -84,7 +84,22 @@ struct KernelTable {
   //   acc[i * 32 + r] += sum_{e < k} x[i * ldx + e] * P[e * 32 + r]
   void (*gemm_panel)(pc_dtype_t dtype, const void* panel, int64_t k, const float* x,
                      int64_t ldx, int64_t m, float* acc) = nullptr;
+
+  // Decode's packed GEMM, or nullptr where the ISA has none (gemm_packed with m = 1 then): one
+  // activation row x (kb blocks) against n_streams (1..kMaxWeightStreams) groups, group s at
+  // group + s * stream_stride, read block by block in lockstep:
+  //   tile[s * kPackRows + r] = sum_e W_s[r, e] * x[e]
+  // each group's sums exactly as gemm_packed computes them. One sequential read per core leaves
+  // DRAM bandwidth unused (the hardware prefetcher follows each stream separately; Zen 5 VM, 2
+  // threads, bench/membw.c: ~53 GB/s with one stream per thread, ~65 with two), so decode
+  // walks several far-apart parts of a matrix at once (cpu_ops.cc, WeightStreams).
+  void (*gemm_packed_streams)(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                              int n_streams, int64_t kb, const ActBlock* x,
+                              float* tile) = nullptr;
 };
+
+// Most groups one gemm_packed_streams call reads at once.
+constexpr int kMaxWeightStreams = 4;
 
 // Activation rows of one gemm_panel call.
 constexpr int64_t kPanelTileRows = 8;

@@ -66,76 +66,84 @@ constexpr int64_t kPrefetchCellsQ8L1 = 4, kPrefetchCellsQ8L2 = 24;
 // step of 16 sequences reads each weight byte once, straight from DRAM, with `prefetch` set.
 // LUT: the 4-bit quants are codebook indices (PackedFormat::codebook), looked up with one
 // in-lane byte shuffle per vector.
-template <int MT, bool Q4, bool HALF, bool MIN, bool LUT = false>
+//
+// NS > 1 (decode, MT = 1): NS groups stream_stride bytes apart, block by block in lockstep, so
+// each thread keeps NS weight streams in flight (KernelTable::gemm_packed_streams);
+// tile[s * kPackRows + r] is group s's row r.
+template <int MT, bool Q4, bool HALF, bool MIN, bool LUT = false, int NS = 1>
 void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
-          int64_t x_stride, float* tile, bool prefetch) {
+          int64_t x_stride, float* tile, bool prefetch, int64_t stream_stride = 0) {
+  static_assert(NS == 1 || MT == 1, "several streams for a single activation row only");
   const int64_t stride = f.block_bytes();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i lut = CodebookLut();
-  __m512 acc[MT];
-  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
-  const uint8_t* cell = group;
-  for (int64_t b = 0; b < kb; ++b, cell += stride) {
-    if (prefetch) {
-      // Past the end of the matrix this is harmless: prefetches do not fault.
-      const char* l1 = reinterpret_cast<const char*>(
-          cell + (Q4 ? kPrefetchCells : kPrefetchCellsQ8L1) * stride);
-      const char* l2 = reinterpret_cast<const char*>(cell + kPrefetchCellsQ8L2 * stride);
-      for (int64_t off = 0; off < stride; off += 64) {
-        _mm_prefetch(l1 + off, _MM_HINT_T0);
-        if constexpr (!Q4) _mm_prefetch(l2 + off, _MM_HINT_T1);
-      }
-    }
-    __m512i w[8];
-    if constexpr (Q4) {
-      for (int c = 0; c < 4; ++c) {
-        const __m512i v = _mm512_loadu_si512(cell + 64 * c);
-        w[c] = _mm512_and_si512(v, low4);
-        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        if constexpr (LUT) {
-          w[c] = _mm512_shuffle_epi8(lut, w[c]);
-          w[c + 4] = _mm512_shuffle_epi8(lut, w[c + 4]);
+  __m512 acc[MT * NS];
+  for (int i = 0; i < MT * NS; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    for (int st = 0; st < NS; ++st) {
+      const uint8_t* cell = group + st * stream_stride + b * stride;
+      if (prefetch) {
+        // Past the end of the matrix this is harmless: prefetches do not fault.
+        const char* l1 = reinterpret_cast<const char*>(
+            cell + (Q4 ? kPrefetchCells : kPrefetchCellsQ8L1) * stride);
+        const char* l2 = reinterpret_cast<const char*>(cell + kPrefetchCellsQ8L2 * stride);
+        for (int64_t off = 0; off < stride; off += 64) {
+          _mm_prefetch(l1 + off, _MM_HINT_T0);
+          if constexpr (!Q4) _mm_prefetch(l2 + off, _MM_HINT_T1);
         }
       }
-    } else {
-      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(cell + 64 * c);
-    }
-    const uint16_t* sp = reinterpret_cast<const uint16_t*>(cell + (Q4 ? 256 : 512));
-    const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp)));
-    __m512 s1 = s0, mn = s0;
-    if constexpr (HALF)
-      s1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16)));
-    if constexpr (MIN)
-      mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16)));
-    for (int i = 0; i < MT; ++i) {
-      const ActBlock& a = x[i * x_stride + b];
-      const __m512 dx = _mm512_set1_ps(a.d);
-      if constexpr (HALF) {
-        __m512i p0 = _mm512_set1_epi32(-f.offset * a.sum[0]);
-        __m512i p1 = _mm512_set1_epi32(-f.offset * a.sum[1]);
+      __m512i w[8];
+      if constexpr (Q4) {
         for (int c = 0; c < 4; ++c) {
-          p0 = _mm512_dpbusd_epi32(p0, w[c], Bcast(a.q + 4 * c));
-          p1 = _mm512_dpbusd_epi32(p1, w[c + 4], Bcast(a.q + 16 + 4 * c));
+          const __m512i v = _mm512_loadu_si512(cell + 64 * c);
+          w[c] = _mm512_and_si512(v, low4);
+          w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+          if constexpr (LUT) {
+            w[c] = _mm512_shuffle_epi8(lut, w[c]);
+            w[c + 4] = _mm512_shuffle_epi8(lut, w[c + 4]);
+          }
         }
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(s0, dx), acc[i]);
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(s1, dx), acc[i]);
       } else {
-        // Two chains, so the eight dependent vpdpbusd of a block overlap.
-        __m512i p0 = _mm512_set1_epi32(-f.offset * (a.sum[0] + a.sum[1]));
-        __m512i p1 = _mm512_setzero_si512();
-        for (int c = 0; c < 8; c += 2) {
-          p0 = _mm512_dpbusd_epi32(p0, w[c], Bcast(a.q + 4 * c));
-          p1 = _mm512_dpbusd_epi32(p1, w[c + 1], Bcast(a.q + 4 * c + 4));
-        }
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
-                                 _mm512_mul_ps(s0, dx), acc[i]);
+        for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(cell + 64 * c);
       }
-      if constexpr (MIN) {
-        acc[i] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(a.d * float(a.sum[0] + a.sum[1])), acc[i]);
+      const uint16_t* sp = reinterpret_cast<const uint16_t*>(cell + (Q4 ? 256 : 512));
+      const __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp)));
+      __m512 s1 = s0, mn = s0;
+      if constexpr (HALF)
+        s1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16)));
+      if constexpr (MIN)
+        mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + 16)));
+      for (int i = 0; i < MT; ++i) {
+        const ActBlock& a = x[i * x_stride + b];
+        __m512& acc_i = acc[st * MT + i];
+        const __m512 dx = _mm512_set1_ps(a.d);
+        if constexpr (HALF) {
+          __m512i p0 = _mm512_set1_epi32(-f.offset * a.sum[0]);
+          __m512i p1 = _mm512_set1_epi32(-f.offset * a.sum[1]);
+          for (int c = 0; c < 4; ++c) {
+            p0 = _mm512_dpbusd_epi32(p0, w[c], Bcast(a.q + 4 * c));
+            p1 = _mm512_dpbusd_epi32(p1, w[c + 4], Bcast(a.q + 16 + 4 * c));
+          }
+          acc_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(s0, dx), acc_i);
+          acc_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(s1, dx), acc_i);
+        } else {
+          // Two chains, so the eight dependent vpdpbusd of a block overlap.
+          __m512i p0 = _mm512_set1_epi32(-f.offset * (a.sum[0] + a.sum[1]));
+          __m512i p1 = _mm512_setzero_si512();
+          for (int c = 0; c < 8; c += 2) {
+            p0 = _mm512_dpbusd_epi32(p0, w[c], Bcast(a.q + 4 * c));
+            p1 = _mm512_dpbusd_epi32(p1, w[c + 1], Bcast(a.q + 4 * c + 4));
+          }
+          acc_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
+                                   _mm512_mul_ps(s0, dx), acc_i);
+        }
+        if constexpr (MIN) {
+          acc_i = _mm512_fnmadd_ps(mn, _mm512_set1_ps(a.d * float(a.sum[0] + a.sum[1])), acc_i);
+        }
       }
     }
   }
-  for (int i = 0; i < MT; ++i) _mm512_storeu_ps(tile + i * kPackRows, acc[i]);
+  for (int i = 0; i < MT * NS; ++i) _mm512_storeu_ps(tile + i * kPackRows, acc[i]);
 }
 
 // Tiles of 16 rows, then 8, 4 and the last 1-3; only the first tile prefetches (the group is
@@ -159,6 +167,33 @@ void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
   }
   if (f.half_scales) return GemmFormat<false, true, false>(f, group, kb, x, x_stride, m, tile);
   return GemmFormat<false, false, false>(f, group, kb, x, x_stride, m, tile);
+}
+
+// One activation row against n_streams (1-4) groups stream_stride bytes apart, in lockstep.
+template <bool Q4, bool HALF, bool MIN, bool LUT = false>
+void StreamsFormat(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                   int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+  switch (n_streams) {
+    case 4: return Tile<1, Q4, HALF, MIN, LUT, 4>(f, group, kb, x, kb, tile, true, stream_stride);
+    case 3: return Tile<1, Q4, HALF, MIN, LUT, 3>(f, group, kb, x, kb, tile, true, stream_stride);
+    case 2: return Tile<1, Q4, HALF, MIN, LUT, 2>(f, group, kb, x, kb, tile, true, stream_stride);
+    default: return Tile<1, Q4, HALF, MIN, LUT, 1>(f, group, kb, x, kb, tile, true);
+  }
+}
+
+void GemmPackedStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+  if (f.planes) return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile);
+  const auto run = [&]<bool Q4, bool HALF, bool MIN, bool LUT>() {
+    StreamsFormat<Q4, HALF, MIN, LUT>(f, group, stream_stride, n_streams, kb, x, tile);
+  };
+  if (f.q4) {
+    if (f.codebook) return run.template operator()<true, false, false, true>();
+    if (f.has_min) return run.template operator()<true, false, true, false>();
+    return run.template operator()<true, false, false, false>();
+  }
+  if (f.half_scales) return run.template operator()<false, true, false, false>();
+  return run.template operator()<false, false, false, false>();
 }
 
 float DotF16(const float* x, const uint16_t* w, int64_t n) {
@@ -329,7 +364,7 @@ const KernelTable& Avx512Kernels() {
       avx512::ScaleF32,
       avx512::Swiglu,    avx512::Geglu,    avx512::CacheRowsToF32, avx512::ExpSum,
       avx512::RmsNorm,   avx512::GemmTF32,
-      avx512::GemmPanel,
+      avx512::GemmPanel, avx512::GemmPackedStreams,
   };
   return t;
 }

@@ -47,84 +47,92 @@ template <int LOW, int HIGH>
 
 constexpr int64_t kPrefetchCells = 12;  // as the other packed formats (kernels_avx512.cc)
 
-template <int MT, int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
+// NS > 1 (decode, MT = 1): NS groups stream_stride bytes apart in lockstep, as the other packed
+// formats' Tile (kernels_avx512.cc); tile[s * kPackRows + r] is group s's row r.
+template <int MT, int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC, int NS = 1>
 void Tile(int32_t offset, const uint8_t* group, int64_t kb, const ActBlock* x, int64_t x_stride,
-          float* tile, bool prefetch) {
+          float* tile, bool prefetch, int64_t stream_stride = 0) {
+  static_assert(NS == 1 || MT == 1, "several streams for a single activation row only");
   constexpr int kNsub = SUB16 ? 2 : 1;
   constexpr int64_t kPlane = 64 * (LOW + HIGH);
   // SC: K-quant super-blocks of 8 cells with integer sub-block scales; else one cell.
   constexpr int kCells = SC ? 8 : 1;
   constexpr int64_t kCell = kPlane + (SC ? 16 * kNsub * (MIN && !NIB ? 2 : 1) : 0);
   constexpr int64_t kHeader = MIN ? 64 : 32, kSuper = kHeader + kCells * kCell;
-  __m512 acc[MT];
-  for (int i = 0; i < MT; ++i) acc[i] = _mm512_setzero_ps();
+  __m512 acc[MT * NS];
+  for (int i = 0; i < MT * NS; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < kb / kCells; ++sb) {
-    const uint8_t* hdr = group + sb * kSuper;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr)));
-    __m512 dmin = _mm512_setzero_ps();
-    if constexpr (MIN)
-      dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr + 32)));
-    for (int c = 0; c < kCells; ++c) {
-      const uint8_t* cell = hdr + kHeader + c * kCell;
-      if (prefetch) {
-        const char* ahead = reinterpret_cast<const char*>(cell + kPrefetchCells * kCell);
-        for (int64_t off = 0; off < kCell; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
-      }
-      __m512i w[8];
-      LoadQuants<LOW, HIGH>(cell, w);
-      __m512 s[kNsub], mn[kNsub];
-      for (int q = 0; q < kNsub && !SC; ++q) s[q] = d, mn[q] = dmin;
-      for (int q = 0; q < kNsub && SC; ++q) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cell + kPlane + 16 * q));
-        if constexpr (NIB) {
-          const __m512i b = _mm512_cvtepu8_epi32(raw);
-          s[q] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))));
-          mn[q] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)));
-        } else {
-          s[q] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)));
-          if constexpr (MIN) {
-            const __m128i rm = _mm_loadu_si128(
-                reinterpret_cast<const __m128i*>(cell + kPlane + 16 * (kNsub + q)));
-            mn[q] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(rm)));
+    for (int st = 0; st < NS; ++st) {
+      const uint8_t* hdr = group + st * stream_stride + sb * kSuper;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr)));
+      __m512 dmin = _mm512_setzero_ps();
+      if constexpr (MIN)
+        dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr + 32)));
+      for (int c = 0; c < kCells; ++c) {
+        const uint8_t* cell = hdr + kHeader + c * kCell;
+        if (prefetch) {
+          const char* ahead = reinterpret_cast<const char*>(cell + kPrefetchCells * kCell);
+          for (int64_t off = 0; off < kCell; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+        }
+        __m512i w[8];
+        LoadQuants<LOW, HIGH>(cell, w);
+        __m512 s[kNsub], mn[kNsub];
+        for (int q = 0; q < kNsub && !SC; ++q) s[q] = d, mn[q] = dmin;
+        for (int q = 0; q < kNsub && SC; ++q) {
+          const __m128i raw =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(cell + kPlane + 16 * q));
+          if constexpr (NIB) {
+            const __m512i b = _mm512_cvtepu8_epi32(raw);
+            s[q] =
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15))));
+            mn[q] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)));
+          } else {
+            s[q] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)));
+            if constexpr (MIN) {
+              const __m128i rm = _mm_loadu_si128(
+                  reinterpret_cast<const __m128i*>(cell + kPlane + 16 * (kNsub + q)));
+              mn[q] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(rm)));
+            }
           }
         }
-      }
-      const int64_t b = sb * kCells + c;
-      for (int i = 0; i < MT; ++i) {
-        const ActBlock& a = x[i * x_stride + b];
-        const __m512 dx = _mm512_set1_ps(a.d);
-        if constexpr (SUB16) {
-          __m512i p0 = _mm512_set1_epi32(-offset * a.sum[0]);
-          __m512i p1 = _mm512_set1_epi32(-offset * a.sum[1]);
-          for (int q = 0; q < 4; ++q) {
-            p0 = _mm512_dpbusd_epi32(p0, w[q], Bcast(a.q + 4 * q));
-            p1 = _mm512_dpbusd_epi32(p1, w[q + 4], Bcast(a.q + 16 + 4 * q));
-          }
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(s[0], dx), acc[i]);
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(s[1], dx), acc[i]);
-          if constexpr (MIN) {
-            acc[i] = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(a.d * float(a.sum[0])), acc[i]);
-            acc[i] = _mm512_fnmadd_ps(mn[1], _mm512_set1_ps(a.d * float(a.sum[1])), acc[i]);
-          }
-        } else {
-          // Two chains, so the eight dependent vpdpbusd of a block overlap.
-          __m512i p0 = _mm512_set1_epi32(-offset * (a.sum[0] + a.sum[1]));
-          __m512i p1 = _mm512_setzero_si512();
-          for (int q = 0; q < 8; q += 2) {
-            p0 = _mm512_dpbusd_epi32(p0, w[q], Bcast(a.q + 4 * q));
-            p1 = _mm512_dpbusd_epi32(p1, w[q + 1], Bcast(a.q + 4 * q + 4));
-          }
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
-                                   _mm512_mul_ps(s[0], dx), acc[i]);
-          if constexpr (MIN) {
-            acc[i] = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(a.d * float(a.sum[0] + a.sum[1])),
-                                      acc[i]);
+        const int64_t b = sb * kCells + c;
+        for (int i = 0; i < MT; ++i) {
+          const ActBlock& a = x[i * x_stride + b];
+          __m512& acc_i = acc[st * MT + i];
+          const __m512 dx = _mm512_set1_ps(a.d);
+          if constexpr (SUB16) {
+            __m512i p0 = _mm512_set1_epi32(-offset * a.sum[0]);
+            __m512i p1 = _mm512_set1_epi32(-offset * a.sum[1]);
+            for (int q = 0; q < 4; ++q) {
+              p0 = _mm512_dpbusd_epi32(p0, w[q], Bcast(a.q + 4 * q));
+              p1 = _mm512_dpbusd_epi32(p1, w[q + 4], Bcast(a.q + 16 + 4 * q));
+            }
+            acc_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(s[0], dx), acc_i);
+            acc_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(s[1], dx), acc_i);
+            if constexpr (MIN) {
+              acc_i = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(a.d * float(a.sum[0])), acc_i);
+              acc_i = _mm512_fnmadd_ps(mn[1], _mm512_set1_ps(a.d * float(a.sum[1])), acc_i);
+            }
+          } else {
+            // Two chains, so the eight dependent vpdpbusd of a block overlap.
+            __m512i p0 = _mm512_set1_epi32(-offset * (a.sum[0] + a.sum[1]));
+            __m512i p1 = _mm512_setzero_si512();
+            for (int q = 0; q < 8; q += 2) {
+              p0 = _mm512_dpbusd_epi32(p0, w[q], Bcast(a.q + 4 * q));
+              p1 = _mm512_dpbusd_epi32(p1, w[q + 1], Bcast(a.q + 4 * q + 4));
+            }
+            acc_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
+                                    _mm512_mul_ps(s[0], dx), acc_i);
+            if constexpr (MIN) {
+              acc_i = _mm512_fnmadd_ps(mn[0], _mm512_set1_ps(a.d * float(a.sum[0] + a.sum[1])),
+                                       acc_i);
+            }
           }
         }
       }
     }
   }
-  for (int i = 0; i < MT; ++i) _mm512_storeu_ps(tile + i * kPackRows, acc[i]);
+  for (int i = 0; i < MT * NS; ++i) _mm512_storeu_ps(tile + i * kPackRows, acc[i]);
 }
 
 // Tiles of 16 activation rows, then 8, 4 and the last 1-3; only the first prefetches.
@@ -137,7 +145,42 @@ void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   });
 }
 
+// One activation row against n_streams (1-4) groups stream_stride bytes apart, in lockstep.
+template <int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
+void Streams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride, int n_streams,
+             int64_t kb, const ActBlock* x, float* tile) {
+  const auto tile_of = [&]<int NS>() {
+    Tile<1, LOW, HIGH, SUB16, MIN, NIB, SC, NS>(f.offset, group, kb, x, kb, tile, true,
+                                                stream_stride);
+  };
+  switch (n_streams) {
+    case 4: return tile_of.template operator()<4>();
+    case 3: return tile_of.template operator()<3>();
+    case 2: return tile_of.template operator()<2>();
+    default: return tile_of.template operator()<1>();
+  }
+}
+
 }  // namespace
+
+void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+  const auto run = [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
+    Streams<LOW, HIGH, SUB16, MIN, NIB, SC>(f, group, stream_stride, n_streams, kb, x, tile);
+  };
+  // The formats as GemmPlanes below.
+  if (!f.sub_scales) {
+    if (f.has_min) return run.template operator()<4, 1, false, true, false, false>();  // Q5_1
+    return run.template operator()<4, 1, false, false, false, false>();               // Q5_0
+  }
+  if (f.low_bits == 2) {
+    if (f.high_bits == 1) return run.template operator()<2, 1, true, false, false, true>();  // Q3_K
+    return run.template operator()<2, 0, true, true, true, true>();                         // Q2_K
+  }
+  if (f.high_bits == 2) return run.template operator()<4, 2, true, false, false, true>();  // Q6_K
+  if (f.high_bits == 1) return run.template operator()<4, 1, false, true, false, true>();  // Q5_K
+  return run.template operator()<4, 0, false, true, false, true>();                        // Q4_K
+}
 
 void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
