@@ -125,20 +125,30 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   const int64_t group_bytes = kb * f.block_bytes();
   const int streams = WeightStreams();
   if (a.m == 1 && c.k->gemm_packed_streams && streams > 1 && n_groups >= 2 * streams) {
-    // Decode: the groups as `streams` runs of `run` groups; a task takes positions [j0, j1)
-    // of every run at once, so each thread reads that many far-apart parts of the matrix
-    // together (KernelTable::gemm_packed_streams). The last run may be shorter.
+    // Decode: the groups as `streams` runs of `run` groups (the last run may be shorter), read
+    // in lockstep (KernelTable::gemm_packed_streams) so that each thread has that many
+    // far-apart parts of the matrix in flight. Tasks take units, unit u = group u % streams of
+    // position u / streams: a task's whole positions go to the kernel together, and the last
+    // tasks can be a single group (a long-k group pair, ffn_down's, is ~100 KB: as the last
+    // task it left one thread waiting ~4 us for the other).
     const int64_t run = (n_groups + streams - 1) / streams;
-    ParallelRangeGuided(c, run, 1, [&](int64_t j0, int64_t j1) {
+    ParallelRangeGuided(c, streams * run, 1, [&](int64_t u0, int64_t u1) {
       float tile[kMaxWeightStreams * kPackRows];
-      for (int64_t j = j0; j < j1; ++j) {
-        const int ns = static_cast<int>(std::min<int64_t>(streams, (n_groups - j + run - 1) / run));
-        c.k->gemm_packed_streams(f, w + j * group_bytes, run * group_bytes, ns, kb, xq, tile);
-        for (int s = 0; s < ns; ++s) {
-          const int64_t j_row = (s * run + j) * kPackRows;
+      for (int64_t u = u0; u < u1;) {
+        const int64_t j = u / streams, s0 = u % streams;
+        const int64_t span = std::min<int64_t>(streams - s0, u1 - u);  // units at position j
+        int64_t ns = span;
+        while (ns > 0 && (s0 + ns - 1) * run + j >= n_groups) --ns;  // past the matrix's end
+        if (ns > 0) {
+          c.k->gemm_packed_streams(f, w + (s0 * run + j) * group_bytes, run * group_bytes,
+                                   static_cast<int>(ns), kb, xq, tile);
+        }
+        for (int64_t s = 0; s < ns; ++s) {
+          const int64_t j_row = ((s0 + s) * run + j) * kPackRows;
           const int64_t rows = std::min<int64_t>(kPackRows, a.n - j_row);
           StoreRow(a, bias ? bias + j_row : nullptr, tile + s * kPackRows, rows, out + j_row);
         }
+        u += span;
       }
     });
     return nullptr;
