@@ -114,13 +114,13 @@ void Tile(int32_t offset, const uint8_t* group, int64_t kb, const ActBlock* x, i
               acc_i = _mm512_fnmadd_ps(mn[1], _mm512_set1_ps(a.d * float(a.sum[1])), acc_i);
             }
           } else {
-            // Two chains, so the eight dependent vpdpbusd of a block overlap.
-            __m512i p0 = _mm512_set1_epi32(-offset * (a.sum[0] + a.sum[1]));
-            __m512i p1 = _mm512_setzero_si512();
-            for (int q = 0; q < 8; q += 2) {
-              p0 = _mm512_dpbusd_epi32(p0, w[q], Bcast(a.q + 4 * q));
-              p1 = _mm512_dpbusd_epi32(p1, w[q + 1], Bcast(a.q + 4 * q + 4));
-            }
+            // Four chains of two, so the eight vpdpbusd of a block overlap.
+            __m512i p[4] = {_mm512_set1_epi32(-offset * (a.sum[0] + a.sum[1])),
+                            _mm512_setzero_si512(), _mm512_setzero_si512(),
+                            _mm512_setzero_si512()};
+            for (int q = 0; q < 8; ++q)
+              p[q % 4] = _mm512_dpbusd_epi32(p[q % 4], w[q], Bcast(a.q + 4 * q));
+            const __m512i p0 = _mm512_add_epi32(p[0], p[2]), p1 = _mm512_add_epi32(p[1], p[3]);
             acc_i = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1)),
                                     _mm512_mul_ps(s[0], dx), acc_i);
             if constexpr (MIN) {
