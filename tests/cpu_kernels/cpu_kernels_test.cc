@@ -382,6 +382,40 @@ TEST_P(CpuKernels, AttentionLongContextMatchesReference) {
   }
 }
 
+// A decode-only batch (AttentionDecode): GQA groups of 7 (scores as one GEMM per chunk) and of 2
+// (a dot per query vector), positions over several chunks and a partial last chunk, windows.
+TEST_P(CpuKernels, AttentionDecodeMatchesReference) {
+  const int64_t hd = 64, bs = 16, max_blocks = 8, n_blocks = 3 * max_blocks, n_tokens = 3;
+  for (int64_t n_heads : {14, 4}) {
+    const int64_t n_kv = 2;
+    for (pc_dtype_t cache : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
+      SCOPED_TRACE(std::string(sdk::GetDtypeInfo(cache)->name) + " heads " +
+                   std::to_string(n_heads));
+      const int64_t cache_elems = n_blocks * bs * n_kv * hd;
+      auto kf = Random(cache_elems, 51);
+      for (auto& x : kf) x *= 4.f;
+      const auto kc = AsCache(kf, cache), vc = AsCache(Random(cache_elems, 52), cache);
+      auto q = Random(n_tokens * n_heads * hd, 53);
+      // Decode at positions 127 (four chunks), 70 (a partial third chunk) and 0.
+      std::vector<int32_t> qstart = {0, 1, 2, 3}, lens = {128, 71, 1};
+      std::vector<int32_t> tables(3 * max_blocks, -1);
+      for (int64_t b = 0; b < max_blocks; ++b) {
+        tables[b] = static_cast<int32_t>(2 * b + 1);
+        tables[max_blocks + b] = static_cast<int32_t>(2 * b);
+      }
+      tables[2 * max_blocks] = static_cast<int32_t>(n_blocks - 1);
+      pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), 0,
+                            D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
+                            3, n_heads, n_kv, hd, bs, max_blocks, 128, 1.f / std::sqrt(64.f)};
+      for (int64_t window : {0, 5, 40}) {
+        SCOPED_TRACE("window " + std::to_string(window));
+        a.window = window;
+        ExpectAttentionMatchesReference(Ctx(), a, n_tokens * n_heads * hd);
+      }
+    }
+  }
+}
+
 TEST_P(CpuKernels, RopeNormSwigluMatchReference) {
   for (pc_rope_mode_t mode : {PC_ROPE_NORMAL, PC_ROPE_NEOX}) {
     const int64_t T = 9, H = 3, hd = 64;
