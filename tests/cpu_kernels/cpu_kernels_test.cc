@@ -382,6 +382,28 @@ TEST_P(CpuKernels, AttentionLongContextMatchesReference) {
   }
 }
 
+// The transposing gather against the plain one, with ragged tiles (37 rows of 40 elements).
+TEST_P(CpuKernels, CacheRowsTransposedMatchRows) {
+  const KernelTable* kt = GetParam();
+  if (!kt->cache_rows_to_f32_t) GTEST_SKIP() << kt->name << " has no transposing gather";
+  const int64_t n_rows = 37, n = 40, ld = 48, slots = 64;
+  for (pc_dtype_t cache : {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(cache)->name);
+    const auto c = AsCache(Random(slots * n, 61), cache);
+    const int64_t row_bytes = n * (cache == PC_DTYPE_F32 ? 4 : 2);
+    std::vector<int64_t> offsets(n_rows);
+    for (int64_t r = 0; r < n_rows; ++r) offsets[r] = ((r * 7 + 3) % slots) * row_bytes;
+    std::vector<float> rows(n_rows * n), t(n * ld, -9.f);
+    kt->cache_rows_to_f32(cache, c.data(), offsets.data(), n_rows, n, rows.data());
+    kt->cache_rows_to_f32_t(cache, c.data(), offsets.data(), n_rows, n, t.data(), ld);
+    for (int64_t e = 0; e < n; ++e) {
+      for (int64_t r = 0; r < n_rows; ++r)
+        ASSERT_EQ(t[e * ld + r], rows[r * n + e]) << "row " << r << " element " << e;
+      for (int64_t r = n_rows; r < ld; ++r) ASSERT_EQ(t[e * ld + r], -9.f) << "past the rows";
+    }
+  }
+}
+
 // A decode-only batch (AttentionDecode): GQA groups of 7 (scores as one GEMM per chunk) and of 2
 // (a dot per query vector), positions over several chunks and a partial last chunk, windows.
 TEST_P(CpuKernels, AttentionDecodeMatchesReference) {

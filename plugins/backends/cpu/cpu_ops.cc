@@ -522,11 +522,18 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
         // [element][position], so each group's scores are one GEMM over 32 positions (broadcast
         // FMAs, no per-dot reductions). One call per (position, query vector) took ~6x the
         // time of reading the cache (qwen2.5-0.5b, 7 query vectors per KV head, 1K positions).
-        c.k->cache_rows_to_f32(a.cache_dtype, kc, row_offsets.data(), pc * n_kv, hd, vf.data());
+        if (!c.k->cache_rows_to_f32_t)
+          c.k->cache_rows_to_f32(a.cache_dtype, kc, row_offsets.data(), pc * n_kv, hd, vf.data());
         for (int64_t kvh = 0; kvh < n_kv; ++kvh) {
-          for (int64_t j = 0; j < pc; ++j) {
-            const float* row = vf.data() + (j * n_kv + kvh) * hd;
-            for (int64_t e = 0; e < hd; ++e) kt[e * kAttnChunk + j] = row[e];
+          if (c.k->cache_rows_to_f32_t) {
+            int64_t k_rows[kAttnChunk];  // this KV head's rows of the chunk
+            for (int64_t j = 0; j < pc; ++j) k_rows[j] = row_offsets[j * n_kv + kvh];
+            c.k->cache_rows_to_f32_t(a.cache_dtype, kc, k_rows, pc, hd, kt.data(), kAttnChunk);
+          } else {
+            for (int64_t j = 0; j < pc; ++j) {
+              const float* row = vf.data() + (j * n_kv + kvh) * hd;
+              for (int64_t e = 0; e < hd; ++e) kt[e * kAttnChunk + j] = row[e];
+            }
           }
           float* scores = sc.data() + kvh * group * kAttnChunk;
           std::fill(scores, scores + group * kAttnChunk, 0.f);

@@ -96,6 +96,12 @@ struct KernelTable {
   void (*gemm_packed_streams)(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
                               int n_streams, int64_t kb, const ActBlock* x,
                               float* tile) = nullptr;
+
+  // cache_rows_to_f32, transposed: dst[e * ld + r] = element e of row r, for r < n_rows,
+  // e < n; or nullptr where the ISA has none (the op transposes cache_rows_to_f32's rows).
+  // Attention decode's K rows, so that a GQA group's scores are one GEMM over positions.
+  void (*cache_rows_to_f32_t)(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,
+                              int64_t n_rows, int64_t n, float* dst, int64_t ld) = nullptr;
 };
 
 // Most groups one gemm_packed_streams call reads at once.

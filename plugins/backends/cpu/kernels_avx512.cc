@@ -219,6 +219,71 @@ void F16ToF32Row(const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
 }
 
+// 16 elements from e of a cache row of dtype (F16, BF16, F32) as f32.
+inline __m512 LoadCacheRow16(pc_dtype_t dtype, const uint8_t* row, int64_t e) {
+  if (dtype == PC_DTYPE_F16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e)));
+  if (dtype == PC_DTYPE_BF16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * e));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + e);
+}
+
+// Transposes the 16 x 16 floats in r (row i in r[i]) in place: three rounds of in-lane
+// unpacks and 128-bit lane shuffles.
+inline void Transpose16(__m512* r) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // lane L: rows 2i, 2i+1 of columns 4L, 4L+1 (and 4L+2, 4L+3)
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  const auto pd = [](__m512 x) { return _mm512_castps_pd(x); };
+  for (int i = 0; i < 4; ++i) {  // u[4i + k], lane L: rows 4i..4i+3 of column 4L + k
+    u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
+    u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+    u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4L + k: lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+    const __m512 ab_lo = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44);
+    const __m512 ab_hi = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+    const __m512 cd_lo = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
+    const __m512 cd_hi = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+    r[k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+    r[4 + k] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+    r[8 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+    r[12 + k] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+  }
+}
+
+// KernelTable::cache_rows_to_f32_t: 16 x 16 tiles converted in registers and transposed; the
+// ragged rows and elements one at a time.
+void CacheRowsToF32T(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,
+                     int64_t n_rows, int64_t n, float* dst, int64_t ld) {
+  const auto scalar = [&](int64_t r, int64_t e) {
+    const uint8_t* row = cache + offsets[r];
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
+    dst[e * ld + r] = dtype == PC_DTYPE_F16    ? _cvtsh_ss(h[e])
+                      : dtype == PC_DTYPE_BF16 ? std::bit_cast<float>(uint32_t{h[e]} << 16)
+                                               : reinterpret_cast<const float*>(row)[e];
+  };
+  int64_t r0 = 0;
+  for (; r0 + 16 <= n_rows; r0 += 16) {
+    int64_t e0 = 0;
+    for (; e0 + 16 <= n; e0 += 16) {
+      __m512 v[16];
+      for (int r = 0; r < 16; ++r) v[r] = LoadCacheRow16(dtype, cache + offsets[r0 + r], e0);
+      Transpose16(v);
+      for (int e = 0; e < 16; ++e) _mm512_storeu_ps(dst + (e0 + e) * ld + r0, v[e]);
+    }
+    for (; e0 < n; ++e0)
+      for (int64_t r = r0; r < r0 + 16; ++r) scalar(r, e0);
+  }
+  for (; r0 < n_rows; ++r0)
+    for (int64_t e = 0; e < n; ++e) scalar(r0, e);
+}
+
 void F32ToF16Row(const float* x, uint16_t* y, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -364,7 +429,7 @@ const KernelTable& Avx512Kernels() {
       avx512::ScaleF32,
       avx512::Swiglu,    avx512::Geglu,    avx512::CacheRowsToF32, avx512::ExpSum,
       avx512::RmsNorm,   avx512::GemmTF32,
-      avx512::GemmPanel, avx512::GemmPackedStreams,
+      avx512::GemmPanel, avx512::GemmPackedStreams, avx512::CacheRowsToF32T,
   };
   return t;
 }
