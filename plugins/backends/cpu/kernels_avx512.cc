@@ -80,6 +80,8 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   __m512 acc[MT * NS];
   for (int i = 0; i < MT * NS; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
+    // Unrolled, so each stream's accumulators stay in registers (GCC kept them on the stack).
+#pragma GCC unroll 4
     for (int st = 0; st < NS; ++st) {
       const uint8_t* cell = group + st * stream_stride + b * stride;
       if (prefetch) {

@@ -62,6 +62,8 @@ void Tile(int32_t offset, const uint8_t* group, int64_t kb, const ActBlock* x, i
   __m512 acc[MT * NS];
   for (int i = 0; i < MT * NS; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < kb / kCells; ++sb) {
+    // Unrolled, so each stream's accumulators stay in registers (GCC kept them on the stack).
+#pragma GCC unroll 4
     for (int st = 0; st < NS; ++st) {
       const uint8_t* hdr = group + st * stream_stride + sb * kSuper;
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hdr)));
