@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The cpu plugin's decode kernels without the rest of the engine (bench/decode_kernels.cc, built
+# here against the build's static kernel library): a qwen2.5-0.5b Q4_K_M decode step's 169
+# matmuls (m = 1), in rounds that alternate the settings below, against this machine's read
+# bandwidth (bench/membw.c, probed in every round); then one layer's decode attention.
+#   settings: streams=1,small pages   (one sequential read per task, 4 KiB pages: as before)
+#             streams=2,small pages   (POLYCHIP_CPU_WEIGHT_STREAMS=2: two runs in lockstep)
+#             streams=2,huge pages    (the defaults)
+# usage: bench/decode-kernels.sh [-r ROUNDS] [-t THREADS]   env: POLYCHIP_BUILD_DIR
+set -euo pipefail
+source "$(dirname "$0")/paths.sh"
+ROUNDS=5 THREADS=2
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -r) ROUNDS="$2"; shift 2 ;;
+    -t) THREADS="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+LIB="$BUILD/lib/libpolychip_cpu_kernels.a"
+[[ -f "$LIB" ]] || { echo "missing $LIB (build first: cmake --build $BUILD --target polychip_cpu_kernels polychip_sdk)" >&2; exit 1; }
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+echo "[decode-kernels] building bench/decode_kernels.cc and bench/membw.c" >&2
+c++ -std=c++20 -O2 -I "$ROOT/plugins/backends/cpu" -I "$ROOT/include" "$ROOT/bench/decode_kernels.cc" \
+  "$LIB" "$BUILD/lib/libpolychip_sdk.a" -pthread -o "$OUT/decode_kernels"
+cc -O3 -march=native -pthread "$ROOT/bench/membw.c" -o "$OUT/membw"
+export THREADS
+SETTINGS=("POLYCHIP_CPU_WEIGHT_STREAMS=1 POLYCHIP_CPU_HUGE_PAGES=off"
+          "POLYCHIP_CPU_WEIGHT_STREAMS=2 POLYCHIP_CPU_HUGE_PAGES=off"
+          "POLYCHIP_CPU_WEIGHT_STREAMS=2 POLYCHIP_CPU_HUGE_PAGES=on")
+NAMES=("streams=1,small pages" "streams=2,small pages" "streams=2,huge pages")
+for r in $(seq "$ROUNDS"); do
+  echo "[decode-kernels] round $r/$ROUNDS" >&2
+  "$OUT/membw" "$THREADS" 2>/dev/null >> "$OUT/membw.txt"; echo >> "$OUT/membw.txt"
+  for i in "${!SETTINGS[@]}"; do
+    env ${SETTINGS[$i]} "$OUT/decode_kernels" matmul 10 | sed -n 's/.*, \([0-9.]*\) GB\/s$/\1/p' >> "$OUT/s$i.txt"
+  done
+done
+python3 - "$OUT" "$THREADS" "${NAMES[@]}" <<'PY'
+import statistics, sys
+out, threads, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+bw = [float(x) for x in open(f"{out}/membw.txt").read().split()]
+mbw = statistics.median(bw)
+print(f"Read bandwidth ({threads} threads, bench/membw.c, one probe per round): median {mbw:.1f} GB/s "
+      f"({min(bw):.1f}-{max(bw):.1f})\n")
+print("| decode matmuls (qwen2.5-0.5b Q4_K_M step, 169 calls) | median GB/s (lowest-highest) | % of the median bandwidth |")
+print("| --- | ---: | ---: |")
+for i, n in enumerate(names):
+    v = [float(x) for x in open(f"{out}/s{i}.txt").read().split()]
+    print(f"| {n} | {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f}) | {100 * statistics.median(v) / mbw:.0f}% |")
+PY
+echo
+echo "| decode attention, one layer (F16 cache, 2 KV heads of 64, 14 query heads) | median |"
+echo "| --- | ---: |"
+for len in 64 1024 4096; do
+  "$OUT/decode_kernels" attention "$len" 14 | sed -n 's/attention: \([0-9]*\) positions.*median \([0-9.]*\) us.*/| \1 positions | \2 us |/p'
+done
