@@ -4,8 +4,8 @@
 # matmuls (m = 1), in rounds that alternate the settings below, against this machine's read
 # bandwidth (bench/membw.c, probed in every round); then one layer's decode attention.
 #   settings: streams=1,small pages   (one sequential read per task, 4 KiB pages: as before)
-#             streams=2,small pages   (POLYCHIP_CPU_WEIGHT_STREAMS=2: two runs in lockstep)
-#             streams=2,huge pages    (the defaults)
+#             streams=2,small pages   (two runs in lockstep: the defaults)
+#             streams=2,huge pages    (POLYCHIP_CPU_HUGE_PAGES=on as well)
 # usage: bench/decode-kernels.sh [-r ROUNDS] [-t THREADS]   env: POLYCHIP_BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/paths.sh"

@@ -32,14 +32,14 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Weights as the plugin allocates them (2 MiB aligned, huge pages unless
-// POLYCHIP_CPU_HUGE_PAGES=off), filled with a constant: packed bytes of any value are valid.
+// Weights as the plugin allocates them (on 2 MiB pages with POLYCHIP_CPU_HUGE_PAGES=on), filled
+// with a constant: packed bytes of any value are valid.
 uint8_t* AllocWeights(int64_t bytes) {
-  void* p = nullptr;
-  if (posix_memalign(&p, 2 << 20, bytes) != 0) std::abort();
   const char* e = std::getenv("POLYCHIP_CPU_HUGE_PAGES");
-  if (!(e && (std::strcmp(e, "off") == 0 || std::strcmp(e, "0") == 0)))
-    madvise(p, bytes, MADV_HUGEPAGE);
+  const bool huge = e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "1") == 0);
+  void* p = nullptr;
+  if (posix_memalign(&p, huge ? 2 << 20 : 64, bytes) != 0) std::abort();
+  if (huge) madvise(p, bytes, MADV_HUGEPAGE);
   std::memset(p, 0x11, bytes);
   return static_cast<uint8_t*>(p);
 }

@@ -11,7 +11,7 @@
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
 // environment variable POLYCHIP_CPU_ISA), devices (default 1), op_counters (on|off, default
 // on; also the environment variable POLYCHIP_OP_COUNTERS). Environment only:
-// POLYCHIP_CPU_HUGE_PAGES=off (buffers of 2 MiB and more on small pages, see kHugePage) and
+// POLYCHIP_CPU_HUGE_PAGES=on (buffers of 2 MiB and more on huge pages, see kHugePage) and
 // POLYCHIP_CPU_WEIGHT_STREAMS=1..4 (decode's weight streams per thread, cpu_ops.cc).
 #include <sys/mman.h>
 #include <unistd.h>
@@ -65,16 +65,15 @@ struct pc_event {
 namespace {
 
 constexpr uint64_t kAlignment = 64;
-// Buffers of at least this size start on a huge-page boundary and ask for transparent huge
-// pages (madvise: Debian's default THP mode is "madvise", so without the advice a buffer gets
-// 4 KiB pages). A decode step streams every weight once; with 2 MiB pages it walks 1/512 as
-// many pages. POLYCHIP_CPU_HUGE_PAGES=off leaves them on small pages (to compare, or where
-// memory is too tight for whole 2 MiB pages).
+// POLYCHIP_CPU_HUGE_PAGES=on: buffers of at least this size start on a huge-page boundary and
+// ask for transparent huge pages (madvise; Debian's THP default is "madvise"). Off by default:
+// on the Zen 5 VMs measured (docs/performance.md, session 8) decode got slower with them, by
+// ~5% on qwen2.5-0.5b and ~20% on qwen3-0.6b Q4_K_M, though a step streams every weight once.
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
 bool HugePagesWanted() {
   static const bool wanted = [] {
     const char* e = std::getenv("POLYCHIP_CPU_HUGE_PAGES");
-    return !(e && (std::strcmp(e, "off") == 0 || std::strcmp(e, "0") == 0));
+    return e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "1") == 0);
   }();
   return wanted;
 }
@@ -247,11 +246,11 @@ pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
                                                        " bytes: more than the host's memory");
     }
     const uint64_t rounded = (std::max<uint64_t>(size, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    const bool huge = rounded >= kHugePage;
+    const bool huge = rounded >= kHugePage && HugePagesWanted();
     void* p = nullptr;  // posix_memalign: the size need not be a multiple of the alignment
     if (posix_memalign(&p, huge ? kHugePage : kAlignment, rounded) != 0) p = nullptr;
     // Advice only: where the kernel has no THP the buffer keeps small pages, nothing fails.
-    if (p && huge && HugePagesWanted()) madvise(p, rounded, MADV_HUGEPAGE);
+    if (p && huge) madvise(p, rounded, MADV_HUGEPAGE);
     if (!p) {
       return MakeError(PC_CODE_RESOURCE_EXHAUSTED,
                        "cannot allocate " + std::to_string(size) + " bytes of host memory");
