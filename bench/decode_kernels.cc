@@ -36,7 +36,7 @@ double Median(std::vector<double> v) {
 // with a constant: packed bytes of any value are valid.
 uint8_t* AllocWeights(int64_t bytes) {
   const char* e = std::getenv("POLYCHIP_CPU_HUGE_PAGES");
-  const bool huge = e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "1") == 0);
+  const bool huge = e && std::strcmp(e, "on") == 0;
   void* p = nullptr;
   if (posix_memalign(&p, huge ? 2 << 20 : 64, bytes) != 0) std::abort();
   if (huge) madvise(p, bytes, MADV_HUGEPAGE);
@@ -133,7 +133,10 @@ int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "matmul";
   const char* threads = std::getenv("THREADS");
   polychip::cpu::ThreadPool pool(threads ? std::atoi(threads) : 2);
-  const OpContext c{&pool, polychip::cpu::SelectKernels(std::getenv("POLYCHIP_CPU_ISA"))};
+  // The plugin's parameters from the same environment variables it reads.
+  const char* streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
+  const OpContext c{&pool, polychip::cpu::SelectKernels(std::getenv("POLYCHIP_CPU_ISA")),
+                    streams ? std::atoi(streams) : 2};
   if (!c.k) {
     std::fprintf(stderr, "unknown or unsupported POLYCHIP_CPU_ISA\n");
     return 2;

@@ -10,9 +10,9 @@
 //
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
 // environment variable POLYCHIP_CPU_ISA), devices (default 1), op_counters (on|off, default
-// on; also the environment variable POLYCHIP_OP_COUNTERS). Environment only:
-// POLYCHIP_CPU_HUGE_PAGES=on (buffers of 2 MiB and more on huge pages, see kHugePage) and
-// POLYCHIP_CPU_WEIGHT_STREAMS=1..4 (decode's weight streams per thread, cpu_ops.cc).
+// on; also the environment variable POLYCHIP_OP_COUNTERS), huge_pages (on|off, default off;
+// also POLYCHIP_CPU_HUGE_PAGES; see kHugePage), weight_streams (1..4, default 2; also
+// POLYCHIP_CPU_WEIGHT_STREAMS; decode's weight streams per thread, OpContext).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -65,24 +65,19 @@ struct pc_event {
 namespace {
 
 constexpr uint64_t kAlignment = 64;
-// POLYCHIP_CPU_HUGE_PAGES=on: buffers of at least this size start on a huge-page boundary and
-// ask for transparent huge pages (madvise; Debian's THP default is "madvise"). Off by default:
-// on the Zen 5 VMs measured (docs/performance.md, session 8) decode got slower with them, by
-// ~5% on qwen2.5-0.5b and ~20% on qwen3-0.6b Q4_K_M, though a step streams every weight once.
+// Buffers of at least this size go on transparent huge pages with the parameter huge_pages=on:
+// 2 MiB aligned, madvise (Debian's THP default is "madvise"). Off by default: on the Zen 5 VMs
+// measured (docs/performance.md, session 8) decode got slower with them, by ~5% on qwen2.5-0.5b
+// and ~20% on qwen3-0.6b Q4_K_M, though a step streams every weight once.
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
-bool HugePagesWanted() {
-  static const bool wanted = [] {
-    const char* e = std::getenv("POLYCHIP_CPU_HUGE_PAGES");
-    return e && (std::strcmp(e, "on") == 0 || std::strcmp(e, "1") == 0);
-  }();
-  return wanted;
-}
 
 struct State {
   const pc_host_services_t* host = nullptr;
   int threads = 1;
   int n_devices = 1;
   bool count_ops = true;  // parameter op_counters
+  bool huge_pages = false;  // parameter huge_pages
+  int weight_streams = 2;   // parameter weight_streams (OpContext::weight_streams)
   const polychip::cpu::KernelTable* kernels = nullptr;
   std::unique_ptr<polychip::cpu::ThreadPool> pool;
   std::mutex launch_mu;  // the pool runs one op at a time
@@ -123,7 +118,7 @@ int PhysicalCores() {
   return cores.empty() ? static_cast<int>(n) : static_cast<int>(cores.size());
 }
 
-polychip::cpu::OpContext Ctx() { return {G().pool.get(), G().kernels}; }
+polychip::cpu::OpContext Ctx() { return {G().pool.get(), G().kernels, G().weight_streams}; }
 
 pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
   return Guard([&]() -> pc_error_t* {
@@ -134,6 +129,10 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     std::string isa = env_isa ? env_isa : "auto";
     const char* env_counters = std::getenv("POLYCHIP_OP_COUNTERS");
     std::string op_counters = env_counters ? env_counters : "on";
+    const char* env_huge = std::getenv("POLYCHIP_CPU_HUGE_PAGES");
+    std::string huge_pages = env_huge ? env_huge : "off";
+    const char* env_streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
+    std::string weight_streams = env_streams ? env_streams : "2";
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       long long v = 0;
@@ -141,6 +140,10 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         isa = params[i].value ? params[i].value : "";
       } else if (key == "op_counters") {
         op_counters = params[i].value ? params[i].value : "";
+      } else if (key == "huge_pages") {
+        huge_pages = params[i].value ? params[i].value : "";
+      } else if (key == "weight_streams") {
+        weight_streams = params[i].value ? params[i].value : "";
       } else if (key == "threads" || key == "devices") {
         if (!polychip::sdk::ParseInt(params[i].value, &v) || v < 1 || v > 1024) {
           return BadArg("parameter " + key + " must be a positive integer, got '" +
@@ -155,6 +158,18 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
       return BadArg("parameter op_counters must be on or off, got '" + op_counters + "'");
     }
     s.count_ops = op_counters == "on";
+    if (huge_pages != "on" && huge_pages != "off") {
+      return BadArg("parameter huge_pages must be on or off, got '" + huge_pages + "'");
+    }
+    s.huge_pages = huge_pages == "on";
+    long long streams = 0;
+    if (!polychip::sdk::ParseInt(weight_streams.c_str(), &streams) || streams < 1 ||
+        streams > polychip::cpu::kMaxWeightStreams) {
+      return BadArg("parameter weight_streams must be 1 to " +
+                    std::to_string(polychip::cpu::kMaxWeightStreams) + ", got '" +
+                    weight_streams + "'");
+    }
+    s.weight_streams = static_cast<int>(streams);
     const polychip::cpu::KernelTable* kernels = polychip::cpu::SelectKernels(isa.c_str());
     if (!kernels) {
       return BadArg("parameter isa must be auto, scalar, avx2 or avx512 (and supported by this "
@@ -246,7 +261,7 @@ pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
                                                        " bytes: more than the host's memory");
     }
     const uint64_t rounded = (std::max<uint64_t>(size, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    const bool huge = rounded >= kHugePage && HugePagesWanted();
+    const bool huge = rounded >= kHugePage && G().huge_pages;
     void* p = nullptr;  // posix_memalign: the size need not be a multiple of the alignment
     if (posix_memalign(&p, huge ? kHugePage : kAlignment, rounded) != 0) p = nullptr;
     // Advice only: where the kernel has no THP the buffer keeps small pages, nothing fails.

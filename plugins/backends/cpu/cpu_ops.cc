@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -89,20 +88,6 @@ std::vector<ActBlock>& ActBuffer() {
   return buf;
 }
 
-// Weight streams per thread of a decode matmul (KernelTable::gemm_packed_streams). Two measured
-// best on a Zen 5 VM (docs/performance.md, session 8); four split the hardware prefetcher's
-// attention too thinly there. POLYCHIP_CPU_WEIGHT_STREAMS=1..4 overrides it (1: one
-// sequential read per task, the layout's plain order), to measure other CPUs.
-int WeightStreams() {
-  static const int n = [] {
-    constexpr int kDefault = 2;
-    const char* e = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
-    const int v = e && *e ? std::atoi(e) : kDefault;
-    return std::clamp(v, 1, kMaxWeightStreams);
-  }();
-  return n;
-}
-
 const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   PackedFormat f;
   if (!PackedFormatOf(a.w_dtype, &f) || a.k % kBlock != 0) return "packed layout for this dtype";
@@ -123,7 +108,7 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   }
   const int64_t n_groups = (a.n + kPackRows - 1) / kPackRows;
   const int64_t group_bytes = kb * f.block_bytes();
-  const int streams = WeightStreams();
+  const int streams = c.weight_streams;
   if (a.m == 1 && c.k->gemm_packed_streams && streams > 1 && n_groups >= 2 * streams) {
     // Decode: the groups as `streams` runs of `run` groups (the last run may be shorter), read
     // in lockstep (KernelTable::gemm_packed_streams) so that each thread has that many
@@ -522,19 +507,10 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
         // [element][position], so each group's scores are one GEMM over 32 positions (broadcast
         // FMAs, no per-dot reductions). One call per (position, query vector) took ~6x the
         // time of reading the cache (qwen2.5-0.5b, 7 query vectors per KV head, 1K positions).
-        if (!c.k->cache_rows_to_f32_t)
-          c.k->cache_rows_to_f32(a.cache_dtype, kc, row_offsets.data(), pc * n_kv, hd, vf.data());
         for (int64_t kvh = 0; kvh < n_kv; ++kvh) {
-          if (c.k->cache_rows_to_f32_t) {
-            int64_t k_rows[kAttnChunk];  // this KV head's rows of the chunk
-            for (int64_t j = 0; j < pc; ++j) k_rows[j] = row_offsets[j * n_kv + kvh];
-            c.k->cache_rows_to_f32_t(a.cache_dtype, kc, k_rows, pc, hd, kt.data(), kAttnChunk);
-          } else {
-            for (int64_t j = 0; j < pc; ++j) {
-              const float* row = vf.data() + (j * n_kv + kvh) * hd;
-              for (int64_t e = 0; e < hd; ++e) kt[e * kAttnChunk + j] = row[e];
-            }
-          }
+          int64_t k_rows[kAttnChunk];  // this KV head's rows of the chunk
+          for (int64_t j = 0; j < pc; ++j) k_rows[j] = here[j] + kvh * row_bytes;
+          c.k->cache_rows_to_f32_t(a.cache_dtype, kc, k_rows, pc, hd, kt.data(), kAttnChunk);
           float* scores = sc.data() + kvh * group * kAttnChunk;
           std::fill(scores, scores + group * kAttnChunk, 0.f);
           GemmT(c, qs.data() + kvh * group * hd, hd, group, kt.data(), kAttnChunk, hd, pc, scores,

@@ -14,6 +14,10 @@ namespace polychip::cpu {
 struct OpContext {
   ThreadPool* pool;
   const KernelTable* k;
+  // Weight streams per thread of a decode matmul (KernelTable::gemm_packed_streams; 1: one
+  // sequential read per task): the plugin parameter weight_streams. Two measured best on a Zen 5
+  // VM (docs/performance.md, session 8); four split the hardware prefetcher too thinly there.
+  int weight_streams = 2;
 };
 
 const char* Matmul(const OpContext& c, const pc_matmul_args_t& a);

@@ -98,14 +98,25 @@ struct KernelTable {
                               float* tile) = nullptr;
 
   // cache_rows_to_f32, transposed: dst[e * ld + r] = element e of row r, for r < n_rows,
-  // e < n; or nullptr where the ISA has none (the op transposes cache_rows_to_f32's rows).
-  // Attention decode's K rows, so that a GQA group's scores are one GEMM over positions.
+  // e < n. Attention decode's K rows, so that a GQA group's scores are one GEMM over positions.
   void (*cache_rows_to_f32_t)(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,
                               int64_t n_rows, int64_t n, float* dst, int64_t ld) = nullptr;
 };
 
 // Most groups one gemm_packed_streams call reads at once.
 constexpr int kMaxWeightStreams = 4;
+
+// Calls run.template operator()<NS>() with NS = n_streams (1..kMaxWeightStreams), so that the
+// streams kernels size their accumulators at compile time (as ForEachRowTile does the rows).
+template <typename Run>
+inline void ForStreamCount(int n_streams, Run&& run) {
+  switch (n_streams) {
+    case 4: return run.template operator()<4>();
+    case 3: return run.template operator()<3>();
+    case 2: return run.template operator()<2>();
+    default: return run.template operator()<1>();
+  }
+}
 
 // Activation rows of one gemm_panel call.
 constexpr int64_t kPanelTileRows = 8;

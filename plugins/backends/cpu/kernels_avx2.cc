@@ -271,7 +271,8 @@ const KernelTable& Avx2Kernels() {
       avx2::DotF32,    avx2::Dot4F32, avx2::Dot4x4F32,    avx2::DotF16,      avx2::DotBf16,
       avx2::F16ToF32Row, avx2::Bf16ToF32Row, avx2::F32ToF16Row, avx2::AxpyF32, avx2::ScaleF32,
       avx2::Swiglu,    avx2::Geglu,    avx2::CacheRowsToF32, avx2::ExpSum,    avx2::RmsNorm,
-      /*gemm_t_f32=*/nullptr, avx2::GemmPanel,
+      /*gemm_t_f32=*/nullptr, avx2::GemmPanel, /*gemm_packed_streams=*/nullptr,
+      avx2::CacheRowsToF32T,
   };
   return t;
 }

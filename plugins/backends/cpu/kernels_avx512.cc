@@ -159,36 +159,10 @@ void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
   });
 }
 
-void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
-                int64_t x_stride, int64_t m, float* tile) {
-  if (f.planes) return GemmPlanes(f, group, kb, x, x_stride, m, tile);  // kquant.h
-  if (f.q4) {
-    if (f.codebook) return GemmFormat<true, false, false, true>(f, group, kb, x, x_stride, m, tile);
-    if (f.has_min) return GemmFormat<true, false, true>(f, group, kb, x, x_stride, m, tile);
-    return GemmFormat<true, false, false>(f, group, kb, x, x_stride, m, tile);
-  }
-  if (f.half_scales) return GemmFormat<false, true, false>(f, group, kb, x, x_stride, m, tile);
-  return GemmFormat<false, false, false>(f, group, kb, x, x_stride, m, tile);
-}
-
-// One activation row against n_streams (1-4) groups stream_stride bytes apart, in lockstep.
-template <bool Q4, bool HALF, bool MIN, bool LUT = false>
-void StreamsFormat(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                   int n_streams, int64_t kb, const ActBlock* x, float* tile) {
-  switch (n_streams) {
-    case 4: return Tile<1, Q4, HALF, MIN, LUT, 4>(f, group, kb, x, kb, tile, true, stream_stride);
-    case 3: return Tile<1, Q4, HALF, MIN, LUT, 3>(f, group, kb, x, kb, tile, true, stream_stride);
-    case 2: return Tile<1, Q4, HALF, MIN, LUT, 2>(f, group, kb, x, kb, tile, true, stream_stride);
-    default: return Tile<1, Q4, HALF, MIN, LUT, 1>(f, group, kb, x, kb, tile, true);
-  }
-}
-
-void GemmPackedStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
-  if (f.planes) return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile);
-  const auto run = [&]<bool Q4, bool HALF, bool MIN, bool LUT>() {
-    StreamsFormat<Q4, HALF, MIN, LUT>(f, group, stream_stride, n_streams, kb, x, tile);
-  };
+// Calls run.template operator()<Q4, HALF, MIN, LUT>() for f, a packed format outside the
+// plane layout.
+template <typename Run>
+void ForPackedFormat(const PackedFormat& f, Run&& run) {
   if (f.q4) {
     if (f.codebook) return run.template operator()<true, false, false, true>();
     if (f.has_min) return run.template operator()<true, false, true, false>();
@@ -196,6 +170,24 @@ void GemmPackedStreams(const PackedFormat& f, const uint8_t* group, int64_t stre
   }
   if (f.half_scales) return run.template operator()<false, true, false, false>();
   return run.template operator()<false, false, false, false>();
+}
+
+void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
+                int64_t x_stride, int64_t m, float* tile) {
+  if (f.planes) return GemmPlanes(f, group, kb, x, x_stride, m, tile);  // kquant.h
+  ForPackedFormat(f, [&]<bool Q4, bool HALF, bool MIN, bool LUT>() {
+    GemmFormat<Q4, HALF, MIN, LUT>(f, group, kb, x, x_stride, m, tile);
+  });
+}
+
+void GemmPackedStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+  if (f.planes) return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile);
+  ForPackedFormat(f, [&]<bool Q4, bool HALF, bool MIN, bool LUT>() {
+    ForStreamCount(n_streams, [&]<int NS>() {
+      Tile<1, Q4, HALF, MIN, LUT, NS>(f, group, kb, x, kb, tile, true, stream_stride);
+    });
+  });
 }
 
 float DotF16(const float* x, const uint16_t* w, int64_t n) {
@@ -261,7 +253,7 @@ inline void Transpose16(__m512* r) {
 
 // KernelTable::cache_rows_to_f32_t: 16 x 16 tiles converted in registers and transposed; the
 // ragged rows and elements one at a time.
-void CacheRowsToF32T(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,
+void CacheRowsToF32TTiles(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,
                      int64_t n_rows, int64_t n, float* dst, int64_t ld) {
   const auto scalar = [&](int64_t r, int64_t e) {
     const uint8_t* row = cache + offsets[r];
@@ -431,7 +423,7 @@ const KernelTable& Avx512Kernels() {
       avx512::ScaleF32,
       avx512::Swiglu,    avx512::Geglu,    avx512::CacheRowsToF32, avx512::ExpSum,
       avx512::RmsNorm,   avx512::GemmTF32,
-      avx512::GemmPanel, avx512::GemmPackedStreams, avx512::CacheRowsToF32T,
+      avx512::GemmPanel, avx512::GemmPackedStreams, avx512::CacheRowsToF32TTiles,
   };
   return t;
 }

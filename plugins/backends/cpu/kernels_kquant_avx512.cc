@@ -147,30 +147,9 @@ void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   });
 }
 
-// One activation row against n_streams (1-4) groups stream_stride bytes apart, in lockstep.
-template <int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
-void Streams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride, int n_streams,
-             int64_t kb, const ActBlock* x, float* tile) {
-  const auto tile_of = [&]<int NS>() {
-    Tile<1, LOW, HIGH, SUB16, MIN, NIB, SC, NS>(f.offset, group, kb, x, kb, tile, true,
-                                                stream_stride);
-  };
-  switch (n_streams) {
-    case 4: return tile_of.template operator()<4>();
-    case 3: return tile_of.template operator()<3>();
-    case 2: return tile_of.template operator()<2>();
-    default: return tile_of.template operator()<1>();
-  }
-}
-
-}  // namespace
-
-void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
-  const auto run = [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
-    Streams<LOW, HIGH, SUB16, MIN, NIB, SC>(f, group, stream_stride, n_streams, kb, x, tile);
-  };
-  // The formats as GemmPlanes below.
+// Calls run.template operator()<LOW, HIGH, SUB16, MIN, NIB, SC>() for the plane format f.
+template <typename Run>
+void ForPlaneFormat(const PackedFormat& f, Run&& run) {
   if (!f.sub_scales) {
     if (f.has_min) return run.template operator()<4, 1, false, true, false, false>();  // Q5_1
     return run.template operator()<4, 1, false, false, false, false>();               // Q5_0
@@ -184,23 +163,23 @@ void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stre
   return run.template operator()<4, 0, false, true, false, true>();                        // Q4_K
 }
 
+}  // namespace
+
 void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
-  if (!f.sub_scales) {
-    if (f.has_min)  // Q5_1
-      return Gemm<4, 1, false, true, false, false>(f, group, kb, x, x_stride, m, tile);
-    return Gemm<4, 1, false, false, false, false>(f, group, kb, x, x_stride, m, tile);  // Q5_0
-  }
-  if (f.low_bits == 2) {
-    if (f.high_bits == 1)  // Q3_K
-      return Gemm<2, 1, true, false, false, true>(f, group, kb, x, x_stride, m, tile);
-    return Gemm<2, 0, true, true, true, true>(f, group, kb, x, x_stride, m, tile);  // Q2_K
-  }
-  if (f.high_bits == 2)  // Q6_K
-    return Gemm<4, 2, true, false, false, true>(f, group, kb, x, x_stride, m, tile);
-  if (f.high_bits == 1)  // Q5_K
-    return Gemm<4, 1, false, true, false, true>(f, group, kb, x, x_stride, m, tile);
-  return Gemm<4, 0, false, true, false, true>(f, group, kb, x, x_stride, m, tile);  // Q4_K
+  ForPlaneFormat(f, [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
+    Gemm<LOW, HIGH, SUB16, MIN, NIB, SC>(f, group, kb, x, x_stride, m, tile);
+  });
+}
+
+void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+  ForPlaneFormat(f, [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
+    ForStreamCount(n_streams, [&]<int NS>() {
+      Tile<1, LOW, HIGH, SUB16, MIN, NIB, SC, NS>(f.offset, group, kb, x, kb, tile, true,
+                                                  stream_stride);
+    });
+  });
 }
 
 }  // namespace polychip::cpu::avx512

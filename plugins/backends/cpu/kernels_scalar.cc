@@ -94,6 +94,8 @@ const KernelTable& ScalarKernels() {
       scalar::ScaleF32,
       scalar::Swiglu,    scalar::Geglu,    scalar::CacheRowsToF32, scalar::ExpSum,
       scalar::RmsNorm,
+      /*gemm_t_f32=*/nullptr, /*gemm_panel=*/nullptr, /*gemm_packed_streams=*/nullptr,
+      scalar::CacheRowsToF32T,
   };
   return t;
 }
