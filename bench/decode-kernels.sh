@@ -2,7 +2,8 @@
 # The cpu plugin's decode kernels without the rest of the engine (bench/decode_kernels.cc, built
 # here against the build's static kernel library): a qwen2.5-0.5b Q4_K_M decode step's 169
 # matmuls (m = 1), in rounds that alternate the settings below, against this machine's read
-# bandwidth (bench/membw.c, probed in every round); then one layer's decode attention.
+# bandwidth (bench/membw.c, probed in every round); then the default settings' step alternated
+# with a plain read of the same weights, per weight shape; then one layer's decode attention.
 #   settings: streams=1,small pages   (one sequential read per task, 4 KiB pages: as before)
 #             streams=2,small pages   (two runs in lockstep: the defaults)
 #             streams=2,huge pages    (POLYCHIP_CPU_HUGE_PAGES=on as well)
@@ -50,6 +51,11 @@ for i, n in enumerate(names):
     v = [float(x) for x in open(f"{out}/s{i}.txt").read().split()]
     print(f"| {n} | {statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f}) | {100 * statistics.median(v) / mbw:.0f}% |")
 PY
+echo
+echo "The default settings' step alternated with a plain read of the same weights (decode_kernels"
+echo "matmul-vs-read: the kernels' speed beside what a read alone reaches at the same moments):"
+echo
+"$OUT/decode_kernels" matmul-vs-read 20 | sed 's/^/    /'
 echo
 echo "| decode attention, one layer (F16 cache, 2 KV heads of 64, 14 query heads) | median |"
 echo "| --- | ---: |"

@@ -3,9 +3,13 @@
 //   decode_kernels matmul [STEPS]          the matmul sequence of one qwen2.5-0.5b Q4_K_M decode
 //                                          step (Q5_0/Q8_0/Q6_K/Q4_K packed, m = 1, 169 calls,
 //                                          ~396 MB), repeated; prints the median step's GB/s
+//   decode_kernels matmul-vs-read [STEPS]  the same step alternated with a plain read of the
+//                                          same weights: GB/s of both and their ratio, for the
+//                                          step and per weight shape (dtype, n x k)
 //   decode_kernels attention LEN [HEADS]   one layer's decode attention at LEN positions (F16
 //                                          cache, 2 KV heads of 64, HEADS query heads, default 14)
 // Built and run by bench/decode-kernels.sh, which alternates the settings under test.
+#include <immintrin.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -13,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,7 +49,44 @@ uint8_t* AllocWeights(int64_t bytes) {
   return static_cast<uint8_t*>(p);
 }
 
-int Matmuls(const OpContext& c, int steps) {
+const char* DtypeName(pc_dtype_t t) {
+  switch (t) {
+    case PC_DTYPE_Q5_0: return "Q5_0";
+    case PC_DTYPE_Q8_0: return "Q8_0";
+    case PC_DTYPE_Q4_K: return "Q4_K";
+    case PC_DTYPE_Q6_K: return "Q6_K";
+    default: return "?";
+  }
+}
+
+// Sums bytes [b, e) of p as 4 sequential streams with software prefetch 2 KiB ahead (the
+// pattern bench/membw.c finds fastest), 32 bytes per load (AVX2: every x86-64 this bench's
+// AVX-512 kernels run on has it).
+__attribute__((target("avx2"))) uint64_t ReadRange(const uint8_t* p, int64_t b, int64_t e) {
+  const int64_t len = (e - b) / 4 / 128 * 128;
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+  for (int64_t i = 0; i < len; i += 128) {
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* q = p + b + k * len + i;
+      _mm_prefetch(reinterpret_cast<const char*>(q + 2048), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q + 2048 + 64), _MM_HINT_T0);
+      s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+      s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32)));
+      s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64)));
+      s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 96)));
+    }
+  }
+  s0 = _mm256_add_epi64(s0, s1);
+  uint64_t v[4];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(v), s0);
+  return v[0] + v[1] + v[2] + v[3];
+}
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int Matmuls(const OpContext& c, int steps, bool vs_read) {
   struct Weight {
     pc_dtype_t dtype;
     int64_t n, k, bytes;
@@ -72,8 +114,11 @@ int Matmuls(const OpContext& c, int steps) {
   }
   add(PC_DTYPE_Q8_0, 151936, 896);
   std::vector<float> x(4864, 0.01f), out(151936);
-  const auto step = [&] {
-    for (const Weight& w : ws) {
+  using Times = std::vector<std::vector<double>>;  // [weight][step] seconds
+  const auto step = [&](Times* per_call) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const Weight& w = ws[i];
+      const auto t0 = std::chrono::steady_clock::now();
       pc_matmul_args_t a{};
       a.struct_size = sizeof(a);
       a.x = D(x.data()), a.w = D(w.data), a.w_dtype = w.dtype;
@@ -83,19 +128,80 @@ int Matmuls(const OpContext& c, int steps) {
         std::fprintf(stderr, "matmul: %s\n", e);
         std::exit(1);
       }
+      if (per_call) (*per_call)[i].push_back(Seconds(t0));
     }
   };
-  step();  // first touch
-  std::vector<double> t;
-  for (int s = 0; s < steps; ++s) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  step(nullptr);  // first touch
+  if (!vs_read) {
+    std::vector<double> t;
+    for (int s = 0; s < steps; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      step(nullptr);
+      t.push_back(Seconds(t0));
+    }
+    const double m = Median(t);
+    std::printf("matmul step: %.1f MB, median %.3f ms, %.2f GB/s\n", total / 1e6, m * 1e3,
+                total / m / 1e9);
+    return 0;
   }
-  const double m = Median(t);
-  std::printf("matmul step: %.1f MB, median %.3f ms, %.2f GB/s\n", total / 1e6, m * 1e3,
-              total / m / 1e9);
-  return 0;
+  // Each matmul step alternates with a plain read of the same weights, one parallel section per
+  // weight as the matmuls (each thread reads its half), and with the same read in a single
+  // section (no join between weights): the bandwidth of a shared VM drifts by a third within
+  // seconds, so only figures taken moments apart compare. The per-call times give each shape's
+  // speed beside a plain read of its own bytes.
+  const int n_threads = c.pool->size();
+  std::vector<uint64_t> sums(n_threads * 8);  // one cache line per thread
+  const auto read_part = [&](const Weight& w, int64_t t) {
+    sums[t * 8] += ReadRange(w.data, w.bytes * t / n_threads / 64 * 64,
+                             w.bytes * (t + 1) / n_threads / 64 * 64);
+  };
+  const auto read = [&](Times* per_call) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      c.pool->Run(n_threads, [&](int64_t t) { read_part(ws[i], t); });
+      (*per_call)[i].push_back(Seconds(t0));
+    }
+  };
+  const auto read_one_section = [&] {
+    c.pool->Run(n_threads, [&](int64_t t) {
+      for (const Weight& w : ws) read_part(w, t);
+    });
+  };
+  Times mm_calls(ws.size()), read_calls(ws.size());
+  std::vector<double> t_mm, t_read, t_one, ratio;
+  for (int s = 0; s < steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    step(&mm_calls);
+    t_mm.push_back(Seconds(t0));
+    t0 = std::chrono::steady_clock::now();
+    read(&read_calls);
+    t_read.push_back(Seconds(t0));
+    t0 = std::chrono::steady_clock::now();
+    read_one_section();
+    t_one.push_back(Seconds(t0));
+    ratio.push_back(t_read.back() / t_mm.back());
+  }
+  std::printf("%d alternations (medians): matmul step %.2f GB/s, plain read of the same weights "
+              "%.2f GB/s (%.2f GB/s in one section), matmul / read %.3f\n",
+              steps, total / Median(t_mm) / 1e9, total / Median(t_read) / 1e9,
+              total / Median(t_one) / 1e9, Median(ratio));
+  struct Shape {
+    double read = 0, matmul = 0;
+    int64_t bytes = 0;
+  };
+  std::map<std::string, Shape> shapes;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    Shape& sh = shapes[std::string(DtypeName(ws[i].dtype)) + " " + std::to_string(ws[i].n) +
+                       "x" + std::to_string(ws[i].k)];
+    sh.read += Median(read_calls[i]);
+    sh.matmul += Median(mm_calls[i]);
+    sh.bytes += ws[i].bytes;
+  }
+  for (const auto& [name, sh] : shapes)
+    std::printf("  %-18s %6.1f MB  read %6.2f GB/s  matmul %6.2f GB/s  matmul / read %.2f\n",
+                name.c_str(), sh.bytes / 1e6, sh.bytes / sh.read / 1e9, sh.bytes / sh.matmul / 1e9,
+                sh.read / sh.matmul);
+  return static_cast<int>(sums[0] & 0);  // used, so the reads are not optimized away
 }
 
 int Attention(const OpContext& c, int64_t len, int64_t n_heads) {
@@ -141,9 +247,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "unknown or unsupported POLYCHIP_CPU_ISA\n");
     return 2;
   }
-  if (what == "matmul") return Matmuls(c, argc > 2 ? std::atoi(argv[2]) : 20);
+  if (what == "matmul" || what == "matmul-vs-read")
+    return Matmuls(c, argc > 2 ? std::atoi(argv[2]) : 20, what == "matmul-vs-read");
   if (what == "attention")
     return Attention(c, argc > 2 ? std::atoll(argv[2]) : 1024, argc > 3 ? std::atoll(argv[3]) : 14);
-  std::fprintf(stderr, "usage: decode_kernels matmul [STEPS] | attention LEN [HEADS]\n");
+  std::fprintf(stderr, "usage: decode_kernels matmul[-vs-read] [STEPS] | attention LEN [HEADS]\n");
   return 2;
 }

@@ -1,8 +1,10 @@
 #include "cpu_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "packed.h"
@@ -53,6 +55,54 @@ void ParallelRangeGuided(const OpContext& c, int64_t n, int64_t min_chunk, F&& b
   const int64_t* bounds = starts.data();  // the workers read the caller's vector
   c.pool->Run(static_cast<int64_t>(starts.size()) - 1,
               [&](int64_t t) { body(bounds[t], bounds[t + 1]); });
+}
+
+// [0, n) as one contiguous region per thread, each walked from its front one item at a time by
+// the thread that owns it; a thread whose region is done takes items from the back of the
+// others' (so a descheduled or slower core is helped out at the end). body(i) runs item i.
+// A thread's items are consecutive, so in a decode matmul each of its weight streams is one
+// sequential read from start to end: the hardware prefetcher trains once per matmul, not once
+// per chunk as with ParallelRangeGuided's shrinking chunks handed out alternately (q and o of
+// qwen2.5-0.5b, 896 x 896 Q5_0: 0.63-0.77 of a plain read of the same bytes -> 0.80-0.95).
+template <typename F>
+void ParallelRegions(const OpContext& c, int64_t n, F&& body) {
+  const int threads = c.pool->size();
+  if (threads <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  // Region t is [front, back) packed as (front << 32) | back; n < 2^31 (rows / 16).
+  struct alignas(64) Region {
+    std::atomic<uint64_t> fb;
+  };
+  thread_local std::unique_ptr<Region[]> regions;
+  thread_local int capacity = 0;
+  if (capacity < threads) regions.reset(new Region[capacity = threads]);
+  for (int t = 0; t < threads; ++t) {
+    const uint64_t front = n * t / threads, back = n * (t + 1) / threads;
+    regions[t].fb.store(front << 32 | back, std::memory_order_relaxed);
+  }
+  Region* r = regions.get();  // the workers use the caller's regions
+  c.pool->Run(threads, [&](int64_t self) {
+    uint64_t v = r[self].fb.load(std::memory_order_acquire);
+    for (;;) {  // own region, from the front
+      const uint64_t front = v >> 32, back = v & 0xFFFFFFFFu;
+      if (front >= back) break;
+      if (r[self].fb.compare_exchange_weak(v, (front + 1) << 32 | back,
+                                           std::memory_order_acq_rel))
+        body(static_cast<int64_t>(front));
+    }
+    for (int k = 1; k < threads; ++k) {  // then the others', from the back
+      Region& o = r[(self + k) % threads];
+      uint64_t w = o.fb.load(std::memory_order_acquire);
+      for (;;) {
+        const uint64_t front = w >> 32, back = w & 0xFFFFFFFFu;
+        if (front >= back) break;
+        if (o.fb.compare_exchange_weak(w, front << 32 | (back - 1), std::memory_order_acq_rel))
+          body(static_cast<int64_t>(back - 1));
+      }
+    }
+  });
 }
 
 inline void Store(const pc_matmul_args_t& a, const float* bias, float* out, int64_t i, int64_t j,
@@ -112,28 +162,19 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   if (a.m == 1 && c.k->gemm_packed_streams && streams > 1 && n_groups >= 2 * streams) {
     // Decode: the groups as `streams` runs of `run` groups (the last run may be shorter), read
     // in lockstep (KernelTable::gemm_packed_streams) so that each thread has that many
-    // far-apart parts of the matrix in flight. Tasks take units, unit u = group u % streams of
-    // position u / streams: a task's whole positions go to the kernel together, and the last
-    // tasks can be a single group (a long-k group pair, ffn_down's, is ~100 KB: as the last
-    // task it left one thread waiting ~4 us for the other).
+    // far-apart parts of the matrix in flight. Item j is position j of every run; each thread
+    // takes a contiguous range of positions (ParallelRegions), so its streams stay sequential.
     const int64_t run = (n_groups + streams - 1) / streams;
-    ParallelRangeGuided(c, streams * run, 1, [&](int64_t u0, int64_t u1) {
+    ParallelRegions(c, run, [&](int64_t j) {
       float tile[kMaxWeightStreams * kPackRows];
-      for (int64_t u = u0; u < u1;) {
-        const int64_t j = u / streams, s0 = u % streams;
-        const int64_t span = std::min<int64_t>(streams - s0, u1 - u);  // units at position j
-        int64_t ns = span;
-        while (ns > 0 && (s0 + ns - 1) * run + j >= n_groups) --ns;  // past the matrix's end
-        if (ns > 0) {
-          c.k->gemm_packed_streams(f, w + (s0 * run + j) * group_bytes, run * group_bytes,
-                                   static_cast<int>(ns), kb, xq, tile);
-        }
-        for (int64_t s = 0; s < ns; ++s) {
-          const int64_t j_row = ((s0 + s) * run + j) * kPackRows;
-          const int64_t rows = std::min<int64_t>(kPackRows, a.n - j_row);
-          StoreRow(a, bias ? bias + j_row : nullptr, tile + s * kPackRows, rows, out + j_row);
-        }
-        u += span;
+      int64_t ns = streams;
+      while (ns > 0 && (ns - 1) * run + j >= n_groups) --ns;  // past the matrix's end
+      c.k->gemm_packed_streams(f, w + j * group_bytes, run * group_bytes, static_cast<int>(ns),
+                               kb, xq, tile);
+      for (int64_t s = 0; s < ns; ++s) {
+        const int64_t j_row = (s * run + j) * kPackRows;
+        const int64_t rows = std::min<int64_t>(kPackRows, a.n - j_row);
+        StoreRow(a, bias ? bias + j_row : nullptr, tile + s * kPackRows, rows, out + j_row);
       }
     });
     return nullptr;

@@ -56,10 +56,12 @@ inline __m512i CodebookLut() {
 // 2-3x slower batched decode); 8-16 cells (2-5 KiB) ahead lets it stream at compute speed.
 constexpr int64_t kPrefetchCells = 12;
 // Q8_0's cells are twice as long (544 bytes): 12 cells is ~100 lines ahead into L1, and its
-// decode streamed at ~0.8 of a plain read of the same buffers (the 4-bit formats ~0.9-1.0).
-// It prefetches into L2 twice as far ahead as well, and into L1 only 4 cells ahead: 0.99-1.10
-// of a plain read (2 threads, alternated runs, Zen 5 VM).
-constexpr int64_t kPrefetchCellsQ8L1 = 4, kPrefetchCellsQ8L2 = 24;
+// decode streamed at ~0.8 of a plain read of the same buffers (the 4-bit formats ~0.9-1.0), so
+// it prefetches only 4 cells ahead. A second prefetch into L2 24 cells ahead (session 8) cost
+// more than it gave: the qwen2.5-0.5b output matrix (151936 x 896) streamed at 0.66-0.73 of a
+// plain read with it and 0.87-0.94 without (session 9, configurations alternated within one
+// process, Zen 5 VM, 2 threads).
+constexpr int64_t kPrefetchCellsQ8 = 4;
 
 // MT activation rows against one group: the group's weight vectors are loaded (and, for 4-bit,
 // unpacked) once per block and reused for every row of the tile. With MT = 16 a batched decode
@@ -86,13 +88,9 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
       const uint8_t* cell = group + st * stream_stride + b * stride;
       if (prefetch) {
         // Past the end of the matrix this is harmless: prefetches do not fault.
-        const char* l1 = reinterpret_cast<const char*>(
-            cell + (Q4 ? kPrefetchCells : kPrefetchCellsQ8L1) * stride);
-        const char* l2 = reinterpret_cast<const char*>(cell + kPrefetchCellsQ8L2 * stride);
-        for (int64_t off = 0; off < stride; off += 64) {
-          _mm_prefetch(l1 + off, _MM_HINT_T0);
-          if constexpr (!Q4) _mm_prefetch(l2 + off, _MM_HINT_T1);
-        }
+        const char* ahead =
+            reinterpret_cast<const char*>(cell + (Q4 ? kPrefetchCells : kPrefetchCellsQ8) * stride);
+        for (int64_t off = 0; off < stride; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
       }
       __m512i w[8];
       if constexpr (Q4) {
