@@ -4,9 +4,10 @@
 # matmuls (m = 1), in rounds that alternate the settings below, against this machine's read
 # bandwidth (bench/membw.c, probed in every round); then the default settings' step alternated
 # with a plain read of the same weights, per weight shape; then one layer's decode attention.
-#   settings: streams=1,small pages   (one sequential read per task, 4 KiB pages: as before)
-#             streams=2,small pages   (two runs in lockstep: the defaults)
-#             streams=2,huge pages    (POLYCHIP_CPU_HUGE_PAGES=on as well)
+#   settings: streams=1,small pages   (one sequential read per thread, 4 KiB pages)
+#             streams=2,small pages   (two runs in lockstep: the default until session 9)
+#             streams=3,small pages   (three: the defaults)
+#             streams=3,huge pages    (POLYCHIP_CPU_HUGE_PAGES=on as well)
 # usage: bench/decode-kernels.sh [-r ROUNDS] [-t THREADS]   env: POLYCHIP_BUILD_DIR
 set -euo pipefail
 source "$(dirname "$0")/paths.sh"
@@ -29,8 +30,9 @@ cc -O3 -march=native -pthread "$ROOT/bench/membw.c" -o "$OUT/membw"
 export THREADS
 SETTINGS=("POLYCHIP_CPU_WEIGHT_STREAMS=1 POLYCHIP_CPU_HUGE_PAGES=off"
           "POLYCHIP_CPU_WEIGHT_STREAMS=2 POLYCHIP_CPU_HUGE_PAGES=off"
-          "POLYCHIP_CPU_WEIGHT_STREAMS=2 POLYCHIP_CPU_HUGE_PAGES=on")
-NAMES=("streams=1,small pages" "streams=2,small pages" "streams=2,huge pages")
+          "POLYCHIP_CPU_WEIGHT_STREAMS=3 POLYCHIP_CPU_HUGE_PAGES=off"
+          "POLYCHIP_CPU_WEIGHT_STREAMS=3 POLYCHIP_CPU_HUGE_PAGES=on")
+NAMES=("streams=1,small pages" "streams=2,small pages" "streams=3,small pages" "streams=3,huge pages")
 for r in $(seq "$ROUNDS"); do
   echo "[decode-kernels] round $r/$ROUNDS" >&2
   "$OUT/membw" "$THREADS" 2>/dev/null >> "$OUT/membw.txt"; echo >> "$OUT/membw.txt"

@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
   // The plugin's parameters from the same environment variables it reads.
   const char* streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
   const OpContext c{&pool, polychip::cpu::SelectKernels(std::getenv("POLYCHIP_CPU_ISA")),
-                    streams ? std::atoi(streams) : 2};
+                    streams ? std::atoi(streams) : 3};
   if (!c.k) {
     std::fprintf(stderr, "unknown or unsupported POLYCHIP_CPU_ISA\n");
     return 2;

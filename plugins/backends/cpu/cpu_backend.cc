@@ -11,7 +11,7 @@
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
 // environment variable POLYCHIP_CPU_ISA), devices (default 1), op_counters (on|off, default
 // on; also the environment variable POLYCHIP_OP_COUNTERS), huge_pages (on|off, default off;
-// also POLYCHIP_CPU_HUGE_PAGES; see kHugePage), weight_streams (1..4, default 2; also
+// also POLYCHIP_CPU_HUGE_PAGES; see kHugePage), weight_streams (1..4, default 3; also
 // POLYCHIP_CPU_WEIGHT_STREAMS; decode's weight streams per thread, OpContext).
 #include <sys/mman.h>
 #include <unistd.h>
@@ -77,7 +77,7 @@ struct State {
   int n_devices = 1;
   bool count_ops = true;  // parameter op_counters
   bool huge_pages = false;  // parameter huge_pages
-  int weight_streams = 2;   // parameter weight_streams (OpContext::weight_streams)
+  int weight_streams = 3;   // parameter weight_streams (OpContext::weight_streams)
   const polychip::cpu::KernelTable* kernels = nullptr;
   std::unique_ptr<polychip::cpu::ThreadPool> pool;
   std::mutex launch_mu;  // the pool runs one op at a time
@@ -132,7 +132,7 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     const char* env_huge = std::getenv("POLYCHIP_CPU_HUGE_PAGES");
     std::string huge_pages = env_huge ? env_huge : "off";
     const char* env_streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
-    std::string weight_streams = env_streams ? env_streams : "2";
+    std::string weight_streams = env_streams ? env_streams : "3";
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       long long v = 0;

@@ -15,9 +15,10 @@ struct OpContext {
   ThreadPool* pool;
   const KernelTable* k;
   // Weight streams per thread of a decode matmul (KernelTable::gemm_packed_streams; 1: one
-  // sequential read per task): the plugin parameter weight_streams. Two measured best on a Zen 5
-  // VM (docs/performance.md, session 8); four split the hardware prefetcher too thinly there.
-  int weight_streams = 2;
+  // sequential read per task): the plugin parameter weight_streams. Three measured best on a
+  // Zen 5 VM once each thread walks one contiguous region (docs/performance.md, session 9:
+  // 2 -> 3 streams +8% on the qwen2.5-0.5b decode step's matmuls, 4 no better than 2).
+  int weight_streams = 3;
 };
 
 const char* Matmul(const OpContext& c, const pc_matmul_args_t& a);
