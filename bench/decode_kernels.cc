@@ -3,6 +3,7 @@
 //   decode_kernels matmul [STEPS]          the matmul sequence of one qwen2.5-0.5b Q4_K_M decode
 //                                          step (Q5_0/Q8_0/Q6_K/Q4_K packed, m = 1, 169 calls,
 //                                          ~396 MB), repeated; prints the median step's GB/s
+//                                          (env MIX=q5_k_m or q6_k: those files' types instead)
 //   decode_kernels matmul-vs-read [STEPS]  the same step alternated with a plain read of the
 //                                          same weights: GB/s of both and their ratio, for the
 //                                          step and per weight shape (dtype, n x k)
@@ -52,6 +53,7 @@ uint8_t* AllocWeights(int64_t bytes) {
 const char* DtypeName(pc_dtype_t t) {
   switch (t) {
     case PC_DTYPE_Q5_0: return "Q5_0";
+    case PC_DTYPE_Q5_1: return "Q5_1";
     case PC_DTYPE_Q8_0: return "Q8_0";
     case PC_DTYPE_Q4_K: return "Q4_K";
     case PC_DTYPE_Q6_K: return "Q6_K";
@@ -101,16 +103,21 @@ int Matmuls(const OpContext& c, int steps, bool vs_read) {
     ws.push_back({t, n, k, bytes, AllocWeights(bytes)});
     total += bytes;
   };
-  // qwen2.5-0.5b Q4_K_M: 896-wide rows fall back to Q5_0 (q, k, o, gate, up) and Q8_0 (v);
-  // ffn_down alternates Q6_K and Q4_K; the tied output matrix is Q8_0.
+  // qwen2.5-0.5b's files (MIX, default q4_k_m): its 896-wide rows do not take K-quants, so
+  //   Q4_K_M: q, k, o, gate, up Q5_0, v Q8_0, ffn_down alternately Q6_K and Q4_K;
+  //   Q5_K_M: the same with Q5_1 and ffn_down Q6_K;  Q6_K: Q8_0, ffn_down Q6_K;
+  // the tied output matrix is Q8_0 in all three.
+  const char* mix_env = std::getenv("MIX");
+  const std::string mix = mix_env ? mix_env : "q4_k_m";
+  const pc_dtype_t narrow = mix == "q6_k" ? PC_DTYPE_Q8_0 : mix == "q5_k_m" ? PC_DTYPE_Q5_1 : PC_DTYPE_Q5_0;
   for (int l = 0; l < 24; ++l) {
-    add(PC_DTYPE_Q5_0, 896, 896);
-    add(PC_DTYPE_Q5_0, 128, 896);
+    add(narrow, 896, 896);
+    add(narrow, 128, 896);
     add(PC_DTYPE_Q8_0, 128, 896);
-    add(PC_DTYPE_Q5_0, 896, 896);
-    add(PC_DTYPE_Q5_0, 4864, 896);
-    add(PC_DTYPE_Q5_0, 4864, 896);
-    add(l % 2 ? PC_DTYPE_Q4_K : PC_DTYPE_Q6_K, 896, 4864);
+    add(narrow, 896, 896);
+    add(narrow, 4864, 896);
+    add(narrow, 4864, 896);
+    add(mix == "q4_k_m" && l % 2 ? PC_DTYPE_Q4_K : PC_DTYPE_Q6_K, 896, 4864);
   }
   add(PC_DTYPE_Q8_0, 151936, 896);
   std::vector<float> x(4864, 0.01f), out(151936);
