@@ -84,22 +84,29 @@ void ParallelRegions(const OpContext& c, int64_t n, F&& body) {
   }
   Region* r = regions.get();  // the workers use the caller's regions
   c.pool->Run(threads, [&](int64_t self) {
+    // Own region from the front, a quarter of what is left per claim: a few atomic operations
+    // per region instead of one per item (~8K items per qwen2.5-0.5b token; the same tg64,
+    // compare-builds 0.995), and the other threads can still take the region's last items.
     uint64_t v = r[self].fb.load(std::memory_order_acquire);
-    for (;;) {  // own region, from the front
+    for (;;) {
       const uint64_t front = v >> 32, back = v & 0xFFFFFFFFu;
       if (front >= back) break;
-      if (r[self].fb.compare_exchange_weak(v, (front + 1) << 32 | back,
-                                           std::memory_order_acq_rel))
-        body(static_cast<int64_t>(front));
+      const uint64_t end = front + std::max<uint64_t>(1, (back - front) / 4);
+      const uint64_t claimed = end << 32 | back;
+      if (!r[self].fb.compare_exchange_weak(v, claimed, std::memory_order_acq_rel)) continue;
+      for (uint64_t i = front; i < end; ++i) body(static_cast<int64_t>(i));
+      v = r[self].fb.load(std::memory_order_acquire);
     }
-    for (int k = 1; k < threads; ++k) {  // then the others', from the back
+    for (int k = 1; k < threads; ++k) {  // then the others', one item at a time from the back
       Region& o = r[(self + k) % threads];
       uint64_t w = o.fb.load(std::memory_order_acquire);
       for (;;) {
         const uint64_t front = w >> 32, back = w & 0xFFFFFFFFu;
         if (front >= back) break;
-        if (o.fb.compare_exchange_weak(w, front << 32 | (back - 1), std::memory_order_acq_rel))
-          body(static_cast<int64_t>(back - 1));
+        if (!o.fb.compare_exchange_weak(w, front << 32 | (back - 1), std::memory_order_acq_rel))
+          continue;
+        body(static_cast<int64_t>(back - 1));
+        w = o.fb.load(std::memory_order_acquire);
       }
     }
   });
