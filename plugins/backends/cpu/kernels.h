@@ -92,7 +92,8 @@ struct KernelTable {
   // each group's sums exactly as gemm_packed computes them. One sequential read per core leaves
   // DRAM bandwidth unused (the hardware prefetcher follows each stream separately; Zen 5 VM, 2
   // threads, bench/membw.c: ~53 GB/s with one stream per thread, ~65 with two), so decode
-  // walks several far-apart parts of a matrix at once (cpu_ops.cc, MatmulPacked: OpContext::weight_streams runs per thread).
+  // walks several far-apart parts of a matrix at once (cpu_ops.cc, MatmulPacked:
+  // OpContext::weight_streams runs per thread).
   void (*gemm_packed_streams)(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
                               int n_streams, int64_t kb, const ActBlock* x,
                               float* tile) = nullptr;
