@@ -57,8 +57,8 @@ void ParallelRangeGuided(const OpContext& c, int64_t n, int64_t min_chunk, F&& b
               [&](int64_t t) { body(bounds[t], bounds[t + 1]); });
 }
 
-// [0, n) as one contiguous region per thread, each walked from its front one item at a time by
-// the thread that owns it; a thread whose region is done takes items from the back of the
+// [0, n) as one contiguous region per thread, each walked from its front by the thread that
+// owns it; a thread whose region is done takes items one at a time from the back of the
 // others' (so a descheduled or slower core is helped out at the end). body(i) runs item i.
 // A thread's items are consecutive, so in a decode matmul each of its weight streams is one
 // sequential read from start to end: the hardware prefetcher trains once per matmul, not once
