@@ -218,6 +218,22 @@ TEST_P(CpuKernels, PackedDecodeMatmulMatchesReference) {
   }
 }
 
+// The decode path splits the positions into one region per thread and lets a thread that is
+// done take the others' last positions (ParallelRegions, cpu_ops.cc). Which thread runs what
+// depends on timing, so the same accumulating matmul runs many times: a position run twice or
+// never leaves an output off the reference (RunMatmul accumulates into 0.25).
+TEST_P(CpuKernels, PackedDecodeMatmulEveryPositionOnce) {
+  for (int64_t n : {16 * 9 + 5, 16 * 40}) {
+    for (int rep = 0; rep < 40; ++rep) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " rep " + std::to_string(rep));
+      std::vector<float> got, want, bound;
+      RunMatmul(Ctx(), {PC_DTYPE_Q4_0, 1, n, 64}, /*pack=*/true, &got, &want, &bound);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_LE(std::fabs(got[i] - want[i]), bound[i]) << "output " << i;
+    }
+  }
+}
+
 // The K-quants' packed layout keeps d, dmin and the integer sub-block scales (kquant.h), so
 // with activations that int8 holds exactly (integers, 127 in every block: scale 1) the packed
 // matmul equals the double-precision product of the GGUF weights to f32 accumulation error.

@@ -186,6 +186,18 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
     });
     return nullptr;
   }
+  if (a.m == 1) {
+    // Decode without the streams kernel (AVX2, scalar, weight_streams 1, or a matrix of a few
+    // groups): one contiguous region of groups per thread as well, so each thread's read stays
+    // one sequential stream.
+    ParallelRegions(c, n_groups, [&](int64_t g) {
+      float tile[kPackRows];
+      c.k->gemm_packed(f, w + g * group_bytes, kb, xq, kb, 1, tile);
+      const int64_t j0 = g * kPackRows, rows = std::min<int64_t>(kPackRows, a.n - j0);
+      StoreRow(a, bias ? bias + j0 : nullptr, tile, rows, out + j0);
+    });
+    return nullptr;
+  }
   // Rows of activations handled per kernel call: keeps them in L2 while the group's weights
   // are reused from L1 for each 4-row tile.
   constexpr int64_t kMBlock = 64;
