@@ -50,17 +50,6 @@ uint8_t* AllocWeights(int64_t bytes) {
   return static_cast<uint8_t*>(p);
 }
 
-const char* DtypeName(pc_dtype_t t) {
-  switch (t) {
-    case PC_DTYPE_Q5_0: return "Q5_0";
-    case PC_DTYPE_Q5_1: return "Q5_1";
-    case PC_DTYPE_Q8_0: return "Q8_0";
-    case PC_DTYPE_Q4_K: return "Q4_K";
-    case PC_DTYPE_Q6_K: return "Q6_K";
-    default: return "?";
-  }
-}
-
 // Sums bytes [b, e) of p as 4 sequential streams with software prefetch 2 KiB ahead (the
 // pattern bench/membw.c finds fastest), 32 bytes per load (AVX2: every x86-64 this bench's
 // AVX-512 kernels run on has it).
@@ -109,7 +98,9 @@ int Matmuls(const OpContext& c, int steps, bool vs_read) {
   // the tied output matrix is Q8_0 in all three.
   const char* mix_env = std::getenv("MIX");
   const std::string mix = mix_env ? mix_env : "q4_k_m";
-  const pc_dtype_t narrow = mix == "q6_k" ? PC_DTYPE_Q8_0 : mix == "q5_k_m" ? PC_DTYPE_Q5_1 : PC_DTYPE_Q5_0;
+  const pc_dtype_t narrow = mix == "q6_k"     ? PC_DTYPE_Q8_0
+                            : mix == "q5_k_m" ? PC_DTYPE_Q5_1
+                                              : PC_DTYPE_Q5_0;
   for (int l = 0; l < 24; ++l) {
     add(narrow, 896, 896);
     add(narrow, 128, 896);
@@ -198,8 +189,8 @@ int Matmuls(const OpContext& c, int steps, bool vs_read) {
   };
   std::map<std::string, Shape> shapes;
   for (size_t i = 0; i < ws.size(); ++i) {
-    Shape& sh = shapes[std::string(DtypeName(ws[i].dtype)) + " " + std::to_string(ws[i].n) +
-                       "x" + std::to_string(ws[i].k)];
+    const std::string name = polychip::sdk::GetDtypeInfo(ws[i].dtype)->name;
+    Shape& sh = shapes[name + " " + std::to_string(ws[i].n) + "x" + std::to_string(ws[i].k)];
     sh.read += Median(read_calls[i]);
     sh.matmul += Median(mm_calls[i]);
     sh.bytes += ws[i].bytes;

@@ -165,36 +165,31 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   }
   const int64_t n_groups = (a.n + kPackRows - 1) / kPackRows;
   const int64_t group_bytes = kb * f.block_bytes();
-  const int streams = c.weight_streams;
-  if (a.m == 1 && c.k->gemm_packed_streams && streams > 1 && n_groups >= 2 * streams) {
+  if (a.m == 1) {
     // Decode: the groups as `streams` runs of `run` groups (the last run may be shorter), read
     // in lockstep (KernelTable::gemm_packed_streams) so that each thread has that many
-    // far-apart parts of the matrix in flight. Item j is position j of every run; each thread
-    // takes a contiguous range of positions (ParallelRegions), so its streams stay sequential.
+    // far-apart parts of the matrix in flight; one run where the ISA has no streams kernel or
+    // the matrix is a few groups. Item j is position j of every run; each thread takes a
+    // contiguous range of positions (ParallelRegions), so its streams stay sequential.
+    const int streams = c.k->gemm_packed_streams && n_groups >= 2 * c.weight_streams
+                            ? c.weight_streams
+                            : 1;
     const int64_t run = (n_groups + streams - 1) / streams;
     ParallelRegions(c, run, [&](int64_t j) {
       float tile[kMaxWeightStreams * kPackRows];
       int64_t ns = streams;
       while (ns > 0 && (ns - 1) * run + j >= n_groups) --ns;  // past the matrix's end
-      c.k->gemm_packed_streams(f, w + j * group_bytes, run * group_bytes, static_cast<int>(ns),
-                               kb, xq, tile);
+      if (streams > 1) {
+        c.k->gemm_packed_streams(f, w + j * group_bytes, run * group_bytes,
+                                 static_cast<int>(ns), kb, xq, tile);
+      } else {
+        c.k->gemm_packed(f, w + j * group_bytes, kb, xq, kb, 1, tile);
+      }
       for (int64_t s = 0; s < ns; ++s) {
         const int64_t j_row = (s * run + j) * kPackRows;
         const int64_t rows = std::min<int64_t>(kPackRows, a.n - j_row);
         StoreRow(a, bias ? bias + j_row : nullptr, tile + s * kPackRows, rows, out + j_row);
       }
-    });
-    return nullptr;
-  }
-  if (a.m == 1) {
-    // Decode without the streams kernel (AVX2, scalar, weight_streams 1, or a matrix of a few
-    // groups): one contiguous region of groups per thread as well, so each thread's read stays
-    // one sequential stream.
-    ParallelRegions(c, n_groups, [&](int64_t g) {
-      float tile[kPackRows];
-      c.k->gemm_packed(f, w + g * group_bytes, kb, xq, kb, 1, tile);
-      const int64_t j0 = g * kPackRows, rows = std::min<int64_t>(kPackRows, a.n - j0);
-      StoreRow(a, bias ? bias + j0 : nullptr, tile, rows, out + j0);
     });
     return nullptr;
   }
