@@ -7,6 +7,11 @@
 //   decode_kernels matmul-vs-read [STEPS]  the same step alternated with a plain read of the
 //                                          same weights: GB/s of both and their ratio, for the
 //                                          step and per weight shape (dtype, n x k)
+//   decode_kernels matmul-streams S1 S2 [STEPS]  the step with S1 and with S2 weight streams
+//                                          per thread, alternated in one process
+//   decode_kernels matmul-hot [REPS]       each dtype's kernel on a matrix that stays in L2
+//                                          (256 rows of 896, or 64 of 4864): its compute
+//                                          speed in GB/s of weights, with no DRAM in the way
 //   decode_kernels attention LEN [HEADS]   one layer's decode attention at LEN positions (F16
 //                                          cache, 2 KV heads of 64, HEADS query heads, default 14)
 // Built and run by bench/decode-kernels.sh, which alternates the settings under test.
@@ -77,7 +82,8 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-int Matmuls(const OpContext& c, int steps, bool vs_read) {
+// alt (mode matmul-streams): the same step with other weight streams, alternated with c's.
+int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = nullptr) {
   struct Weight {
     pc_dtype_t dtype;
     int64_t n, k, bytes;
@@ -113,7 +119,7 @@ int Matmuls(const OpContext& c, int steps, bool vs_read) {
   add(PC_DTYPE_Q8_0, 151936, 896);
   std::vector<float> x(4864, 0.01f), out(151936);
   using Times = std::vector<std::vector<double>>;  // [weight][step] seconds
-  const auto step = [&](Times* per_call) {
+  const auto step_with = [&](const OpContext& ctx, Times* per_call) {
     for (size_t i = 0; i < ws.size(); ++i) {
       const Weight& w = ws[i];
       const auto t0 = std::chrono::steady_clock::now();
@@ -122,14 +128,32 @@ int Matmuls(const OpContext& c, int steps, bool vs_read) {
       a.x = D(x.data()), a.w = D(w.data), a.w_dtype = w.dtype;
       a.w_layout = polychip::cpu::kLayoutPacked;
       a.out = D(out.data()), a.m = 1, a.n = w.n, a.k = w.k, a.x_stride = w.k, a.out_stride = w.n;
-      if (const char* e = polychip::cpu::Matmul(c, a)) {
+      if (const char* e = polychip::cpu::Matmul(ctx, a)) {
         std::fprintf(stderr, "matmul: %s\n", e);
         std::exit(1);
       }
       if (per_call) (*per_call)[i].push_back(Seconds(t0));
     }
   };
+  const auto step = [&](Times* per_call) { step_with(c, per_call); };
   step(nullptr);  // first touch
+  if (alt) {  // in-process alternation: the VM's bandwidth drifts too much between processes
+    std::vector<double> ta, tb, ratio;
+    for (int s = 0; s < steps; ++s) {
+      auto t0 = std::chrono::steady_clock::now();
+      step_with(c, nullptr);
+      ta.push_back(Seconds(t0));
+      t0 = std::chrono::steady_clock::now();
+      step_with(*alt, nullptr);
+      tb.push_back(Seconds(t0));
+      ratio.push_back(ta.back() / tb.back());
+    }
+    std::printf("%d alternations (medians): streams %d %.2f GB/s, streams %d %.2f GB/s, "
+                "speed ratio (second / first) %.3f\n",
+                steps, c.weight_streams, total / Median(ta) / 1e9, alt->weight_streams,
+                total / Median(tb) / 1e9, Median(ratio));
+    return 0;
+  }
   if (!vs_read) {
     std::vector<double> t;
     for (int s = 0; s < steps; ++s) {
@@ -202,6 +226,45 @@ int Matmuls(const OpContext& c, int steps, bool vs_read) {
   return static_cast<int>(sums[0] & 0);  // used, so the reads are not optimized away
 }
 
+// Per dtype, m = 1 matmuls over one small matrix again and again (both threads' halves stay in
+// their L2): how many GB/s of weights each kernel can consume when memory is not the limit. A
+// format whose figure is not well above the read bandwidth cannot stream at that bandwidth.
+int MatmulsHot(const OpContext& c, int reps) {
+  const pc_dtype_t types[] = {PC_DTYPE_Q4_0, PC_DTYPE_Q4_1, PC_DTYPE_Q5_0, PC_DTYPE_Q5_1,
+                              PC_DTYPE_Q8_0, PC_DTYPE_Q4_K, PC_DTYPE_Q5_K, PC_DTYPE_Q6_K,
+                              PC_DTYPE_Q3_K, PC_DTYPE_Q2_K, PC_DTYPE_IQ4_XS};
+  std::vector<float> x(4864, 0.01f), out(4864);
+  for (const pc_dtype_t t : types) {
+    for (const auto& [n, k] : {std::pair<int64_t, int64_t>{256, 896}, {64, 4864}}) {
+      if (k % 256 && polychip::sdk::GetDtypeInfo(t)->block_elems == 256) continue;
+      PackedFormat f;
+      polychip::cpu::PackedFormatOf(t, &f);
+      const int64_t bytes = polychip::cpu::PackedBytes(f, n, k);
+      uint8_t* w = AllocWeights(bytes);
+      pc_matmul_args_t a{};
+      a.struct_size = sizeof(a);
+      a.x = D(x.data()), a.w = D(w), a.w_dtype = t, a.w_layout = polychip::cpu::kLayoutPacked;
+      a.out = D(out.data()), a.m = 1, a.n = n, a.k = k, a.x_stride = k, a.out_stride = n;
+      std::vector<double> per;
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 50; ++i) {
+          if (const char* e = polychip::cpu::Matmul(c, a)) {
+            std::fprintf(stderr, "matmul: %s\n", e);
+            return 1;
+          }
+        }
+        per.push_back(Seconds(t0) / 50);
+      }
+      std::printf("  %-7s %5ldx%-5ld %7.1f KB  %6.2f GB/s  %6.2f us/call\n",
+                  polychip::sdk::GetDtypeInfo(t)->name, static_cast<long>(n),
+                  static_cast<long>(k), bytes / 1e3, bytes / Median(per) / 1e9, Median(per) * 1e6);
+      std::free(w);
+    }
+  }
+  return 0;
+}
+
 int Attention(const OpContext& c, int64_t len, int64_t n_heads) {
   const int64_t n_kv = 2, hd = 64, bs = 16, blocks = (len + bs - 1) / bs;
   std::vector<uint16_t> kc(blocks * bs * n_kv * hd), vc(kc.size());
@@ -247,8 +310,15 @@ int main(int argc, char** argv) {
   }
   if (what == "matmul" || what == "matmul-vs-read")
     return Matmuls(c, argc > 2 ? std::atoi(argv[2]) : 20, what == "matmul-vs-read");
+  if (what == "matmul-streams" && argc > 3) {  // matmul-streams S1 S2 [STEPS]
+    const OpContext a{&pool, c.k, std::atoi(argv[2])}, b{&pool, c.k, std::atoi(argv[3])};
+    return Matmuls(a, argc > 4 ? std::atoi(argv[4]) : 40, false, &b);
+  }
+  if (what == "matmul-hot") return MatmulsHot(c, argc > 2 ? std::atoi(argv[2]) : 40);
   if (what == "attention")
     return Attention(c, argc > 2 ? std::atoll(argv[2]) : 1024, argc > 3 ? std::atoll(argv[3]) : 14);
-  std::fprintf(stderr, "usage: decode_kernels matmul[-vs-read] [STEPS] | attention LEN [HEADS]\n");
+  std::fprintf(stderr, "usage: decode_kernels matmul[-vs-read] [STEPS] | matmul-streams S1 S2 [STEPS] | "
+               "matmul-hot [REPS] | "
+               "attention LEN [HEADS]\n");
   return 2;
 }

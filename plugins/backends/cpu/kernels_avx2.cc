@@ -79,6 +79,11 @@ inline __m256i Dot4(__m256i w, __m256i x) {
   }
 }
 
+// How far ahead (in cells) the decode kernel (TileStreams) prefetches: as the AVX-512 kernels
+// (kernels_avx512.cc), 12 cells for 4-bit formats and 4 for Q8_0's cells of twice the size.
+constexpr int64_t kPrefetchCells = 12;
+constexpr int64_t kPrefetchCellsQ8 = 4;
+
 // The IQ4 codebook as unsigned bytes (value + 128) in each 128-bit lane, for vpshufb.
 inline __m256i CodebookLut() {
   alignas(16) uint8_t u[16];
@@ -86,67 +91,111 @@ inline __m256i CodebookLut() {
   return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(u)));
 }
 
-// LUT: the 4-bit quants are codebook indices (PackedFormat::codebook), looked up with one byte
-// shuffle per vector into offset-128 bytes, which S8 then multiplies as signed.
+// The weight vectors and scales of half h (rows 8h .. 8h+7) of one cell. LUT: the 4-bit quants
+// are codebook indices (PackedFormat::codebook), looked up with one byte shuffle per vector into
+// offset-128 bytes, which S8 then multiplies as signed.
+template <bool Q4, bool HALF, bool MIN, bool LUT>
+[[gnu::always_inline]] inline void LoadCellHalf(const uint8_t* cell, int h, __m256i* w,
+                                                __m256* s0, __m256* s1, __m256* mn) {
+  if constexpr (Q4) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 64 * c + 32 * h));
+      w[c] = _mm256_and_si256(v, low4);
+      w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      if constexpr (LUT) {
+        const __m256i lut = CodebookLut();
+        w[c] = _mm256_shuffle_epi8(lut, w[c]);
+        w[c + 4] = _mm256_shuffle_epi8(lut, w[c + 4]);
+      }
+    }
+  } else {
+    for (int c = 0; c < 8; ++c)
+      w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 64 * c + 32 * h));
+  }
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(cell + (Q4 ? 256 : 512)) + 8 * h;
+  *s0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
+  *s1 = *mn = *s0;
+  if constexpr (HALF)
+    *s1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16)));
+  if constexpr (MIN)
+    *mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16)));
+}
+
+// acc += one cell half's 8 dot products with activation block a: the arithmetic gemm_packed and
+// gemm_packed_streams share, so both give the same sums. 8-bit quants with offset 128 (S8) are
+// multiplied as signed bytes: no offset correction.
+template <bool HALF, bool MIN, bool S8>
+[[gnu::always_inline]] inline void AccumulateCellHalf(const __m256i* w, __m256 s0, __m256 s1,
+                                                      __m256 mn, const ActBlock& a,
+                                                      int32_t offset, __m256* acc) {
+  if constexpr (S8) offset = 0;
+  const __m256 dx = _mm256_set1_ps(a.d);
+  __m256i p0 = _mm256_set1_epi32(-offset * a.sum[0]);
+  __m256i p1 = _mm256_set1_epi32(-offset * a.sum[1]);
+  for (int c = 0; c < 4; ++c) {
+    p0 = _mm256_add_epi32(p0, Dot4<S8>(w[c], Bcast(a.q + 4 * c)));
+    p1 = _mm256_add_epi32(p1, Dot4<S8>(w[c + 4], Bcast(a.q + 16 + 4 * c)));
+  }
+  if constexpr (HALF) {
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(s0, dx), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(s1, dx), *acc);
+  } else {
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_mul_ps(s0, dx),
+                           *acc);
+  }
+  if constexpr (MIN)
+    *acc = _mm256_fnmadd_ps(mn, _mm256_set1_ps(a.d * float(a.sum[0] + a.sum[1])), *acc);
+}
+
+// MT activation rows against one group, a half at a time: the half's weight vectors are
+// loaded once per block and reused for every row of the tile.
 template <int MT, bool Q4, bool HALF, bool MIN, bool S8, bool LUT = false>
 void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
           int64_t x_stride, float* tile) {
-  // 8-bit quants with offset 128 are multiplied as signed bytes: no offset correction.
-  constexpr bool kSigned8 = S8;
-  const int32_t offset = kSigned8 ? 0 : f.offset;
   const int64_t stride = f.block_bytes();
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i lut = CodebookLut();
   for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h+7
     __m256 acc[MT];
     for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
     const uint8_t* cell = group;
     for (int64_t b = 0; b < kb; ++b, cell += stride) {
       __m256i w[8];
-      if constexpr (Q4) {
-        for (int c = 0; c < 4; ++c) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 64 * c + 32 * h));
-          w[c] = _mm256_and_si256(v, low4);
-          w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-          if constexpr (LUT) {
-            w[c] = _mm256_shuffle_epi8(lut, w[c]);
-            w[c + 4] = _mm256_shuffle_epi8(lut, w[c + 4]);
-          }
-        }
-      } else {
-        for (int c = 0; c < 8; ++c)
-          w[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 64 * c + 32 * h));
-      }
-      const uint16_t* sp = reinterpret_cast<const uint16_t*>(cell + (Q4 ? 256 : 512)) + 8 * h;
-      const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
-      __m256 s1 = s0, mn = s0;
-      if constexpr (HALF)
-        s1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16)));
-      if constexpr (MIN)
-        mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 16)));
-      for (int i = 0; i < MT; ++i) {
-        const ActBlock& a = x[i * x_stride + b];
-        const __m256 dx = _mm256_set1_ps(a.d);
-        __m256i p0 = _mm256_set1_epi32(-offset * a.sum[0]);
-        __m256i p1 = _mm256_set1_epi32(-offset * a.sum[1]);
-        for (int c = 0; c < 4; ++c) {
-          p0 = _mm256_add_epi32(p0, Dot4<kSigned8>(w[c], Bcast(a.q + 4 * c)));
-          p1 = _mm256_add_epi32(p1, Dot4<kSigned8>(w[c + 4], Bcast(a.q + 16 + 4 * c)));
-        }
-        if constexpr (HALF) {
-          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(s0, dx), acc[i]);
-          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(s1, dx), acc[i]);
-        } else {
-          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)),
-                                   _mm256_mul_ps(s0, dx), acc[i]);
-        }
-        if constexpr (MIN) {
-          acc[i] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(a.d * float(a.sum[0] + a.sum[1])), acc[i]);
-        }
-      }
+      __m256 s0, s1, mn;
+      LoadCellHalf<Q4, HALF, MIN, LUT>(cell, h, w, &s0, &s1, &mn);
+      for (int i = 0; i < MT; ++i)
+        AccumulateCellHalf<HALF, MIN, S8>(w, s0, s1, mn, x[i * x_stride + b], f.offset, &acc[i]);
     }
     for (int i = 0; i < MT; ++i) _mm256_storeu_ps(tile + i * kPackRows + 8 * h, acc[i]);
   }
+}
+
+// Decode (one activation row): NS groups stream_stride bytes apart, block by block in lockstep
+// and both halves of each cell in one pass, prefetching kPrefetchCells ahead (the AVX-512
+// kernel's scheme: KernelTable::gemm_packed_streams); tile[s * kPackRows + r] is group s's row r.
+template <int NS, bool Q4, bool HALF, bool MIN, bool S8, bool LUT = false>
+void TileStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride, int64_t kb,
+                 const ActBlock* x, float* tile) {
+  const int64_t stride = f.block_bytes();
+  const int64_t ahead = (Q4 ? kPrefetchCells : kPrefetchCellsQ8) * stride;
+  __m256 acc[2 * NS];
+  for (int i = 0; i < 2 * NS; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < kb; ++b) {
+    for (int st = 0; st < NS; ++st) {
+      const uint8_t* cell = group + st * stream_stride + b * stride;
+      // Past the end of the matrix this is harmless: prefetches do not fault.
+      for (int64_t off = 0; off < stride; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(cell + ahead + off), _MM_HINT_T0);
+      for (int h = 0; h < 2; ++h) {
+        __m256i w[8];
+        __m256 s0, s1, mn;
+        LoadCellHalf<Q4, HALF, MIN, LUT>(cell, h, w, &s0, &s1, &mn);
+        AccumulateCellHalf<HALF, MIN, S8>(w, s0, s1, mn, x[b], f.offset, &acc[2 * st + h]);
+      }
+    }
+  }
+  for (int st = 0; st < NS; ++st)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(tile + st * kPackRows + 8 * h, acc[2 * st + h]);
 }
 
 template <bool Q4, bool HALF, bool MIN, bool S8 = false, bool LUT = false>
@@ -165,18 +214,37 @@ void GemmFormat(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
   }
 }
 
+// Calls run.template operator()<Q4, HALF, MIN, S8, LUT>() for f, a packed format outside
+// the plane layout.
+template <typename Run>
+void ForPackedFormat(const PackedFormat& f, Run&& run) {
+  if (f.q4) {
+    if (f.codebook)  // offset-128 bytes after the lookup: the signed 8-bit product
+      return run.template operator()<true, false, false, true, true>();
+    if (f.has_min) return run.template operator()<true, false, true, false, false>();
+    return run.template operator()<true, false, false, false, false>();
+  }
+  if (f.half_scales) return run.template operator()<false, true, false, false, false>();
+  if (f.offset == 128) return run.template operator()<false, false, false, true, false>();
+  return run.template operator()<false, false, false, false, false>();
+}
+
 void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
   if (f.planes) return GemmPlanes(f, group, kb, x, x_stride, m, tile);  // kquant.h
-  if (f.q4) {
-    if (f.codebook)  // offset-128 bytes after the lookup: the signed 8-bit product
-      return GemmFormat<true, false, false, true, true>(f, group, kb, x, x_stride, m, tile);
-    if (f.has_min) return GemmFormat<true, false, true>(f, group, kb, x, x_stride, m, tile);
-    return GemmFormat<true, false, false>(f, group, kb, x, x_stride, m, tile);
-  }
-  if (f.half_scales) return GemmFormat<false, true, false>(f, group, kb, x, x_stride, m, tile);
-  if (f.offset == 128) return GemmFormat<false, false, false, true>(f, group, kb, x, x_stride, m, tile);
-  return GemmFormat<false, false, false, false>(f, group, kb, x, x_stride, m, tile);
+  ForPackedFormat(f, [&]<bool Q4, bool HALF, bool MIN, bool S8, bool LUT>() {
+    GemmFormat<Q4, HALF, MIN, S8, LUT>(f, group, kb, x, x_stride, m, tile);
+  });
+}
+
+void GemmPackedStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+  if (f.planes) return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile);
+  ForPackedFormat(f, [&]<bool Q4, bool HALF, bool MIN, bool S8, bool LUT>() {
+    ForStreamCount(n_streams, [&]<int NS>() {
+      TileStreams<NS, Q4, HALF, MIN, S8, LUT>(f, group, stream_stride, kb, x, tile);
+    });
+  });
 }
 
 float DotF16(const float* x, const uint16_t* w, int64_t n) {
@@ -271,7 +339,7 @@ const KernelTable& Avx2Kernels() {
       avx2::DotF32,    avx2::Dot4F32, avx2::Dot4x4F32,    avx2::DotF16,      avx2::DotBf16,
       avx2::F16ToF32Row, avx2::Bf16ToF32Row, avx2::F32ToF16Row, avx2::AxpyF32, avx2::ScaleF32,
       avx2::Swiglu,    avx2::Geglu,    avx2::CacheRowsToF32, avx2::ExpSum,    avx2::RmsNorm,
-      /*gemm_t_f32=*/nullptr, avx2::GemmPanel, /*gemm_packed_streams=*/nullptr,
+      /*gemm_t_f32=*/nullptr, avx2::GemmPanel, avx2::GemmPackedStreams,
       avx2::CacheRowsToF32T,
   };
   return t;

@@ -59,79 +59,145 @@ inline __m256i DotChunks(__m256i init, const __m256i* w, const int8_t* q) {
   return init;
 }
 
-template <int MT, int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
-void Tile(int32_t offset, const uint8_t* group, int64_t kb, const ActBlock* x, int64_t x_stride,
-          float* tile) {
+// The scales (and mins) of half h (rows 8h .. 8h+7) of one cell, per sub-block: the header's d
+// (and dmin) times the cell's integer sub-block scales (and mins) with SC, else d and dmin.
+template <int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
+[[gnu::always_inline]] inline void CellHalfScales(const uint8_t* cell, int h, __m256 d,
+                                                  __m256 dmin, __m256* s, __m256* mn) {
+  constexpr int kNsub = SUB16 ? 2 : 1;
+  constexpr int64_t kPlane = 64 * (LOW + HIGH);
+  for (int q = 0; q < kNsub && !SC; ++q) s[q] = d, mn[q] = dmin;
+  for (int q = 0; q < kNsub && SC; ++q) {
+    const __m128i raw =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(cell + kPlane + 16 * q + 8 * h));
+    if constexpr (NIB) {
+      const __m256i b = _mm256_cvtepu8_epi32(raw);
+      s[q] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))));
+      mn[q] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)));
+    } else {
+      s[q] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)));
+      if constexpr (MIN) {
+        const __m128i rm = _mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(cell + kPlane + 16 * (kNsub + q) + 8 * h));
+        mn[q] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(rm)));
+      }
+    }
+  }
+}
+
+// acc += one cell half's 8 dot products with activation block a: the arithmetic gemm_packed and
+// gemm_packed_streams share, so both give the same sums.
+template <int LOW, int HIGH, bool SUB16, bool MIN>
+[[gnu::always_inline]] inline void AccumulateCellHalf(const __m256i* w, const __m256* s,
+                                                      const __m256* mn, const ActBlock& a,
+                                                      int32_t offset, __m256* acc) {
   constexpr int kBits = LOW + HIGH;
   // 2 * (2^bits - 1) * 127 per chunk and 16-bit lane must stay below 2^15 for G chunks.
   constexpr int kG = kBits <= 4 ? 8 : kBits == 5 ? 4 : 2;
-  constexpr int kNsub = SUB16 ? 2 : 1;
-  constexpr int64_t kPlane = 64 * kBits;
+  const __m256 dx = _mm256_set1_ps(a.d);
+  if constexpr (SUB16) {
+    const __m256i p0 =
+        DotChunks<4, (kG < 4 ? kG : 4)>(_mm256_set1_epi32(-offset * a.sum[0]), w, a.q);
+    const __m256i p1 =
+        DotChunks<4, (kG < 4 ? kG : 4)>(_mm256_set1_epi32(-offset * a.sum[1]), w + 4, a.q + 16);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(s[0], dx), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(s[1], dx), *acc);
+    if constexpr (MIN) {
+      *acc = _mm256_fnmadd_ps(mn[0], _mm256_set1_ps(a.d * float(a.sum[0])), *acc);
+      *acc = _mm256_fnmadd_ps(mn[1], _mm256_set1_ps(a.d * float(a.sum[1])), *acc);
+    }
+  } else {
+    const __m256i p =
+        DotChunks<8, kG>(_mm256_set1_epi32(-offset * (a.sum[0] + a.sum[1])), w, a.q);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s[0], dx), *acc);
+    if constexpr (MIN)
+      *acc = _mm256_fnmadd_ps(mn[0], _mm256_set1_ps(a.d * float(a.sum[0] + a.sum[1])), *acc);
+  }
+}
+
+// The f16 d (and dmin) of half h's rows in a super-block header.
+template <bool MIN>
+[[gnu::always_inline]] inline void HeaderHalf(const uint8_t* hdr, int h, __m256* d,
+                                              __m256* dmin) {
+  *d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 16 * h)));
+  *dmin = _mm256_setzero_ps();
+  if constexpr (MIN)
+    *dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 32 + 16 * h)));
+}
+
+// Sizes of the plane layout (kquant.h) of a format at compile time.
+template <int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
+struct PlaneSizes {
+  static constexpr int kNsub = SUB16 ? 2 : 1;
+  static constexpr int64_t kPlane = 64 * (LOW + HIGH);
   // SC: K-quant super-blocks of 8 cells with integer sub-block scales; else one cell.
-  constexpr int kCells = SC ? 8 : 1;
-  constexpr int64_t kCell = kPlane + (SC ? 16 * kNsub * (MIN && !NIB ? 2 : 1) : 0);
-  constexpr int64_t kHeader = MIN ? 64 : 32, kSuper = kHeader + kCells * kCell;
+  static constexpr int kCells = SC ? 8 : 1;
+  static constexpr int64_t kCell = kPlane + (SC ? 16 * kNsub * (MIN && !NIB ? 2 : 1) : 0);
+  static constexpr int64_t kHeader = MIN ? 64 : 32, kSuper = kHeader + kCells * kCell;
+};
+
+template <int MT, int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
+void Tile(int32_t offset, const uint8_t* group, int64_t kb, const ActBlock* x, int64_t x_stride,
+          float* tile) {
+  using Z = PlaneSizes<LOW, HIGH, SUB16, MIN, NIB, SC>;
   for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h+7
     __m256 acc[MT];
     for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t sb = 0; sb < kb / kCells; ++sb) {
-      const uint8_t* hdr = group + sb * kSuper;
-      const __m256 d =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 16 * h)));
-      __m256 dmin = _mm256_setzero_ps();
-      if constexpr (MIN)
-        dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 32 + 16 * h)));
-      for (int c = 0; c < kCells; ++c) {
-        const uint8_t* cell = hdr + kHeader + c * kCell;
+    for (int64_t sb = 0; sb < kb / Z::kCells; ++sb) {
+      const uint8_t* hdr = group + sb * Z::kSuper;
+      __m256 d, dmin;
+      HeaderHalf<MIN>(hdr, h, &d, &dmin);
+      for (int c = 0; c < Z::kCells; ++c) {
+        const uint8_t* cell = hdr + Z::kHeader + c * Z::kCell;
         __m256i w[8];
         LoadQuants<LOW, HIGH>(cell + 32 * h, w);
-        __m256 s[kNsub], mn[kNsub];
-        for (int q = 0; q < kNsub && !SC; ++q) s[q] = d, mn[q] = dmin;
-        for (int q = 0; q < kNsub && SC; ++q) {
-          const __m128i raw =
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(cell + kPlane + 16 * q + 8 * h));
-          if constexpr (NIB) {
-            const __m256i b = _mm256_cvtepu8_epi32(raw);
-            s[q] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))));
-            mn[q] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)));
-          } else {
-            s[q] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)));
-            if constexpr (MIN) {
-              const __m128i rm = _mm_loadl_epi64(
-                  reinterpret_cast<const __m128i*>(cell + kPlane + 16 * (kNsub + q) + 8 * h));
-              mn[q] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(rm)));
-            }
-          }
-        }
-        const int64_t b = sb * kCells + c;
-        for (int i = 0; i < MT; ++i) {
-          const ActBlock& a = x[i * x_stride + b];
-          const __m256 dx = _mm256_set1_ps(a.d);
-          if constexpr (SUB16) {
-            const __m256i p0 = DotChunks<4, (kG < 4 ? kG : 4)>(
-                _mm256_set1_epi32(-offset * a.sum[0]), w, a.q);
-            const __m256i p1 = DotChunks<4, (kG < 4 ? kG : 4)>(
-                _mm256_set1_epi32(-offset * a.sum[1]), w + 4, a.q + 16);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(s[0], dx), acc[i]);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(s[1], dx), acc[i]);
-            if constexpr (MIN) {
-              acc[i] = _mm256_fnmadd_ps(mn[0], _mm256_set1_ps(a.d * float(a.sum[0])), acc[i]);
-              acc[i] = _mm256_fnmadd_ps(mn[1], _mm256_set1_ps(a.d * float(a.sum[1])), acc[i]);
-            }
-          } else {
-            const __m256i p =
-                DotChunks<8, kG>(_mm256_set1_epi32(-offset * (a.sum[0] + a.sum[1])), w, a.q);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(s[0], dx), acc[i]);
-            if constexpr (MIN) {
-              acc[i] = _mm256_fnmadd_ps(mn[0], _mm256_set1_ps(a.d * float(a.sum[0] + a.sum[1])),
-                                        acc[i]);
-            }
-          }
-        }
+        __m256 s[Z::kNsub], mn[Z::kNsub];
+        CellHalfScales<LOW, HIGH, SUB16, MIN, NIB, SC>(cell, h, d, dmin, s, mn);
+        const int64_t b = sb * Z::kCells + c;
+        for (int i = 0; i < MT; ++i)
+          AccumulateCellHalf<LOW, HIGH, SUB16, MIN>(w, s, mn, x[i * x_stride + b], offset,
+                                                    &acc[i]);
       }
     }
     for (int i = 0; i < MT; ++i) _mm256_storeu_ps(tile + i * kPackRows + 8 * h, acc[i]);
   }
+}
+
+constexpr int64_t kPrefetchCells = 12;  // as the other packed formats (kernels_avx2.cc)
+
+// Decode (one activation row): NS groups stream_stride bytes apart in lockstep, both halves of
+// each cell in one pass, prefetching kPrefetchCells ahead; tile[s * kPackRows + r] is group s's
+// row r (KernelTable::gemm_packed_streams).
+template <int NS, int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
+void TileStreams(int32_t offset, const uint8_t* group, int64_t stream_stride, int64_t kb,
+                 const ActBlock* x, float* tile) {
+  using Z = PlaneSizes<LOW, HIGH, SUB16, MIN, NIB, SC>;
+  __m256 acc[2 * NS];
+  for (int i = 0; i < 2 * NS; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < kb / Z::kCells; ++sb) {
+    for (int c = 0; c < Z::kCells; ++c) {
+      const int64_t b = sb * Z::kCells + c;
+      for (int st = 0; st < NS; ++st) {
+        const uint8_t* hdr = group + st * stream_stride + sb * Z::kSuper;
+        const uint8_t* cell = hdr + Z::kHeader + c * Z::kCell;
+        // The cell (and the header before it) as far ahead as the other formats prefetch.
+        const uint8_t* ahead = cell + kPrefetchCells * Z::kSuper / Z::kCells;
+        for (int64_t off = 0; off < Z::kCell; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
+        for (int h = 0; h < 2; ++h) {
+          __m256 d, dmin;
+          HeaderHalf<MIN>(hdr, h, &d, &dmin);
+          __m256i w[8];
+          LoadQuants<LOW, HIGH>(cell + 32 * h, w);
+          __m256 s[Z::kNsub], mn[Z::kNsub];
+          CellHalfScales<LOW, HIGH, SUB16, MIN, NIB, SC>(cell, h, d, dmin, s, mn);
+          AccumulateCellHalf<LOW, HIGH, SUB16, MIN>(w, s, mn, x[b], offset, &acc[2 * st + h]);
+        }
+      }
+    }
+  }
+  for (int st = 0; st < NS; ++st)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(tile + st * kPackRows + 8 * h, acc[2 * st + h]);
 }
 
 template <int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
@@ -151,25 +217,39 @@ void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   }
 }
 
+// Calls run.template operator()<LOW, HIGH, SUB16, MIN, NIB, SC>() for the plane format f.
+template <typename Run>
+void ForPlaneFormat(const PackedFormat& f, Run&& run) {
+  if (!f.sub_scales) {
+    if (f.has_min) return run.template operator()<4, 1, false, true, false, false>();  // Q5_1
+    return run.template operator()<4, 1, false, false, false, false>();               // Q5_0
+  }
+  if (f.low_bits == 2) {
+    if (f.high_bits == 1) return run.template operator()<2, 1, true, false, false, true>();  // Q3_K
+    return run.template operator()<2, 0, true, true, true, true>();                         // Q2_K
+  }
+  if (f.high_bits == 2) return run.template operator()<4, 2, true, false, false, true>();  // Q6_K
+  if (f.high_bits == 1) return run.template operator()<4, 1, false, true, false, true>();  // Q5_K
+  return run.template operator()<4, 0, false, true, false, true>();                        // Q4_K
+}
+
 }  // namespace
 
 void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile) {
-  if (!f.sub_scales) {
-    if (f.has_min)  // Q5_1
-      return Gemm<4, 1, false, true, false, false>(f, group, kb, x, x_stride, m, tile);
-    return Gemm<4, 1, false, false, false, false>(f, group, kb, x, x_stride, m, tile);  // Q5_0
-  }
-  if (f.low_bits == 2) {
-    if (f.high_bits == 1)  // Q3_K
-      return Gemm<2, 1, true, false, false, true>(f, group, kb, x, x_stride, m, tile);
-    return Gemm<2, 0, true, true, true, true>(f, group, kb, x, x_stride, m, tile);  // Q2_K
-  }
-  if (f.high_bits == 2)  // Q6_K
-    return Gemm<4, 2, true, false, false, true>(f, group, kb, x, x_stride, m, tile);
-  if (f.high_bits == 1)  // Q5_K
-    return Gemm<4, 1, false, true, false, true>(f, group, kb, x, x_stride, m, tile);
-  return Gemm<4, 0, false, true, false, true>(f, group, kb, x, x_stride, m, tile);  // Q4_K
+  ForPlaneFormat(f, [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
+    Gemm<LOW, HIGH, SUB16, MIN, NIB, SC>(f, group, kb, x, x_stride, m, tile);
+  });
+}
+
+void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+  ForPlaneFormat(f, [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
+    ForStreamCount(n_streams, [&]<int NS>() {
+      TileStreams<NS, LOW, HIGH, SUB16, MIN, NIB, SC>(f.offset, group, stream_stride, kb, x,
+                                                      tile);
+    });
+  });
 }
 
 }  // namespace polychip::cpu::avx2
