@@ -3,7 +3,9 @@
 # here against the build's static kernel library): a qwen2.5-0.5b Q4_K_M decode step's 169
 # matmuls (m = 1), in rounds that alternate the settings below, against this machine's read
 # bandwidth (bench/membw.c, probed in every round); then the default settings' step alternated
-# with a plain read of the same weights, per weight shape; then one layer's decode attention.
+# with a plain read of the same weights, per weight shape; three streams against one per ISA
+# (alternated in one process); each dtype's kernel from L2 (compute speed without DRAM in the
+# way); then one layer's decode attention.
 #   settings: streams=1,small pages   (one sequential read per thread, 4 KiB pages)
 #             streams=2,small pages   (two runs in lockstep: the default until session 9)
 #             streams=3,small pages   (three: the defaults)
@@ -58,6 +60,19 @@ echo "The default settings' step alternated with a plain read of the same weight
 echo "matmul-vs-read: the kernels' speed beside what a read alone reaches at the same moments):"
 echo
 "$OUT/decode_kernels" matmul-vs-read 20 | sed 's/^/    /'
+echo
+echo "Three weight streams against one, alternated step by step in one process (decode_kernels"
+echo "matmul-streams), for each ISA's kernel table this CPU runs:"
+echo
+for isa in avx512 avx2; do
+  POLYCHIP_CPU_ISA=$isa "$OUT/decode_kernels" matmul-streams 1 3 30 2>/dev/null | sed "s/^/    $isa: /" || true
+done
+echo
+echo "Each dtype's kernel on a matrix that stays in L2 (decode_kernels matmul-hot, one thread: with"
+echo "two, a call this short is mostly the fork-join): the GB/s of weights one core can consume when"
+echo "DRAM is not the limit, beside each core's share of the bandwidth above."
+echo
+THREADS=1 "$OUT/decode_kernels" matmul-hot 20 | sed 's/^/    /'
 echo
 echo "| decode attention, one layer (F16 cache, 2 KV heads of 64, 14 query heads) | median |"
 echo "| --- | ---: |"
