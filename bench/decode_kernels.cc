@@ -317,8 +317,8 @@ int main(int argc, char** argv) {
   if (what == "matmul-hot") return MatmulsHot(c, argc > 2 ? std::atoi(argv[2]) : 40);
   if (what == "attention")
     return Attention(c, argc > 2 ? std::atoll(argv[2]) : 1024, argc > 3 ? std::atoll(argv[3]) : 14);
-  std::fprintf(stderr, "usage: decode_kernels matmul[-vs-read] [STEPS] | matmul-streams S1 S2 [STEPS] | "
-               "matmul-hot [REPS] | "
-               "attention LEN [HEADS]\n");
+  std::fprintf(stderr,
+               "usage: decode_kernels matmul[-vs-read] [STEPS] | matmul-streams S1 S2 [STEPS] | "
+               "matmul-hot [REPS] | attention LEN [HEADS]\n");
   return 2;
 }

@@ -1,7 +1,8 @@
-// The plane-layout packed GEMM (kquant.h: the K-quants, Q5_0 and Q5_1) with AVX2: 8 weight rows per vector (a 16-row group is two
-// halves). Without VNNI the u8 x s8 products go through vpmaddubsw: each 16-bit lane holds two
-// products, so the pairs of as many 4-element chunks as cannot overflow (quants below 2^bits
-// times |activation| <= 127) are summed in 16 bits before one vpmaddwd widens them.
+// The plane-layout packed GEMM (kquant.h: the K-quants, Q5_0 and Q5_1) with AVX2: 8 weight rows
+// per vector (a 16-row group is two halves). Without VNNI the u8 x s8 products go through
+// vpmaddubsw: each 16-bit lane holds two products, so the pairs of as many 4-element chunks as
+// cannot overflow (quants below 2^bits times |activation| <= 127) are summed in 16 bits before
+// one vpmaddwd widens them.
 #include <immintrin.h>
 
 #include <cstring>
