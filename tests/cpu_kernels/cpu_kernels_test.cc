@@ -222,14 +222,18 @@ TEST_P(CpuKernels, PackedDecodeMatmulMatchesReference) {
 // done take the others' last positions (ParallelRegions, cpu_ops.cc). Which thread runs what
 // depends on timing, so the same accumulating matmul runs many times: a position run twice or
 // never leaves an output off the reference (RunMatmul accumulates into 0.25).
+// Batched decode (m = 4) takes regions of single groups the same way.
 TEST_P(CpuKernels, PackedDecodeMatmulEveryPositionOnce) {
-  for (int64_t n : {16 * 9 + 5, 16 * 40}) {
-    for (int rep = 0; rep < 40; ++rep) {
-      SCOPED_TRACE("n=" + std::to_string(n) + " rep " + std::to_string(rep));
-      std::vector<float> got, want, bound;
-      RunMatmul(Ctx(), {PC_DTYPE_Q4_0, 1, n, 64}, /*pack=*/true, &got, &want, &bound);
-      for (size_t i = 0; i < got.size(); ++i)
-        ASSERT_LE(std::fabs(got[i] - want[i]), bound[i]) << "output " << i;
+  for (int64_t m : {1, 4}) {
+    for (int64_t n : {16 * 9 + 5, 16 * 40}) {
+      for (int rep = 0; rep < 40; ++rep) {
+        SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " rep " +
+                     std::to_string(rep));
+        std::vector<float> got, want, bound;
+        RunMatmul(Ctx(), {PC_DTYPE_Q4_0, m, n, 64}, /*pack=*/true, &got, &want, &bound);
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_LE(std::fabs(got[i] - want[i]), bound[i]) << "output " << i;
+      }
     }
   }
 }
