@@ -196,36 +196,27 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   // Rows of activations handled per kernel call: keeps them in L2 while the group's weights
   // are reused from L1 for each 4-row tile.
   constexpr int64_t kMBlock = 64;
+  // Group g against activation rows i0 .. i0 + mb (mb <= kMBlock), into the output.
+  const auto run_group = [&](int64_t g, int64_t i0, int64_t mb) {
+    float tile[kMBlock * kPackRows];
+    c.k->gemm_packed(f, w + g * group_bytes, kb, xq + i0 * kb, kb, mb, tile);
+    const int64_t j0 = g * kPackRows, rows = std::min<int64_t>(kPackRows, a.n - j0);
+    for (int64_t i = 0; i < mb; ++i)
+      StoreRow(a, bias ? bias + j0 : nullptr, tile + i * kPackRows, rows,
+               out + (i0 + i) * a.out_stride + j0);
+  };
   if (a.m <= kMBlock) {
     // Batched decode and short prefills (one block of rows): each thread walks one contiguous
     // region of groups, as decode does (ParallelRegions), instead of the shrinking chunks
     // handed out alternately below, which restart each thread's weight stream at every chunk
     // (decode_kernels, the qwen2.5-0.5b Q4_K_M step's matmuls alternated in one process:
     // m = 2 1.04-1.07, m = 4 1.10, m = 8 1.08, m = 16 1.07-1.08, m = 64 1.03).
-    ParallelRegions(c, n_groups, [&](int64_t g) {
-      thread_local std::vector<float> tile;
-      tile.resize(kMBlock * kPackRows);
-      c.k->gemm_packed(f, w + g * group_bytes, kb, xq, kb, a.m, tile.data());
-      const int64_t j0 = g * kPackRows, rows = std::min<int64_t>(kPackRows, a.n - j0);
-      for (int64_t i = 0; i < a.m; ++i)
-        StoreRow(a, bias ? bias + j0 : nullptr, tile.data() + i * kPackRows, rows,
-                 out + i * a.out_stride + j0);
-    });
+    ParallelRegions(c, n_groups, [&](int64_t g) { run_group(g, 0, a.m); });
     return nullptr;
   }
   ParallelRangeGuided(c, n_groups, 1, [&](int64_t g0, int64_t g1) {
-    thread_local std::vector<float> tile;
-    tile.resize(kMBlock * kPackRows);
-    for (int64_t i0 = 0; i0 < a.m; i0 += kMBlock) {
-      const int64_t mb = std::min(kMBlock, a.m - i0);
-      for (int64_t g = g0; g < g1; ++g) {
-        c.k->gemm_packed(f, w + g * group_bytes, kb, xq + i0 * kb, kb, mb, tile.data());
-        const int64_t j0 = g * kPackRows, rows = std::min<int64_t>(kPackRows, a.n - j0);
-        for (int64_t i = 0; i < mb; ++i)
-          StoreRow(a, bias ? bias + j0 : nullptr, tile.data() + i * kPackRows, rows,
-                   out + (i0 + i) * a.out_stride + j0);
-      }
-    }
+    for (int64_t i0 = 0; i0 < a.m; i0 += kMBlock)
+      for (int64_t g = g0; g < g1; ++g) run_group(g, i0, std::min(kMBlock, a.m - i0));
   });
   return nullptr;
 }

@@ -92,11 +92,11 @@ inline __m256i CodebookLut() {
 }
 
 // The weight vectors and scales of half h (rows 8h .. 8h+7) of one cell. LUT: the 4-bit quants
-// are codebook indices (PackedFormat::codebook), looked up with one byte shuffle per vector into
-// offset-128 bytes, which S8 then multiplies as signed.
+// are codebook indices (PackedFormat::codebook), looked up in `lut` (CodebookLut) with one byte
+// shuffle per vector into offset-128 bytes, which S8 then multiplies as signed.
 template <bool Q4, bool HALF, bool MIN, bool LUT>
-[[gnu::always_inline]] inline void LoadCellHalf(const uint8_t* cell, int h, __m256i* w,
-                                                __m256* s0, __m256* s1, __m256* mn) {
+[[gnu::always_inline]] inline void LoadCellHalf(const uint8_t* cell, int h, __m256i lut,
+                                                __m256i* w, __m256* s0, __m256* s1, __m256* mn) {
   if constexpr (Q4) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (int c = 0; c < 4; ++c) {
@@ -105,7 +105,6 @@ template <bool Q4, bool HALF, bool MIN, bool LUT>
       w[c] = _mm256_and_si256(v, low4);
       w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
       if constexpr (LUT) {
-        const __m256i lut = CodebookLut();
         w[c] = _mm256_shuffle_epi8(lut, w[c]);
         w[c + 4] = _mm256_shuffle_epi8(lut, w[c + 4]);
       }
@@ -155,6 +154,7 @@ template <int MT, bool Q4, bool HALF, bool MIN, bool S8, bool LUT = false>
 void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
           int64_t x_stride, float* tile) {
   const int64_t stride = f.block_bytes();
+  const __m256i lut = CodebookLut();
   for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h+7
     __m256 acc[MT];
     for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps();
@@ -162,7 +162,7 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
     for (int64_t b = 0; b < kb; ++b, cell += stride) {
       __m256i w[8];
       __m256 s0, s1, mn;
-      LoadCellHalf<Q4, HALF, MIN, LUT>(cell, h, w, &s0, &s1, &mn);
+      LoadCellHalf<Q4, HALF, MIN, LUT>(cell, h, lut, w, &s0, &s1, &mn);
       for (int i = 0; i < MT; ++i)
         AccumulateCellHalf<HALF, MIN, S8>(w, s0, s1, mn, x[i * x_stride + b], f.offset, &acc[i]);
     }
@@ -178,6 +178,7 @@ void TileStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_str
                  const ActBlock* x, float* tile) {
   const int64_t stride = f.block_bytes();
   const int64_t ahead = (Q4 ? kPrefetchCells : kPrefetchCellsQ8) * stride;
+  const __m256i lut = CodebookLut();
   __m256 acc[2 * NS];
   for (int i = 0; i < 2 * NS; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < kb; ++b) {
@@ -189,7 +190,7 @@ void TileStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_str
       for (int h = 0; h < 2; ++h) {
         __m256i w[8];
         __m256 s0, s1, mn;
-        LoadCellHalf<Q4, HALF, MIN, LUT>(cell, h, w, &s0, &s1, &mn);
+        LoadCellHalf<Q4, HALF, MIN, LUT>(cell, h, lut, w, &s0, &s1, &mn);
         AccumulateCellHalf<HALF, MIN, S8>(w, s0, s1, mn, x[b], f.offset, &acc[2 * st + h]);
       }
     }

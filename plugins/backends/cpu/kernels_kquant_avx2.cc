@@ -176,22 +176,27 @@ void TileStreams(int32_t offset, const uint8_t* group, int64_t stream_stride, in
   __m256 acc[2 * NS];
   for (int i = 0; i < 2 * NS; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < kb / Z::kCells; ++sb) {
+    // Each stream's super-block factors, per half, once for the super-block's cells.
+    __m256 d[2 * NS], dmin[2 * NS];
+    for (int st = 0; st < NS; ++st)
+      for (int h = 0; h < 2; ++h)
+        HeaderHalf<MIN>(group + st * stream_stride + sb * Z::kSuper, h, &d[2 * st + h],
+                        &dmin[2 * st + h]);
     for (int c = 0; c < Z::kCells; ++c) {
       const int64_t b = sb * Z::kCells + c;
       for (int st = 0; st < NS; ++st) {
-        const uint8_t* hdr = group + st * stream_stride + sb * Z::kSuper;
-        const uint8_t* cell = hdr + Z::kHeader + c * Z::kCell;
+        const uint8_t* cell = group + st * stream_stride + sb * Z::kSuper + Z::kHeader +
+                              c * Z::kCell;
         // The cell (and the header before it) as far ahead as the other formats prefetch.
         const uint8_t* ahead = cell + kPrefetchCells * Z::kSuper / Z::kCells;
         for (int64_t off = 0; off < Z::kCell; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
         for (int h = 0; h < 2; ++h) {
-          __m256 d, dmin;
-          HeaderHalf<MIN>(hdr, h, &d, &dmin);
           __m256i w[8];
           LoadQuants<LOW, HIGH>(cell + 32 * h, w);
           __m256 s[Z::kNsub], mn[Z::kNsub];
-          CellHalfScales<LOW, HIGH, SUB16, MIN, NIB, SC>(cell, h, d, dmin, s, mn);
+          CellHalfScales<LOW, HIGH, SUB16, MIN, NIB, SC>(cell, h, d[2 * st + h],
+                                                         dmin[2 * st + h], s, mn);
           AccumulateCellHalf<LOW, HIGH, SUB16, MIN>(w, s, mn, x[b], offset, &acc[2 * st + h]);
         }
       }
@@ -216,22 +221,6 @@ void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
     case 1: Tile<1, LOW, HIGH, SUB16, MIN, NIB, SC>(f.offset, group, kb, xr, x_stride, tr); break;
     default: break;
   }
-}
-
-// Calls run.template operator()<LOW, HIGH, SUB16, MIN, NIB, SC>() for the plane format f.
-template <typename Run>
-void ForPlaneFormat(const PackedFormat& f, Run&& run) {
-  if (!f.sub_scales) {
-    if (f.has_min) return run.template operator()<4, 1, false, true, false, false>();  // Q5_1
-    return run.template operator()<4, 1, false, false, false, false>();               // Q5_0
-  }
-  if (f.low_bits == 2) {
-    if (f.high_bits == 1) return run.template operator()<2, 1, true, false, false, true>();  // Q3_K
-    return run.template operator()<2, 0, true, true, true, true>();                         // Q2_K
-  }
-  if (f.high_bits == 2) return run.template operator()<4, 2, true, false, false, true>();  // Q6_K
-  if (f.high_bits == 1) return run.template operator()<4, 1, false, true, false, true>();  // Q5_K
-  return run.template operator()<4, 0, false, true, false, true>();                        // Q4_K
 }
 
 }  // namespace

@@ -147,22 +147,6 @@ void Gemm(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
   });
 }
 
-// Calls run.template operator()<LOW, HIGH, SUB16, MIN, NIB, SC>() for the plane format f.
-template <typename Run>
-void ForPlaneFormat(const PackedFormat& f, Run&& run) {
-  if (!f.sub_scales) {
-    if (f.has_min) return run.template operator()<4, 1, false, true, false, false>();  // Q5_1
-    return run.template operator()<4, 1, false, false, false, false>();               // Q5_0
-  }
-  if (f.low_bits == 2) {
-    if (f.high_bits == 1) return run.template operator()<2, 1, true, false, false, true>();  // Q3_K
-    return run.template operator()<2, 0, true, true, true, true>();                         // Q2_K
-  }
-  if (f.high_bits == 2) return run.template operator()<4, 2, true, false, false, true>();  // Q6_K
-  if (f.high_bits == 1) return run.template operator()<4, 1, false, true, false, true>();  // Q5_K
-  return run.template operator()<4, 0, false, true, false, true>();                        // Q4_K
-}
-
 }  // namespace
 
 void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,

@@ -91,6 +91,23 @@ inline void KQuantScaleMin(const PackedFormat& f, const uint8_t* cell, int r, in
   *m = f.has_min ? scales[16 * KSubBlocks(f) + 16 * s + r] : 0;
 }
 
+// Calls run.template operator()<LOW, HIGH, SUB16, MIN, NIB, SC>() for the plane format f: the
+// compile-time parameters every ISA's plane kernels take (kernels_kquant_<isa>.cc).
+template <typename Run>
+void ForPlaneFormat(const PackedFormat& f, Run&& run) {
+  if (!f.sub_scales) {
+    if (f.has_min) return run.template operator()<4, 1, false, true, false, false>();  // Q5_1
+    return run.template operator()<4, 1, false, false, false, false>();               // Q5_0
+  }
+  if (f.low_bits == 2) {
+    if (f.high_bits == 1) return run.template operator()<2, 1, true, false, false, true>();  // Q3_K
+    return run.template operator()<2, 0, true, true, true, true>();                         // Q2_K
+  }
+  if (f.high_bits == 2) return run.template operator()<4, 2, true, false, false, true>();  // Q6_K
+  if (f.high_bits == 1) return run.template operator()<4, 1, false, true, false, true>();  // Q5_K
+  return run.template operator()<4, 0, false, true, false, true>();                        // Q4_K
+}
+
 // The plane-layout GEMM of each kernel table (KernelTable::gemm_packed when f.planes), one
 // per ISA in kernels_kquant_<isa>.cc, compiled with that ISA's flags.
 namespace scalar {
