@@ -5,6 +5,7 @@
 // the variants must also agree with the scalar variant almost exactly (same integer math).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -235,6 +236,47 @@ TEST_P(CpuKernels, PackedDecodeMatmulEveryPositionOnce) {
           ASSERT_LE(std::fabs(got[i] - want[i]), bound[i]) << "output " << i;
       }
     }
+  }
+}
+
+// With the streams tuner (the plugin's default), successive launches of one decode matmul read
+// it with 1, 2 and 3 streams while exploring, then with the chosen count: every launch gives
+// the outputs of one stream (the streams kernel's sums are one group at a time's, up to f32
+// rounding in the K-quants' order of accumulation), and
+// the tuner has decided after its exploration rounds wherever the ISA has a streams kernel.
+TEST_P(CpuKernels, TunedDecodeMatmulGivesTheSameOutputsEveryLaunch) {
+  const int64_t n = 16 * 14 + 1, k = 512;
+  for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q4_K}) {
+    SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
+    auto x = Random(k, 31), wf = Random(n * k, 32);
+    const int64_t rb = sdk::RowBytes(t, k);
+    std::vector<uint8_t> w(n * rb);
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_TRUE(sdk::QuantizeRow(t, wf.data() + j * k, w.data() + j * rb, k));
+    PackedFormat f;
+    ASSERT_TRUE(PackedFormatOf(t, &f));
+    std::vector<uint8_t> packed(PackedBytes(f, n, k));
+    PackParallel(Ctx(), t, w.data(), n, k, packed.data());
+    pc_matmul_args_t a{sizeof(a), D(x.data()), D(packed.data()), t, kLayoutPacked, 0, 0, 1, n, k,
+                       k, n, /*accumulate=*/0};
+    std::vector<float> want(n), got(n);
+    a.out = D(want.data());
+    OpContext one = Ctx();
+    one.weight_streams = 1;
+    ASSERT_EQ(Matmul(one, a), nullptr);
+    StreamsTuner tuner;
+    OpContext tuned = Ctx();
+    tuned.streams_tuner = &tuner;
+    a.out = D(got.data());
+    const int launches = StreamsTuner::kRoundsPerCandidate * StreamsTuner::kCandidates + 3;
+    for (int i = 0; i < launches; ++i) {
+      std::fill(got.begin(), got.end(), -1.f);
+      ASSERT_EQ(Matmul(tuned, a), nullptr);
+      for (int64_t r = 0; r < n; ++r)
+        ASSERT_NEAR(got[r], want[r], 1e-5f * std::max(1.f, std::fabs(want[r])))
+            << "launch " << i << " row " << r;
+    }
+    EXPECT_EQ(tuner.decisions(), GetParam()->gemm_packed_streams ? 1 : 0);
   }
 }
 

@@ -11,8 +11,9 @@
 // Parameters: threads (default: physical cores), isa (auto|scalar|avx2|avx512; also the
 // environment variable POLYCHIP_CPU_ISA), devices (default 1), op_counters (on|off, default
 // on; also the environment variable POLYCHIP_OP_COUNTERS), huge_pages (on|off, default off;
-// also POLYCHIP_CPU_HUGE_PAGES; see kHugePage), weight_streams (1..4, default 3; also
-// POLYCHIP_CPU_WEIGHT_STREAMS; decode's weight streams per thread, OpContext).
+// also POLYCHIP_CPU_HUGE_PAGES; see kHugePage), weight_streams (auto|1..4, default auto: measured
+// while decoding, streams_tuner.h; also POLYCHIP_CPU_WEIGHT_STREAMS; decode's weight streams per
+// thread, OpContext).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -77,7 +78,9 @@ struct State {
   int n_devices = 1;
   bool count_ops = true;  // parameter op_counters
   bool huge_pages = false;  // parameter huge_pages
-  int weight_streams = 3;   // parameter weight_streams (OpContext::weight_streams)
+  int weight_streams = 0;   // parameter weight_streams (OpContext::weight_streams; 0: auto)
+  // Chooses decode's weight streams while weight_streams is auto (streams_tuner.h).
+  std::unique_ptr<polychip::cpu::StreamsTuner> streams_tuner;
   const polychip::cpu::KernelTable* kernels = nullptr;
   std::unique_ptr<polychip::cpu::ThreadPool> pool;
   std::mutex launch_mu;  // the pool runs one op at a time
@@ -118,7 +121,11 @@ int PhysicalCores() {
   return cores.empty() ? static_cast<int>(n) : static_cast<int>(cores.size());
 }
 
-polychip::cpu::OpContext Ctx() { return {G().pool.get(), G().kernels, G().weight_streams}; }
+polychip::cpu::OpContext Ctx() {
+  State& s = G();
+  return {s.pool.get(), s.kernels, s.weight_streams ? s.weight_streams : 3,
+          s.weight_streams ? nullptr : s.streams_tuner.get()};
+}
 
 pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
   return Guard([&]() -> pc_error_t* {
@@ -132,7 +139,7 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     const char* env_huge = std::getenv("POLYCHIP_CPU_HUGE_PAGES");
     std::string huge_pages = env_huge ? env_huge : "off";
     const char* env_streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
-    std::string weight_streams = env_streams ? env_streams : "3";
+    std::string weight_streams = env_streams ? env_streams : "auto";
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       long long v = 0;
@@ -163,13 +170,14 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     }
     s.huge_pages = huge_pages == "on";
     long long streams = 0;
-    if (!polychip::sdk::ParseInt(weight_streams.c_str(), &streams) || streams < 1 ||
-        streams > polychip::cpu::kMaxWeightStreams) {
-      return BadArg("parameter weight_streams must be 1 to " +
+    if (weight_streams != "auto" &&
+        (!polychip::sdk::ParseInt(weight_streams.c_str(), &streams) || streams < 1 ||
+         streams > polychip::cpu::kMaxWeightStreams)) {
+      return BadArg("parameter weight_streams must be auto or 1 to " +
                     std::to_string(polychip::cpu::kMaxWeightStreams) + ", got '" +
                     weight_streams + "'");
     }
-    s.weight_streams = static_cast<int>(streams);
+    s.weight_streams = static_cast<int>(streams);  // 0: auto
     const polychip::cpu::KernelTable* kernels = polychip::cpu::SelectKernels(isa.c_str());
     if (!kernels) {
       return BadArg("parameter isa must be auto, scalar, avx2 or avx512 (and supported by this "
@@ -180,6 +188,11 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     if (!s.pool || s.pool->size() != s.threads) {
       std::lock_guard<std::mutex> launch(s.launch_mu);
       s.pool = std::make_unique<polychip::cpu::ThreadPool>(s.threads);
+    }
+    if (!s.streams_tuner) {
+      std::lock_guard<std::mutex> launch(s.launch_mu);
+      s.streams_tuner = std::make_unique<polychip::cpu::StreamsTuner>(
+          [](const std::string& msg) { Log(PC_LOG_DEBUG, msg); });
     }
     s.open.assign(s.n_devices, nullptr);
     Log(PC_LOG_INFO, std::to_string(s.n_devices) + " device(s), " + std::to_string(s.threads) +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -170,10 +171,15 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
     // in lockstep (KernelTable::gemm_packed_streams) so that each thread has that many
     // far-apart parts of the matrix in flight; one run where the ISA has no streams kernel or
     // the matrix is a few groups. Item j is position j of every run; each thread takes a
-    // contiguous range of positions (ParallelRegions), so its streams stay sequential.
-    const int streams = c.k->gemm_packed_streams && n_groups >= 2 * c.weight_streams
+    // contiguous range of positions (ParallelRegions), so its streams stay sequential. With a
+    // tuner (OpContext::streams_tuner) the count is its pick, and the launch is timed for it.
+    const bool tuned = c.streams_tuner && c.k->gemm_packed_streams &&
+                       n_groups >= 2 * StreamsTuner::kCandidates;
+    const int streams = tuned ? c.streams_tuner->Pick(w)
+                        : c.k->gemm_packed_streams && n_groups >= 2 * c.weight_streams
                             ? c.weight_streams
                             : 1;
+    const auto start = std::chrono::steady_clock::now();
     const int64_t run = (n_groups + streams - 1) / streams;
     ParallelRegions(c, run, [&](int64_t j) {
       float tile[kMaxWeightStreams * kPackRows];
@@ -191,6 +197,13 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
         StoreRow(a, bias ? bias + j_row : nullptr, tile + s * kPackRows, rows, out + j_row);
       }
     });
+    if (tuned) {
+      c.streams_tuner->Record(
+          w, streams,
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+              .count());
+    }
     return nullptr;
   }
   // Rows of activations handled per kernel call: keeps them in L2 while the group's weights

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kernels.h"
+#include "streams_tuner.h"
 #include "polychip/plugin/pc_ops.h"
 #include "thread_pool.h"
 
@@ -19,6 +20,9 @@ struct OpContext {
   // Zen 5 VM once each thread walks one contiguous region (docs/performance.md, session 9:
   // 2 -> 3 streams +8% on the qwen2.5-0.5b decode step's matmuls, 4 no better than 2).
   int weight_streams = 3;
+  // When set (the plugin's default, weight_streams=auto), decode matmuls take their streams
+  // from the tuner, which measures them, instead of weight_streams.
+  StreamsTuner* streams_tuner = nullptr;
 };
 
 const char* Matmul(const OpContext& c, const pc_matmul_args_t& a);
