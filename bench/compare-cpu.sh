@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Compares the polychip cpu backend with llama.cpp on the same GGUF files, same thread count,
 # in one run, and prints one markdown table (stdout; progress on stderr). Each model runs -r
-# rounds of one timed repetition, polychip and llama.cpp alternating:
+# rounds of one timed repetition, polychip and llama.cpp alternating, with a read-bandwidth probe
+# before, between and after the two runs of each round:
 #   model | test | polychip t/s | llama.cpp t/s | ratio | decode % of bandwidth (ours, theirs),
-#   against the whole run's bandwidth (the larger of a probe before and one after all runs), and
-#   against the median of six probes taken just before and after the model's own runs
+#   against the whole run's bandwidth (the larger of a probe before and one after all runs),
+#   against the median of the model's probes, and run by run: each run against the mean of the
+#   probes just before and after it (median over the rounds). The VMs' bandwidth moves by half
+#   within minutes; the run-by-run figure is the one that drift disturbs least.
 # "% of bandwidth" = tokens/s x bytes read per token (model tensors, minus the embedding table
 # unless tied; of a mixture of experts' expert tensors only the share a token runs) / measured
 # read bandwidth of this machine with the same threads.
@@ -88,21 +91,21 @@ cc -O3 -march=native -pthread "$ROOT/bench/membw.c" -o "$OUT/membw"
 
 for m in $MODELS; do
   f="$CACHE/$m.gguf"
-  # The bandwidth around this model's runs as well: on a shared VM it can move by half within
-  # minutes, so a figure taken at the start can be far from the one the model ran at. Three
-  # probes before and three after; the table takes their median (one probe lasts ~2 s and
-  # catches the VM's short bursts, a model's runs last tens of seconds).
-  for i in 1 2 3; do "$OUT/membw" "$THREADS" 2>/dev/null; echo; done > "$OUT/$m.membw.before.txt"
   # REPS rounds of one timed repetition each, polychip and llama.cpp alternating, so both see
-  # the same moments of a shared machine; the ratio is the median of the rounds' ratios.
+  # the same moments of a shared machine; the ratio is the median of the rounds' ratios. On a
+  # shared VM the bandwidth can move by half within minutes, so a figure taken at the start can
+  # be far from the one a run saw: a probe (~2 s) before, between and after the two runs.
+  probe() { "$OUT/membw" "$THREADS" 2>/dev/null > "$OUT/$m.probe.$1.txt" || echo 0 > "$OUT/$m.probe.$1.txt"; }
   for r in $(seq "$REPS"); do
     log "$m: round $r/$REPS: polychip bench, llama-bench"
+    probe "$r.0"
     "$PC" bench --model-path "$f" -p "$NP" -n "$NG" -r 1 -t "$THREADS" -o json \
       > "$OUT/$m.ours.$r.json" 2> "$OUT/$m.ours.log" || { cat "$OUT/$m.ours.log" >&2; echo '[]' > "$OUT/$m.ours.$r.json"; }
+    probe "$r.1"
     "$LB/llama-bench" -m "$f" -p "$NP" -n "$NG" -r 1 -t "$THREADS" -o json \
       > "$OUT/$m.theirs.$r.json" 2> "$OUT/$m.theirs.log" || { cat "$OUT/$m.theirs.log" >&2; echo '[]' > "$OUT/$m.theirs.$r.json"; }
+    probe "$r.2"
   done
-  for i in 1 2 3; do "$OUT/membw" "$THREADS" 2>/dev/null; echo; done > "$OUT/$m.membw.after.txt"
 done
 
 # Once more after the single-sequence runs: on a shared VM the bandwidth can move during a run,
@@ -138,14 +141,18 @@ print(f"Read bandwidth ({threads} threads): {bw/1e9:.2f} GB/s "
 print(f"t/s: mean ± stddev of {reps} rounds, polychip and llama.cpp alternating; ratio: median of "
       "the rounds' ratios (lowest-highest)\n")
 print("| model | test | polychip t/s | llama.cpp t/s | ratio | decode % of BW (polychip / llama.cpp) "
-      "| % of the median BW around the model's runs (GB/s) |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-def local_bw(m):  # the median of the probes just before and just after this model's runs
-    try:
-        probes = sorted(float(x) for w in ("before", "after")
-                        for x in open(f"{out}/{m}.membw.{w}.txt").read().split())
-        return (probes[len(probes) // 2] + probes[(len(probes) - 1) // 2]) / 2 * 1e9
+      "| % of the median BW around the model's runs (GB/s) | % of the probes beside each run |")
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+def probe(m, r, i):  # GB/s of the probe taken in round r before (0), between (1), after (2)
+    try: return float(open(f"{out}/{m}.probe.{r}.{i}.txt").read().split()[0]) * 1e9
     except (OSError, ValueError, IndexError): return 0
+def local_bw(m):  # the median of this model's probes
+    probes = [p for r in range(1, reps + 1) for p in (probe(m, r, i) for i in range(3)) if p > 0]
+    return statistics.median(probes) if probes else 0
+def run_by_run(m, rs, first):  # median over rounds of t/s x bpt / the probes beside the run
+    fr = [r["avg_ts"] / ((probe(m, i, first) + probe(m, i, first + 1)) / 2)
+          for i, r in enumerate(rs, 1) if r and probe(m, i, first) > 0 and probe(m, i, first + 1) > 0]
+    return statistics.median(fr) if fr else None
 def fmt(r): return f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}" if r else "n/a"
 def rounds(m, who, kind):  # the test's t/s in each round (None where a round failed)
     out_rounds = []
@@ -169,14 +176,16 @@ for m in models:
         paired = [a["avg_ts"] / b["avg_ts"] for a, b in zip(ro, rt) if a and b]
         ratio = f"{statistics.median(paired):.2f}x" if paired else "n/a"
         if len(paired) > 1: ratio += f" ({min(paired):.2f}-{max(paired):.2f})"
-        frac = local = ""
+        frac = local = beside = ""
         if kind == "tg" and bpt:
             frac = " / ".join(f"{100*r['avg_ts']*bpt/bw:.0f}%" if r else "n/a" for r in (o, t))
             lbw = local_bw(m)
             if lbw:
                 local = " / ".join(f"{100*r['avg_ts']*bpt/lbw:.0f}%" if r else "n/a" for r in (o, t))
                 local += f" ({lbw/1e9:.1f})"
-        print(f"| {m} | {test} | {fmt(o)} | {fmt(t)} | {ratio} | {frac} | {local} |")
+            beside = " / ".join(f"{100*f*bpt:.0f}%" if f else "n/a"
+                                for f in (run_by_run(m, ro, 0), run_by_run(m, rt, 1)))
+        print(f"| {m} | {test} | {fmt(o)} | {fmt(t)} | {ratio} | {frac} | {local} | {beside} |")
 for m in batch_models:
     ours = load(f"{out}/{m}.ours_batch.json")
     o = ours[0] if ours else None
@@ -191,5 +200,5 @@ for m in batch_models:
     ours_ts = f"{o['avg_ts']:.2f} ± {o['stddev_ts']:.2f}" if o else "n/a"
     theirs_ts = f"{t['speed_tg']:.2f}" if t else "n/a"
     ratio = f"{o['avg_ts']/t['speed_tg']:.2f}x" if o and t else "n/a"
-    print(f"| {m} | {batch} seqs decode (aggregate) | {ours_ts} | {theirs_ts} | {ratio} | | |")
+    print(f"| {m} | {batch} seqs decode (aggregate) | {ours_ts} | {theirs_ts} | {ratio} | | | |")
 PY
