@@ -301,9 +301,12 @@ int main(int argc, char** argv) {
   const char* threads = std::getenv("THREADS");
   polychip::cpu::ThreadPool pool(threads ? std::atoi(threads) : 2);
   // The plugin's parameters from the same environment variables it reads.
+  // POLYCHIP_CPU_WEIGHT_STREAMS unset or auto: the plugin's tuner picks (streams_tuner.h).
   const char* streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
+  const bool fixed = streams && std::string(streams) != "auto";
+  polychip::cpu::StreamsTuner tuner;
   const OpContext c{&pool, polychip::cpu::SelectKernels(std::getenv("POLYCHIP_CPU_ISA")),
-                    streams ? std::atoi(streams) : 3};
+                    fixed ? std::atoi(streams) : 3, fixed ? nullptr : &tuner};
   if (!c.k) {
     std::fprintf(stderr, "unknown or unsupported POLYCHIP_CPU_ISA\n");
     return 2;
