@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "cli/profiling.h"
+#include "model/quantize.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 #include "runtime/op_counters.h"
@@ -236,6 +238,11 @@ int Run(const BenchOptions& o) {
     type = DTypeName(t->dtype);
   if (const model::GgufTensor* t = mf->file->FindTensor("blk.0.attn_q.weight"))
     type = DTypeName(t->dtype);
+  // A mixture (Q4_K_M) by its name, as the file says, rather than one tensor's type.
+  if (const std::string name = model::LlamaFileTypeName(
+          mf->file->GetU32("general.file_type", std::numeric_limits<uint32_t>::max()));
+      !name.empty())
+    type = name;
   // Bytes a decode step reads from the model file: every tensor but the embedding table (one
   // row is gathered), unless the table doubles as the output projection.
   // Of a mixture of experts' expert tensors, a token reads the share it runs (expert_used_count

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "cli/command.h"
 
@@ -33,6 +34,20 @@ int main(int argc, char** argv) {
   using namespace polychip::cli;
   // Logs go to stderr: stdout carries only results (generated text, --json output).
   spdlog::set_default_logger(spdlog::stderr_color_mt("polychip"));
+  // POLYCHIP_LOG_LEVEL=debug shows, among others, the plugins' debug messages (the cpu
+  // plugin's decode weight-streams decisions); default info.
+  if (const char* level = std::getenv("POLYCHIP_LOG_LEVEL"); level && *level) {
+    const std::string name = level;
+    const auto l = spdlog::level::from_str(name);
+    if (l == spdlog::level::off && name != "off") {
+      std::fprintf(stderr,
+                   "error: POLYCHIP_LOG_LEVEL must be trace, debug, info, warn, error, critical "
+                   "or off, got '%s'\n",
+                   level);
+      return 2;
+    }
+    spdlog::set_level(l);
+  }
   CLI::App app{"polychip — LLM inference on any accelerator through plugins"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "polychip 0.1.0");

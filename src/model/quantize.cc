@@ -216,6 +216,18 @@ uint32_t LlamaFileType(DType target) {
   }
 }
 
+std::string LlamaFileTypeName(uint32_t file_type) {
+  for (const MixInfo& m : kMixes) {
+    if (m.file_type == file_type) return m.name;
+  }
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                  DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ6_K, DType::kIQ4_NL,
+                  DType::kIQ4_XS}) {
+    if (LlamaFileType(t) == file_type) return DTypeName(t);
+  }
+  return "";
+}
+
 int ResolveThreads(int requested) {
   if (requested > 0) return requested;
   unsigned hw = std::thread::hardware_concurrency();

@@ -40,6 +40,9 @@ DType ChooseTensorType(const std::string& name, const std::vector<int64_t>& dims
 
 // llama.cpp's general.file_type value (enum llama_ftype) for a whole-model target type.
 uint32_t LlamaFileType(DType target);
+// The scheme name ("Q4_K_M", "Q8_0") of a general.file_type value that polychip writes; empty
+// for the others.
+std::string LlamaFileTypeName(uint32_t file_type);
 
 enum class QuantMix { kUniform, kQ3_K_S, kQ3_K_M, kQ3_K_L, kQ4_K_S, kQ4_K_M, kQ5_K_S, kQ5_K_M };
 

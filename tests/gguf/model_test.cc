@@ -404,6 +404,11 @@ TEST(QuantizeTest, MixturesGiveTheTensorsThatMatterMoreBits) {
   EXPECT_EQ(LlamaFileType(*ParseQuantScheme("Q5_K_M")), 17u);
   EXPECT_EQ(LlamaFileType(*ParseQuantScheme("Q3_K_M")), 12u);
   EXPECT_EQ(QuantSchemeName(q4km), "Q4_K_M");
+  // And back (what `polychip bench` names a file by): every scheme polychip writes.
+  for (const char* name : {"Q4_K_M", "Q5_K_M", "Q3_K_M", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q8_0",
+                           "Q4_0", "Q5_1", "Q2_K", "Q6_K", "IQ4_XS", "IQ4_NL", "F16", "BF16"})
+    EXPECT_EQ(LlamaFileTypeName(LlamaFileType(*ParseQuantScheme(name))), name);
+  EXPECT_EQ(LlamaFileTypeName(19), "");  // IQ2_XXS: not one of ours
   auto bad = ParseQuantScheme("Q7_K_M");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("Q4_K_M"), std::string::npos) << bad.status().message();
