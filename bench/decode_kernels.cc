@@ -8,7 +8,8 @@
 //                                          same weights: GB/s of both and their ratio, for the
 //                                          step and per weight shape (dtype, n x k)
 //   decode_kernels matmul-streams S1 S2 [STEPS]  the step with S1 and with S2 weight streams
-//                                          per thread, alternated in one process
+//                                          per thread, alternated in one process (a suffix
+//                                          n: without software prefetch, e.g. 1n)
 //   decode_kernels matmul-hot [REPS]       each dtype's kernel on a matrix that stays in L2
 //                                          (256 rows of 896, or 64 of 4864): its compute
 //                                          speed in GB/s of weights, with no DRAM in the way
@@ -148,10 +149,12 @@ int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = 
       tb.push_back(Seconds(t0));
       ratio.push_back(ta.back() / tb.back());
     }
-    std::printf("%d alternations (medians): streams %d %.2f GB/s, streams %d %.2f GB/s, "
+    std::printf("%d alternations (medians): streams %d%s %.2f GB/s, streams %d%s %.2f GB/s, "
                 "speed ratio (second / first) %.3f\n",
-                steps, c.weight_streams, total / Median(ta) / 1e9, alt->weight_streams,
-                total / Median(tb) / 1e9, Median(ratio));
+                steps, c.weight_streams, c.weight_prefetch ? "" : " (no prefetch)",
+                total / Median(ta) / 1e9, alt->weight_streams,
+                alt->weight_prefetch ? "" : " (no prefetch)", total / Median(tb) / 1e9,
+                Median(ratio));
     return 0;
   }
   if (!vs_read) {
@@ -314,7 +317,11 @@ int main(int argc, char** argv) {
   if (what == "matmul" || what == "matmul-vs-read")
     return Matmuls(c, argc > 2 ? std::atoi(argv[2]) : 20, what == "matmul-vs-read");
   if (what == "matmul-streams" && argc > 3) {  // matmul-streams S1 S2 [STEPS]
-    const OpContext a{&pool, c.k, std::atoi(argv[2])}, b{&pool, c.k, std::atoi(argv[3])};
+    // "1n": one stream without software prefetch.
+    const auto read = [&](const char* s) {
+      return OpContext{&pool, c.k, std::atoi(s), nullptr, std::strchr(s, 'n') == nullptr};
+    };
+    const OpContext a = read(argv[2]), b = read(argv[3]);
     return Matmuls(a, argc > 4 ? std::atoi(argv[4]) : 40, false, &b);
   }
   if (what == "matmul-hot") return MatmulsHot(c, argc > 2 ? std::atoi(argv[2]) : 40);

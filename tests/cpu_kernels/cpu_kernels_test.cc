@@ -185,11 +185,12 @@ TEST_P(CpuKernels, PackedStreamsEqualOneGroupAtATime) {
     const int64_t group_bytes = kb * f.block_bytes();
     for (int ns = 1; ns <= kMaxWeightStreams; ++ns) {
       for (int64_t groups_apart : {1, 3}) {
+        const bool prefetch = groups_apart == 1;  // does not change the sums
         SCOPED_TRACE(std::to_string(ns) + " streams " + std::to_string(groups_apart) +
                      " groups apart");
         std::vector<float> got(kMaxWeightStreams * kPackRows, 7.f), want(kPackRows);
         kt->gemm_packed_streams(f, packed.data(), groups_apart * group_bytes, ns, kb, x.data(),
-                                got.data());
+                                got.data(), prefetch);
         for (int s = 0; s < ns; ++s) {
           kt->gemm_packed(f, packed.data() + s * groups_apart * group_bytes, kb, x.data(), kb, 1,
                           want.data());
@@ -239,10 +240,10 @@ TEST_P(CpuKernels, PackedDecodeMatmulEveryPositionOnce) {
   }
 }
 
-// With the streams tuner (the plugin's default), successive launches of one decode matmul read
-// it with 1, 2 and 3 streams while exploring, then with the chosen count: every launch gives
-// the outputs of one stream (the streams kernel's sums are one group at a time's, up to f32
-// rounding in the K-quants' order of accumulation), and
+// With the weight-read tuner (the plugin's default), successive launches of one decode matmul
+// read it with 1, 2 and 3 streams, with and without prefetch, while exploring, then the chosen
+// way: every launch gives the outputs of one stream (the streams kernel's sums are one group at
+// a time's, up to f32 rounding in the K-quants' order of accumulation), and
 // the tuner has decided after its exploration rounds wherever the ISA has a streams kernel.
 TEST_P(CpuKernels, TunedDecodeMatmulGivesTheSameOutputsEveryLaunch) {
   const int64_t n = 16 * 14 + 1, k = 512;

@@ -13,7 +13,8 @@
 // on; also the environment variable POLYCHIP_OP_COUNTERS), huge_pages (on|off, default off;
 // also POLYCHIP_CPU_HUGE_PAGES; see kHugePage), weight_streams (auto|1..4, default auto: measured
 // while decoding, streams_tuner.h; also POLYCHIP_CPU_WEIGHT_STREAMS; decode's weight streams per
-// thread, OpContext).
+// thread, OpContext), weight_prefetch (on|off, default on; also POLYCHIP_CPU_WEIGHT_PREFETCH;
+// whether decode prefetches in software where weight_streams is a number; auto tunes both).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -79,6 +80,7 @@ struct State {
   bool count_ops = true;  // parameter op_counters
   bool huge_pages = false;  // parameter huge_pages
   int weight_streams = 0;   // parameter weight_streams (OpContext::weight_streams; 0: auto)
+  bool weight_prefetch = true;  // parameter weight_prefetch (OpContext::weight_prefetch)
   // Chooses decode's weight streams while weight_streams is auto (streams_tuner.h).
   std::unique_ptr<polychip::cpu::StreamsTuner> streams_tuner;
   const polychip::cpu::KernelTable* kernels = nullptr;
@@ -124,7 +126,7 @@ int PhysicalCores() {
 polychip::cpu::OpContext Ctx() {
   State& s = G();
   return {s.pool.get(), s.kernels, s.weight_streams ? s.weight_streams : 3,
-          s.weight_streams ? nullptr : s.streams_tuner.get()};
+          s.weight_streams ? nullptr : s.streams_tuner.get(), s.weight_prefetch};
 }
 
 pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
@@ -140,6 +142,8 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     std::string huge_pages = env_huge ? env_huge : "off";
     const char* env_streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
     std::string weight_streams = env_streams ? env_streams : "auto";
+    const char* env_prefetch = std::getenv("POLYCHIP_CPU_WEIGHT_PREFETCH");
+    std::string weight_prefetch = env_prefetch ? env_prefetch : "on";
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       long long v = 0;
@@ -151,6 +155,8 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         huge_pages = params[i].value ? params[i].value : "";
       } else if (key == "weight_streams") {
         weight_streams = params[i].value ? params[i].value : "";
+      } else if (key == "weight_prefetch") {
+        weight_prefetch = params[i].value ? params[i].value : "";
       } else if (key == "threads" || key == "devices") {
         if (!polychip::sdk::ParseInt(params[i].value, &v) || v < 1 || v > 1024) {
           return BadArg("parameter " + key + " must be a positive integer, got '" +
@@ -178,6 +184,10 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
                     weight_streams + "'");
     }
     s.weight_streams = static_cast<int>(streams);  // 0: auto
+    if (weight_prefetch != "on" && weight_prefetch != "off") {
+      return BadArg("parameter weight_prefetch must be on or off, got '" + weight_prefetch + "'");
+    }
+    s.weight_prefetch = weight_prefetch == "on";
     const polychip::cpu::KernelTable* kernels = polychip::cpu::SelectKernels(isa.c_str());
     if (!kernels) {
       return BadArg("parameter isa must be auto, scalar, avx2 or avx512 (and supported by this "

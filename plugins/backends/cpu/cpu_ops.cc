@@ -172,22 +172,27 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
     // far-apart parts of the matrix in flight; one run where the ISA has no streams kernel or
     // the matrix is a few groups. Item j is position j of every run; each thread takes a
     // contiguous range of positions (ParallelRegions), so its streams stay sequential. With a
-    // tuner (OpContext::streams_tuner) the count is its pick, and the launch is timed for it.
+    // tuner (OpContext::streams_tuner) the count and the prefetching are its pick, and the
+    // launch is timed for it.
     const bool tuned = c.streams_tuner && c.k->gemm_packed_streams &&
-                       n_groups >= 2 * StreamsTuner::kCandidates;
-    const int streams = tuned ? c.streams_tuner->Pick(w)
-                        : c.k->gemm_packed_streams && n_groups >= 2 * c.weight_streams
-                            ? c.weight_streams
-                            : 1;
+                       n_groups >= 2 * StreamsTuner::kMaxStreams;
+    const int candidate = tuned ? c.streams_tuner->Pick(w) : 0;
+    WeightRead read{c.weight_streams, c.weight_prefetch};
+    if (tuned) {
+      read = StreamsTuner::Candidate(candidate);
+    } else if (!c.k->gemm_packed_streams || n_groups < 2 * c.weight_streams) {
+      read.streams = 1;
+    }
+    const int streams = read.streams;
     const auto start = std::chrono::steady_clock::now();
     const int64_t run = (n_groups + streams - 1) / streams;
     ParallelRegions(c, run, [&](int64_t j) {
       float tile[kMaxWeightStreams * kPackRows];
       int64_t ns = streams;
       while (ns > 0 && (ns - 1) * run + j >= n_groups) --ns;  // past the matrix's end
-      if (streams > 1) {
+      if (c.k->gemm_packed_streams) {
         c.k->gemm_packed_streams(f, w + j * group_bytes, run * group_bytes,
-                                 static_cast<int>(ns), kb, xq, tile);
+                                 static_cast<int>(ns), kb, xq, tile, read.prefetch);
       } else {
         c.k->gemm_packed(f, w + j * group_bytes, kb, xq, kb, 1, tile);
       }
@@ -199,7 +204,7 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
     });
     if (tuned) {
       c.streams_tuner->Record(
-          w, streams,
+          w, candidate,
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
                                                                start)
               .count());

@@ -20,9 +20,12 @@ struct OpContext {
   // Zen 5 VM once each thread walks one contiguous region (docs/performance.md, session 9:
   // 2 -> 3 streams +8% on the qwen2.5-0.5b decode step's matmuls, 4 no better than 2).
   int weight_streams = 3;
-  // When set (the plugin's default, weight_streams=auto), decode matmuls take their streams
-  // from the tuner, which measures them, instead of weight_streams.
+  // When set (the plugin's default, weight_streams=auto), decode matmuls take their streams and
+  // prefetching from the tuner, which measures them, instead of weight_streams and
+  // weight_prefetch.
   StreamsTuner* streams_tuner = nullptr;
+  // Whether decode's streams kernel prefetches in software (plugin parameter weight_prefetch).
+  bool weight_prefetch = true;
 };
 
 const char* Matmul(const OpContext& c, const pc_matmul_args_t& a);

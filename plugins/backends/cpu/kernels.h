@@ -93,10 +93,11 @@ struct KernelTable {
   // DRAM bandwidth unused (the hardware prefetcher follows each stream separately; Zen 5 VM, 2
   // threads, bench/membw.c: ~53 GB/s with one stream per thread, ~65 with two), so decode
   // walks several far-apart parts of a matrix at once (cpu_ops.cc, MatmulPacked:
-  // OpContext::weight_streams runs per thread).
+  // OpContext::weight_streams runs per thread). prefetch: software prefetch a few cells ahead
+  // of each stream, which some hosts need and others are slowed by (StreamsTuner decides).
   void (*gemm_packed_streams)(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                              int n_streams, int64_t kb, const ActBlock* x,
-                              float* tile) = nullptr;
+                              int n_streams, int64_t kb, const ActBlock* x, float* tile,
+                              bool prefetch) = nullptr;
 
   // cache_rows_to_f32, transposed: dst[e * ld + r] = element e of row r, for r < n_rows,
   // e < n. Attention decode's K rows, so that a GQA group's scores are one GEMM over positions.

@@ -171,11 +171,12 @@ void Tile(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBloc
 }
 
 // Decode (one activation row): NS groups stream_stride bytes apart, block by block in lockstep
-// and both halves of each cell in one pass, prefetching kPrefetchCells ahead (the AVX-512
-// kernel's scheme: KernelTable::gemm_packed_streams); tile[s * kPackRows + r] is group s's row r.
+// and both halves of each cell in one pass, prefetching kPrefetchCells ahead where `prefetch`
+// (the AVX-512 kernel's scheme: KernelTable::gemm_packed_streams); tile[s * kPackRows + r] is
+// group s's row r.
 template <int NS, bool Q4, bool HALF, bool MIN, bool S8, bool LUT = false>
 void TileStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride, int64_t kb,
-                 const ActBlock* x, float* tile) {
+                 const ActBlock* x, float* tile, bool prefetch) {
   const int64_t stride = f.block_bytes();
   const int64_t ahead = (Q4 ? kPrefetchCells : kPrefetchCellsQ8) * stride;
   const __m256i lut = CodebookLut();
@@ -185,7 +186,7 @@ void TileStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_str
     for (int st = 0; st < NS; ++st) {
       const uint8_t* cell = group + st * stream_stride + b * stride;
       // Past the end of the matrix this is harmless: prefetches do not fault.
-      for (int64_t off = 0; off < stride; off += 64)
+      for (int64_t off = 0; prefetch && off < stride; off += 64)
         _mm_prefetch(reinterpret_cast<const char*>(cell + ahead + off), _MM_HINT_T0);
       for (int h = 0; h < 2; ++h) {
         __m256i w[8];
@@ -239,11 +240,12 @@ void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
 }
 
 void GemmPackedStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
-  if (f.planes) return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile);
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile, bool prefetch) {
+  if (f.planes)
+    return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile, prefetch);
   ForPackedFormat(f, [&]<bool Q4, bool HALF, bool MIN, bool S8, bool LUT>() {
     ForStreamCount(n_streams, [&]<int NS>() {
-      TileStreams<NS, Q4, HALF, MIN, S8, LUT>(f, group, stream_stride, kb, x, tile);
+      TileStreams<NS, Q4, HALF, MIN, S8, LUT>(f, group, stream_stride, kb, x, tile, prefetch);
     });
   });
 }

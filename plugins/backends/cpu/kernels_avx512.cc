@@ -179,11 +179,12 @@ void GemmPacked(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
 }
 
 void GemmPackedStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
-  if (f.planes) return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile);
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile, bool prefetch) {
+  if (f.planes)
+    return GemmPlanesStreams(f, group, stream_stride, n_streams, kb, x, tile, prefetch);
   ForPackedFormat(f, [&]<bool Q4, bool HALF, bool MIN, bool LUT>() {
     ForStreamCount(n_streams, [&]<int NS>() {
-      Tile<1, Q4, HALF, MIN, LUT, NS>(f, group, kb, x, kb, tile, true, stream_stride);
+      Tile<1, Q4, HALF, MIN, LUT, NS>(f, group, kb, x, kb, tile, prefetch, stream_stride);
     });
   });
 }

@@ -167,11 +167,11 @@ void Tile(int32_t offset, const uint8_t* group, int64_t kb, const ActBlock* x, i
 constexpr int64_t kPrefetchCells = 12;  // as the other packed formats (kernels_avx2.cc)
 
 // Decode (one activation row): NS groups stream_stride bytes apart in lockstep, both halves of
-// each cell in one pass, prefetching kPrefetchCells ahead; tile[s * kPackRows + r] is group s's
-// row r (KernelTable::gemm_packed_streams).
+// each cell in one pass, prefetching kPrefetchCells ahead where `prefetch`; tile[s * kPackRows
+// + r] is group s's row r (KernelTable::gemm_packed_streams).
 template <int NS, int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>
 void TileStreams(int32_t offset, const uint8_t* group, int64_t stream_stride, int64_t kb,
-                 const ActBlock* x, float* tile) {
+                 const ActBlock* x, float* tile, bool prefetch) {
   using Z = PlaneSizes<LOW, HIGH, SUB16, MIN, NIB, SC>;
   __m256 acc[2 * NS];
   for (int i = 0; i < 2 * NS; ++i) acc[i] = _mm256_setzero_ps();
@@ -189,7 +189,7 @@ void TileStreams(int32_t offset, const uint8_t* group, int64_t stream_stride, in
                               c * Z::kCell;
         // The cell (and the header before it) as far ahead as the other formats prefetch.
         const uint8_t* ahead = cell + kPrefetchCells * Z::kSuper / Z::kCells;
-        for (int64_t off = 0; off < Z::kCell; off += 64)
+        for (int64_t off = 0; prefetch && off < Z::kCell; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
         for (int h = 0; h < 2; ++h) {
           __m256i w[8];
@@ -233,11 +233,11 @@ void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
 }
 
 void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile, bool prefetch) {
   ForPlaneFormat(f, [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
     ForStreamCount(n_streams, [&]<int NS>() {
       TileStreams<NS, LOW, HIGH, SUB16, MIN, NIB, SC>(f.offset, group, stream_stride, kb, x,
-                                                      tile);
+                                                      tile, prefetch);
     });
   });
 }

@@ -157,10 +157,10 @@ void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
 }
 
 void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile) {
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile, bool prefetch) {
   ForPlaneFormat(f, [&]<int LOW, int HIGH, bool SUB16, bool MIN, bool NIB, bool SC>() {
     ForStreamCount(n_streams, [&]<int NS>() {
-      Tile<1, LOW, HIGH, SUB16, MIN, NIB, SC, NS>(f.offset, group, kb, x, kb, tile, true,
+      Tile<1, LOW, HIGH, SUB16, MIN, NIB, SC, NS>(f.offset, group, kb, x, kb, tile, prefetch,
                                                   stream_stride);
     });
   });

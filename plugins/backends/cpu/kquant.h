@@ -119,14 +119,14 @@ void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const A
                 int64_t x_stride, int64_t m, float* tile);
 // KernelTable::gemm_packed_streams for the plane layout.
 void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile);
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile, bool prefetch);
 }
 namespace avx512 {
 void GemmPlanes(const PackedFormat& f, const uint8_t* group, int64_t kb, const ActBlock* x,
                 int64_t x_stride, int64_t m, float* tile);
 // KernelTable::gemm_packed_streams for the plane layout.
 void GemmPlanesStreams(const PackedFormat& f, const uint8_t* group, int64_t stream_stride,
-                       int n_streams, int64_t kb, const ActBlock* x, float* tile);
+                       int n_streams, int64_t kb, const ActBlock* x, float* tile, bool prefetch);
 }
 
 }  // namespace polychip::cpu

@@ -1,10 +1,11 @@
-// Picks how many weight streams per thread a decode matmul reads (KernelTable::
-// gemm_packed_streams) by measuring the matmuls the plugin runs anyway. The best count is the
-// host's, not the code's: on one Zen 5 VM (65-72 GB/s) three streams read ~8% faster than two
-// and ~10% faster than one; on another of the same kind with ~30 GB/s of memory, one stream read
-// 17% faster than three (decode_kernels matmul-streams, docs/performance.md, session 11). No
-// count chosen at build or load time is right on both, and the hosts' bandwidth moves within
-// minutes, so the tuner explores, keeps the fastest for a while, then explores again.
+// Picks how a decode matmul reads its weights (KernelTable::gemm_packed_streams): how many
+// streams per thread, and whether the kernel prefetches in software. The best way is the
+// host's, not the code's: on the Zen 5 VMs (65-72 GB/s) three streams with prefetch read
+// fastest; on a Zen 4 VM with ~30 GB/s of memory one stream read 17% faster than three, and
+// leaving the prefetches out was another 8-14% faster there (the hardware prefetcher follows one
+// stream alone; decode_kernels, docs/performance.md, session 11). No choice made at build or
+// load time is right on all of them, and the hosts' bandwidth moves within minutes, so the tuner
+// explores, keeps the fastest for a while, then explores again.
 //
 // Comparisons are per weight matrix. While exploring, each matrix takes the candidates in turn
 // on its own successive launches: in decode that is one launch per step, so consecutive steps
@@ -24,22 +25,32 @@
 
 namespace polychip::cpu {
 
+// How a decode matmul reads its weights.
+struct WeightRead {
+  int streams = 3;        // per thread, 1..kMaxWeightStreams
+  bool prefetch = true;   // software prefetch ahead of each stream
+};
+
 class StreamsTuner {
  public:
-  static constexpr int kCandidates = 3;  // 1, 2 or 3 streams (4 measured no better than 3)
-  // Launches of each matrix per candidate while exploring (so 9 decode steps).
-  static constexpr int kRoundsPerCandidate = 3;
-  // Launches of each matrix between explorations (about a second of decode on the small models).
-  static constexpr int kExploitRounds = 128;
+  // Candidate i: 1 + i % 3 streams, with prefetch for i < 3 (4 streams measured no better
+  // than 3 anywhere).
+  static constexpr int kCandidates = 6;
+  static constexpr int kMaxStreams = 3;
+  static WeightRead Candidate(int i) { return {1 + i % 3, i < 3}; }
+  // Launches of each matrix per candidate while exploring (so 12 decode steps).
+  static constexpr int kRoundsPerCandidate = 2;
+  // Launches of each matrix between explorations (2-4 s of decode on the small models).
+  static constexpr int kExploitRounds = 256;
 
   // on_decision (optional) hears each decision, in words (the plugin logs it at debug level).
   explicit StreamsTuner(std::function<void(const std::string&)> on_decision = {})
       : on_decision_(std::move(on_decision)) {}
 
-  // Streams for this launch of the matrix whose weights start at `weights` (1..kCandidates).
+  // The candidate for this launch of the matrix whose weights start at `weights`.
   int Pick(const void* weights);
-  // The launch took `ns` with `streams` streams.
-  void Record(const void* weights, int streams, int64_t ns);
+  // The launch took `ns` with candidate `candidate`.
+  void Record(const void* weights, int candidate, int64_t ns);
 
   int best() const { return best_; }
   bool exploring() const { return exploring_; }
@@ -58,7 +69,7 @@ class StreamsTuner {
   bool exploring_ = true;
   int64_t launches_ = 0;          // launches recorded in this phase
   int64_t exploit_launches_ = 0;  // length of the current exploitation
-  int best_ = kCandidates;        // until the first decision: the old fixed default
+  int best_ = 2;                  // until the first decision: three streams with prefetch
   int decisions_ = 0;
 };
 
