@@ -3,12 +3,14 @@
 # here against the build's static kernel library): a qwen2.5-0.5b Q4_K_M decode step's 169
 # matmuls (m = 1), in rounds that alternate the settings below, against this machine's read
 # bandwidth (bench/membw.c, probed in every round); then the default settings' step alternated
-# with a plain read of the same weights, per weight shape; three streams against one per ISA
-# (alternated in one process); each dtype's kernel from L2 (compute speed without DRAM in the
-# way); then one layer's decode attention.
-#   settings: streams=1,small pages   (one sequential read per thread, 4 KiB pages)
+# with a plain read of the same weights, per weight shape; three streams against one, and one
+# without prefetch against one with, per ISA (alternated in one process); each dtype's kernel
+# from L2 (compute speed without DRAM in the way); then one layer's decode attention.
+#   settings: auto,small pages        (the default: the tuner's choice, streams_tuner.h)
+#             streams=1,small pages   (one sequential read per thread, 4 KiB pages)
+#             streams=1 without prefetch
 #             streams=2,small pages   (two runs in lockstep: the default until session 9)
-#             streams=3,small pages   (three: the defaults)
+#             streams=3,small pages   (three: the default of sessions 9-10)
 #             streams=3,huge pages    (POLYCHIP_CPU_HUGE_PAGES=on as well)
 # usage: bench/decode-kernels.sh [-r ROUNDS] [-t THREADS]   env: POLYCHIP_BUILD_DIR
 set -euo pipefail
@@ -30,11 +32,15 @@ c++ -std=c++20 -O2 -I "$ROOT/plugins/backends/cpu" -I "$ROOT/include" "$ROOT/ben
   "$LIB" "$BUILD/lib/libpolychip_sdk.a" -pthread -o "$OUT/decode_kernels"
 cc -O3 -march=native -pthread "$ROOT/bench/membw.c" -o "$OUT/membw"
 export THREADS
-SETTINGS=("POLYCHIP_CPU_WEIGHT_STREAMS=1 POLYCHIP_CPU_HUGE_PAGES=off"
+SETTINGS=("POLYCHIP_CPU_WEIGHT_STREAMS=auto POLYCHIP_CPU_HUGE_PAGES=off"
+          "POLYCHIP_CPU_WEIGHT_STREAMS=1 POLYCHIP_CPU_HUGE_PAGES=off"
+          "POLYCHIP_CPU_WEIGHT_STREAMS=1 POLYCHIP_CPU_WEIGHT_PREFETCH=off POLYCHIP_CPU_HUGE_PAGES=off"
           "POLYCHIP_CPU_WEIGHT_STREAMS=2 POLYCHIP_CPU_HUGE_PAGES=off"
           "POLYCHIP_CPU_WEIGHT_STREAMS=3 POLYCHIP_CPU_HUGE_PAGES=off"
           "POLYCHIP_CPU_WEIGHT_STREAMS=3 POLYCHIP_CPU_HUGE_PAGES=on")
-NAMES=("streams=1,small pages" "streams=2,small pages" "streams=3,small pages" "streams=3,huge pages")
+NAMES=("auto (the tuner's choice),small pages" "streams=1,small pages"
+       "streams=1 without prefetch,small pages" "streams=2,small pages" "streams=3,small pages"
+       "streams=3,huge pages")
 for r in $(seq "$ROUNDS"); do
   echo "[decode-kernels] round $r/$ROUNDS" >&2
   "$OUT/membw" "$THREADS" 2>/dev/null >> "$OUT/membw.txt"; echo >> "$OUT/membw.txt"
@@ -61,11 +67,14 @@ echo "matmul-vs-read: the kernels' speed beside what a read alone reaches at the
 echo
 "$OUT/decode_kernels" matmul-vs-read 20 | sed 's/^/    /'
 echo
-echo "Three weight streams against one, alternated step by step in one process (decode_kernels"
-echo "matmul-streams), for each ISA's kernel table this CPU runs:"
+echo "Three weight streams against one, and one without software prefetch against one with,"
+echo "alternated step by step in one process (decode_kernels matmul-streams), for each ISA's"
+echo "kernel table this CPU runs:"
 echo
 for isa in avx512 avx2; do
-  POLYCHIP_CPU_ISA=$isa "$OUT/decode_kernels" matmul-streams 1 3 30 2>/dev/null | sed "s/^/    $isa: /" || true
+  for pair in "1 3" "1 1n"; do
+    POLYCHIP_CPU_ISA=$isa "$OUT/decode_kernels" matmul-streams $pair 30 2>/dev/null | sed "s/^/    $isa: /" || true
+  done
 done
 echo
 echo "Each dtype's kernel on a matrix that stays in L2 (decode_kernels matmul-hot, one thread: with"

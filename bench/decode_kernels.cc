@@ -36,6 +36,7 @@ namespace {
 
 using polychip::cpu::OpContext;
 using polychip::cpu::PackedFormat;
+using polychip::cpu::StreamsTuner;
 
 pc_devptr_t D(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
@@ -138,6 +139,10 @@ int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = 
   };
   const auto step = [&](Times* per_call) { step_with(c, per_call); };
   step(nullptr);  // first touch
+  // The tuner's exploration, so that the timed steps read the way it chose.
+  for (int i = 0; c.streams_tuner && i < StreamsTuner::kRoundsPerCandidate *
+                                             StreamsTuner::kCandidates; ++i)
+    step(nullptr);
   if (alt) {  // in-process alternation: the VM's bandwidth drifts too much between processes
     std::vector<double> ta, tb, ratio;
     for (int s = 0; s < steps; ++s) {
@@ -307,9 +312,11 @@ int main(int argc, char** argv) {
   // POLYCHIP_CPU_WEIGHT_STREAMS unset or auto: the plugin's tuner picks (streams_tuner.h).
   const char* streams = std::getenv("POLYCHIP_CPU_WEIGHT_STREAMS");
   const bool fixed = streams && std::string(streams) != "auto";
-  polychip::cpu::StreamsTuner tuner;
+  const char* prefetch = std::getenv("POLYCHIP_CPU_WEIGHT_PREFETCH");
+  StreamsTuner tuner;
   const OpContext c{&pool, polychip::cpu::SelectKernels(std::getenv("POLYCHIP_CPU_ISA")),
-                    fixed ? std::atoi(streams) : 3, fixed ? nullptr : &tuner};
+                    fixed ? std::atoi(streams) : 3, fixed ? nullptr : &tuner,
+                    !prefetch || std::string(prefetch) != "off"};
   if (!c.k) {
     std::fprintf(stderr, "unknown or unsupported POLYCHIP_CPU_ISA\n");
     return 2;
