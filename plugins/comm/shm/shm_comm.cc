@@ -220,7 +220,11 @@ pc_error_t* WaitFor(pc_comm* c, int32_t peer, const char* what, Ready ready) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     if ((i & 31) == 0 && Clock::now() >= next_check) {
-      if (pc_error_t* e = CheckPeer(c, peer, what, start)) return ready() ? nullptr : e;
+      if (pc_error_t* e = CheckPeer(c, peer, what, start)) {
+        if (!ready()) return e;
+        polychip::sdk::ErrorDestroy(e);  // the peer arrived just before it left: no error
+        return nullptr;
+      }
       next_check = Clock::now() + std::chrono::milliseconds(5);
     }
   }
