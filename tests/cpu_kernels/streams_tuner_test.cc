@@ -103,6 +103,31 @@ TEST(StreamsTuner, ExploresAgainAndFollowsTheHost) {
   EXPECT_EQ(t.decisions(), 2);
 }
 
+// Where some ways of reading are several times slower (prefetch off on a host whose hardware
+// prefetcher cannot follow), they are tried in the first round only.
+TEST(StreamsTuner, ACandidateFarBehindAfterTheFirstRoundIsNotTriedAgain) {
+  const std::vector<int64_t> sizes = {900, 4800, 150000};
+  const Costs cost = {1.0, 0.95, 1.05, 3.0, 2.5, 3.0};
+  StreamsTuner t;
+  int picks[StreamsTuner::kCandidates] = {};
+  int steps = 0;
+  for (; t.exploring() && steps < 100; ++steps) {
+    for (const int64_t& size : sizes) ++picks[t.Pick(&size)];
+    Step(&t, sizes, cost);
+  }
+  ASSERT_FALSE(t.exploring());
+  EXPECT_EQ(t.best(), 1);
+  // Six steps of the first round, then the three candidates left for one more round each.
+  EXPECT_EQ(steps, StreamsTuner::kCandidates + 3 * (StreamsTuner::kRoundsPerCandidate - 1));
+  for (int c = 0; c < StreamsTuner::kCandidates; ++c) {
+    SCOPED_TRACE("candidate " + std::to_string(c));
+    const int rounds = cost[c] > StreamsTuner::kPruneRatio * 0.95
+                           ? 1
+                           : StreamsTuner::kRoundsPerCandidate;
+    EXPECT_EQ(picks[c], rounds * static_cast<int>(sizes.size()));
+  }
+}
+
 // A matrix launched with one candidate only (it was first seen as an exploration ended) is left
 // out of the comparison rather than counted as free for the others (which would make candidate
 // 0, the fastest here, look the slowest).

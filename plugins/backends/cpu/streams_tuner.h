@@ -13,7 +13,10 @@
 // matrix the same candidate every step whenever the step's launch count is a multiple of the
 // candidates). A candidate's score is the sum over matrices of its mean time on each: the
 // estimated step time if every matrix read that way, so a model's mix of large and small
-// matrices weighs the same for every candidate.
+// matrices weighs the same for every candidate. After the first round (each matrix once with
+// each candidate), candidates over kPruneRatio times the best one's score sit out the other
+// rounds: on a host where some way of reading is several times slower (prefetch off where the
+// hardware prefetcher cannot follow), exploring costs one slow pass, not kRoundsPerCandidate.
 //
 // Not thread-safe: the plugin serialises launches.
 #pragma once
@@ -38,8 +41,10 @@ class StreamsTuner {
   static constexpr int kCandidates = 6;
   static constexpr int kMaxStreams = 3;
   static WeightRead Candidate(int i) { return {1 + i % 3, i < 3}; }
-  // Launches of each matrix per candidate while exploring (so 12 decode steps).
+  // Launches of each matrix per candidate while exploring (so at most 12 decode steps).
   static constexpr int kRoundsPerCandidate = 2;
+  // A candidate this much slower than the best after the first round is not tried again.
+  static constexpr double kPruneRatio = 1.25;
   // Launches of each matrix between explorations (2-4 s of decode on the small models).
   static constexpr int kExploitRounds = 256;
 
@@ -55,6 +60,8 @@ class StreamsTuner {
   int best() const { return best_; }
   bool exploring() const { return exploring_; }
   int decisions() const { return decisions_; }
+  // Whether candidate c is still tried in this exploration.
+  bool active(int c) const { return active_[c]; }
 
  private:
   struct Matrix {
@@ -62,7 +69,12 @@ class StreamsTuner {
     int64_t ns[kCandidates] = {};
     int64_t launches[kCandidates] = {};
   };
+  // Each candidate's estimated pass time (the sum over the matrices measured with every active
+  // candidate of the mean time on each); returns how many matrices that is.
+  int64_t Score(double step_ns[kCandidates]) const;
+  void Prune();
   void Decide();
+  void StartExploring();
 
   std::function<void(const std::string&)> on_decision_;
   std::unordered_map<const void*, Matrix> matrices_;  // this exploration's measurements
@@ -71,6 +83,9 @@ class StreamsTuner {
   int64_t exploit_launches_ = 0;  // length of the current exploitation
   int best_ = 2;                  // until the first decision: three streams with prefetch
   int decisions_ = 0;
+  bool active_[kCandidates] = {true, true, true, true, true, true};
+  int n_active_ = kCandidates;
+  bool pruned_ = false;  // this exploration's first round has been judged
 };
 
 }  // namespace polychip::cpu
