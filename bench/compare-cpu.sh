@@ -95,7 +95,9 @@ for m in $MODELS; do
   # the same moments of a shared machine; the ratio is the median of the rounds' ratios. On a
   # shared VM the bandwidth can move by half within minutes, so a figure taken at the start can
   # be far from the one a run saw: a probe (~2 s) before, between and after the two runs.
-  probe() { "$OUT/membw" "$THREADS" 2>/dev/null > "$OUT/$m.probe.$1.txt" || echo 0 > "$OUT/$m.probe.$1.txt"; }
+  probe() {
+    "$OUT/membw" "$THREADS" 2>/dev/null > "$OUT/$m.probe.$1.txt" || echo 0 > "$OUT/$m.probe.$1.txt"
+  }
   for r in $(seq "$REPS"); do
     log "$m: round $r/$REPS: polychip bench, llama-bench"
     probe "$r.0"
@@ -151,7 +153,8 @@ def local_bw(m):  # the median of this model's probes
     return statistics.median(probes) if probes else 0
 def run_by_run(m, rs, first):  # median over rounds of t/s x bpt / the probes beside the run
     fr = [r["avg_ts"] / ((probe(m, i, first) + probe(m, i, first + 1)) / 2)
-          for i, r in enumerate(rs, 1) if r and probe(m, i, first) > 0 and probe(m, i, first + 1) > 0]
+          for i, r in enumerate(rs, 1)
+          if r and probe(m, i, first) > 0 and probe(m, i, first + 1) > 0]
     return statistics.median(fr) if fr else None
 def fmt(r): return f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}" if r else "n/a"
 def rounds(m, who, kind):  # the test's t/s in each round (None where a round failed)

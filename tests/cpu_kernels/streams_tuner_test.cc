@@ -121,9 +121,8 @@ TEST(StreamsTuner, ACandidateFarBehindAfterTheFirstRoundIsNotTriedAgain) {
   EXPECT_EQ(steps, StreamsTuner::kCandidates + 3 * (StreamsTuner::kRoundsPerCandidate - 1));
   for (int c = 0; c < StreamsTuner::kCandidates; ++c) {
     SCOPED_TRACE("candidate " + std::to_string(c));
-    const int rounds = cost[c] > StreamsTuner::kPruneRatio * 0.95
-                           ? 1
-                           : StreamsTuner::kRoundsPerCandidate;
+    const int rounds =
+        cost[c] > StreamsTuner::kPruneRatio * 0.95 ? 1 : StreamsTuner::kRoundsPerCandidate;
     EXPECT_EQ(picks[c], rounds * static_cast<int>(sizes.size()));
   }
 }

@@ -16,9 +16,9 @@ struct OpContext {
   ThreadPool* pool;
   const KernelTable* k;
   // Weight streams per thread of a decode matmul (KernelTable::gemm_packed_streams; 1: one
-  // sequential read per task): the plugin parameter weight_streams. Three measured best on a
-  // Zen 5 VM once each thread walks one contiguous region (docs/performance.md, session 9:
-  // 2 -> 3 streams +8% on the qwen2.5-0.5b decode step's matmuls, 4 no better than 2).
+  // sequential read per task) where there is no tuner: the plugin parameter weight_streams
+  // set to a number. Which count is best depends on the host (three on the Zen 5 VMs, one on a
+  // Zen 4: docs/performance.md, sessions 9 and 11), hence the tuner by default.
   int weight_streams = 3;
   // When set (the plugin's default, weight_streams=auto), decode matmuls take their streams and
   // prefetching from the tuner, which measures them, instead of weight_streams and

@@ -9,7 +9,7 @@ int StreamsTuner::Pick(const void* weights) {
   if (!exploring_) return best_;
   const auto it = matrices_.find(weights);
   const int64_t visits = it == matrices_.end() ? 0 : it->second.visits;
-  if (visits < kCandidates) return static_cast<int>(visits);  // the first round: every one
+  if (visits < kCandidates) return static_cast<int>(visits);     // the first round: every one
   int k = static_cast<int>((visits - kCandidates) % n_active_);  // then the active ones in turn
   for (int c = 0; c < kCandidates; ++c) {
     if (active_[c] && k-- == 0) return c;

@@ -30,17 +30,17 @@ namespace polychip::cpu {
 
 // How a decode matmul reads its weights.
 struct WeightRead {
-  int streams = 3;        // per thread, 1..kMaxWeightStreams
-  bool prefetch = true;   // software prefetch ahead of each stream
+  int streams = 3;       // per thread, 1..kMaxWeightStreams
+  bool prefetch = true;  // software prefetch ahead of each stream
 };
 
 class StreamsTuner {
  public:
-  // Candidate i: 1 + i % 3 streams, with prefetch for i < 3 (4 streams measured no better
-  // than 3 anywhere).
-  static constexpr int kCandidates = 6;
+  // Candidate i: 1 + i % kMaxStreams streams, with prefetch for i < kMaxStreams (4 streams
+  // measured no better than 3 anywhere).
   static constexpr int kMaxStreams = 3;
-  static WeightRead Candidate(int i) { return {1 + i % 3, i < 3}; }
+  static constexpr int kCandidates = 2 * kMaxStreams;
+  static WeightRead Candidate(int i) { return {1 + i % kMaxStreams, i < kMaxStreams}; }
   // Launches of each matrix per candidate while exploring (so at most 12 decode steps).
   static constexpr int kRoundsPerCandidate = 2;
   // A candidate this much slower than the best after the first round is not tried again.
@@ -50,7 +50,9 @@ class StreamsTuner {
 
   // on_decision (optional) hears each decision, in words (the plugin logs it at debug level).
   explicit StreamsTuner(std::function<void(const std::string&)> on_decision = {})
-      : on_decision_(std::move(on_decision)) {}
+      : on_decision_(std::move(on_decision)) {
+    StartExploring();
+  }
 
   // The candidate for this launch of the matrix whose weights start at `weights`.
   int Pick(const void* weights);
@@ -83,7 +85,7 @@ class StreamsTuner {
   int64_t exploit_launches_ = 0;  // length of the current exploitation
   int best_ = 2;                  // until the first decision: three streams with prefetch
   int decisions_ = 0;
-  bool active_[kCandidates] = {true, true, true, true, true, true};
+  bool active_[kCandidates];  // tried in this exploration's later rounds
   int n_active_ = kCandidates;
   bool pruned_ = false;  // this exploration's first round has been judged
 };
