@@ -233,16 +233,17 @@ int Run(const BenchOptions& o) {
       return Fail(s);
   }
 
-  std::string type = "?";
-  if (const model::GgufTensor* t = mf->file->FindTensor("blk.0.ffn_down.weight"))
-    type = DTypeName(t->dtype);
-  if (const model::GgufTensor* t = mf->file->FindTensor("blk.0.attn_q.weight"))
-    type = DTypeName(t->dtype);
-  // A mixture (Q4_K_M) by its name, as the file says, rather than one tensor's type.
-  if (const std::string name = model::LlamaFileTypeName(
-          mf->file->GetU32("general.file_type", std::numeric_limits<uint32_t>::max()));
-      !name.empty())
-    type = name;
+  // The file's scheme by name (a mixture such as Q4_K_M) where it names one we write, else
+  // one tensor's type.
+  std::string type = model::LlamaFileTypeName(
+      mf->file->GetU32("general.file_type", std::numeric_limits<uint32_t>::max()));
+  if (type.empty()) {
+    type = "?";
+    if (const model::GgufTensor* t = mf->file->FindTensor("blk.0.ffn_down.weight"))
+      type = DTypeName(t->dtype);
+    if (const model::GgufTensor* t = mf->file->FindTensor("blk.0.attn_q.weight"))
+      type = DTypeName(t->dtype);
+  }
   // Bytes a decode step reads from the model file: every tensor but the embedding table (one
   // row is gathered), unless the table doubles as the output projection.
   // Of a mixture of experts' expert tensors, a token reads the share it runs (expert_used_count

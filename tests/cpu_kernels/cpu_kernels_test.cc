@@ -62,6 +62,21 @@ class CpuKernels : public ::testing::TestWithParam<const KernelTable*> {
   OpContext Ctx() const { return {const_cast<ThreadPool*>(&pool_), GetParam()}; }
 };
 
+// An n x k matrix of random weights (seed), quantized to t and repacked into the plugin's
+// packed layout.
+void PackedRandomWeights(const OpContext& c, pc_dtype_t t, int64_t n, int64_t k, uint32_t seed,
+                         std::vector<uint8_t>* packed) {
+  const auto wf = Random(n * k, seed);
+  const int64_t rb = sdk::RowBytes(t, k);
+  std::vector<uint8_t> w(n * rb);
+  for (int64_t j = 0; j < n; ++j)
+    ASSERT_TRUE(sdk::QuantizeRow(t, wf.data() + j * k, w.data() + j * rb, k));
+  PackedFormat f;
+  ASSERT_TRUE(PackedFormatOf(t, &f));
+  packed->assign(PackedBytes(f, n, k), 0);
+  PackParallel(c, t, w.data(), n, k, packed->data());
+}
+
 struct MatmulCase {
   pc_dtype_t dtype;
   int64_t m, n, k;
@@ -171,15 +186,11 @@ TEST_P(CpuKernels, PackedStreamsEqualOneGroupAtATime) {
                        PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q5_K}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
     const int64_t k = 512, kb = k / kBlock, n = 16 * 12;
-    auto wf = Random(n * k, 31), xf = Random(k, 32);
-    const int64_t rb = sdk::RowBytes(t, k);
-    std::vector<uint8_t> w(n * rb);
-    for (int64_t j = 0; j < n; ++j)
-      ASSERT_TRUE(sdk::QuantizeRow(t, wf.data() + j * k, w.data() + j * rb, k));
+    const auto xf = Random(k, 32);
+    std::vector<uint8_t> packed;
+    ASSERT_NO_FATAL_FAILURE(PackedRandomWeights(Ctx(), t, n, k, 31, &packed));
     PackedFormat f;
     ASSERT_TRUE(PackedFormatOf(t, &f));
-    std::vector<uint8_t> packed(PackedBytes(f, n, k));
-    PackParallel(Ctx(), t, w.data(), n, k, packed.data());
     std::vector<ActBlock> x(kb);
     kt->quantize_row(xf.data(), k, x.data());
     const int64_t group_bytes = kb * f.block_bytes();
@@ -249,15 +260,9 @@ TEST_P(CpuKernels, TunedDecodeMatmulGivesTheSameOutputsEveryLaunch) {
   const int64_t n = 16 * 14 + 1, k = 512;
   for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q4_K}) {
     SCOPED_TRACE(sdk::GetDtypeInfo(t)->name);
-    auto x = Random(k, 31), wf = Random(n * k, 32);
-    const int64_t rb = sdk::RowBytes(t, k);
-    std::vector<uint8_t> w(n * rb);
-    for (int64_t j = 0; j < n; ++j)
-      ASSERT_TRUE(sdk::QuantizeRow(t, wf.data() + j * k, w.data() + j * rb, k));
-    PackedFormat f;
-    ASSERT_TRUE(PackedFormatOf(t, &f));
-    std::vector<uint8_t> packed(PackedBytes(f, n, k));
-    PackParallel(Ctx(), t, w.data(), n, k, packed.data());
+    const auto x = Random(k, 31);
+    std::vector<uint8_t> packed;
+    ASSERT_NO_FATAL_FAILURE(PackedRandomWeights(Ctx(), t, n, k, 32, &packed));
     pc_matmul_args_t a{sizeof(a), D(x.data()), D(packed.data()), t, kLayoutPacked, 0, 0, 1, n, k,
                        k, n, /*accumulate=*/0};
     std::vector<float> want(n), got(n);

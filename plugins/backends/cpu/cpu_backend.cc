@@ -79,7 +79,8 @@ struct State {
   int n_devices = 1;
   bool count_ops = true;  // parameter op_counters
   bool huge_pages = false;  // parameter huge_pages
-  int weight_streams = 0;   // parameter weight_streams (OpContext::weight_streams; 0: auto)
+  bool tune_weight_reads = true;  // parameter weight_streams=auto
+  int weight_streams = polychip::cpu::OpContext{}.weight_streams;  // weight_streams=N
   bool weight_prefetch = true;  // parameter weight_prefetch (OpContext::weight_prefetch)
   // Chooses decode's weight streams while weight_streams is auto (streams_tuner.h).
   std::unique_ptr<polychip::cpu::StreamsTuner> streams_tuner;
@@ -125,8 +126,8 @@ int PhysicalCores() {
 
 polychip::cpu::OpContext Ctx() {
   State& s = G();
-  return {s.pool.get(), s.kernels, s.weight_streams ? s.weight_streams : 3,
-          s.weight_streams ? nullptr : s.streams_tuner.get(), s.weight_prefetch};
+  return {s.pool.get(), s.kernels, s.weight_streams,
+          s.tune_weight_reads ? s.streams_tuner.get() : nullptr, s.weight_prefetch};
 }
 
 pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
@@ -183,7 +184,8 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
                     std::to_string(polychip::cpu::kMaxWeightStreams) + ", got '" +
                     weight_streams + "'");
     }
-    s.weight_streams = static_cast<int>(streams);  // 0: auto
+    s.tune_weight_reads = weight_streams == "auto";
+    if (!s.tune_weight_reads) s.weight_streams = static_cast<int>(streams);
     if (weight_prefetch != "on" && weight_prefetch != "off") {
       return BadArg("parameter weight_prefetch must be on or off, got '" + weight_prefetch + "'");
     }

@@ -184,7 +184,8 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
       read.streams = 1;
     }
     const int streams = read.streams;
-    const auto start = std::chrono::steady_clock::now();
+    const auto start =
+        tuned ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const int64_t run = (n_groups + streams - 1) / streams;
     ParallelRegions(c, run, [&](int64_t j) {
       float tile[kMaxWeightStreams * kPackRows];
