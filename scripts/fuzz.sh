@@ -5,7 +5,7 @@
 # <build-dir>/crashes/<target>/). `make fuzz` and the ctest test fuzz_smoke call this.
 #
 # Usage: scripts/fuzz.sh [--build-dir DIR] [--seconds N] [--jobs N] [TARGET...]
-#   TARGET: gguf api tokenizer chat_template (default: all). FUZZ_JOBS: build jobs when --jobs
+#   TARGET: gguf api tokenizer chat_template jinja (default: all). FUZZ_JOBS: build jobs when --jobs
 #   is not given (default: nproc). POLYCHIP_FUZZ_VOCAB: the GGUF whose
 #   vocabulary the tokenizer and api targets use (default: the bundled model).
 # Exit status: 0 no crash, 1 a target crashed (or failed to build), 77 clang++ is not installed.
@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -eq 0 ] && targets=(gguf api tokenizer chat_template)
+[ ${#targets[@]} -eq 0 ] && targets=(gguf api tokenizer chat_template jinja)
 
 if ! command -v clang++ >/dev/null 2>&1 || ! command -v clang >/dev/null 2>&1; then
   echo "fuzz: skipped: clang/clang++ not installed (scripts/install-deps.sh installs them)"

@@ -25,6 +25,8 @@ packages=(
   libgloo-dev iproute2
   # tests (chromium: the chat page at / is tested in a headless browser)
   libgtest-dev libgmock-dev chromium
+  # the Jinja engine's reference: chat templates rendered by Python's jinja2 (tests/jinja)
+  python3-jinja2
   # Vulkan device plugin: loader + headers, GLSL->SPIR-V compiler, Mesa's lavapipe (a CPU Vulkan
   # driver, so its tests run without a GPU) and vulkaninfo for diagnosis
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools

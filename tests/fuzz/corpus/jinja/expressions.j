@@ -1,0 +1,1 @@
+{{ 'Hello ' ~ name|default('world')|upper }}{% for i in range(3) if i is odd %}{{ loop.index }}{% endfor %}

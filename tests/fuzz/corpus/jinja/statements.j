@@ -1,0 +1,1 @@
+{% set ns = namespace(x=0) %}{% macro m(a, b=2) %}{{ a * b }}{{ caller() if caller is defined }}{% endmacro %}{% for k, v in {'a': 1}.items() %}{% set ns.x = ns.x + v %}{% endfor %}{{ m(ns.x) }}{% call m(1) %}c{% endcall %}{{ [3,1,2]|sort|join(',') }}{{ 'a,b'.split(',')[::-1] }}{% filter upper %}f{% endfilter %}{% raw %}{{ r }}{% endraw %}
