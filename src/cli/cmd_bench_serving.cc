@@ -1,6 +1,7 @@
 // `polychip bench-serving`: a load generator in the spirit of sglang.bench_serving. It sends
 // random prompts as streaming requests to an OpenAI-compatible server (/v1/completions: polychip,
-// llama-server, vLLM, SGLang) or to SGLang's /generate, at a given request rate and concurrency,
+// llama-server, vLLM, SGLang), to SGLang's /generate, or as chat turns to Anthropic's
+// /v1/messages or OpenAI's /v1/responses, at a given request rate and concurrency,
 // and reports request and token throughput and TTFT / TPOT / ITL / end-to-end latency
 // percentiles, as a table and as JSON.
 #include <CLI/CLI.hpp>
@@ -103,6 +104,17 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
     body = {{"text", prompt}, {"stream", true},
             {"sampling_params", {{"max_new_tokens", o.random_output_len}, {"temperature", 0},
                                  {"ignore_eos", true}}}};
+  } else if (o.backend == "anthropic") {
+    path = "/v1/messages";
+    body = {{"messages", {{{"role", "user"}, {"content", prompt}}}},
+            {"max_tokens", o.random_output_len}, {"temperature", 0}, {"ignore_eos", true},
+            {"stream", true}};
+    if (!o.model.empty()) body["model"] = o.model;
+  } else if (o.backend == "responses") {
+    path = "/v1/responses";
+    body = {{"input", prompt}, {"max_output_tokens", o.random_output_len}, {"temperature", 0},
+            {"ignore_eos", true}, {"stream", true}, {"store", false}};
+    if (!o.model.empty()) body["model"] = o.model;
   } else {
     path = "/v1/completions";
     body = {{"prompt", prompt}, {"max_tokens", o.random_output_len}, {"temperature", 0},
@@ -114,7 +126,10 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
   req.path = path;
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
-  if (!o.api_key.empty()) req.set_header("Authorization", "Bearer " + o.api_key);
+  if (!o.api_key.empty()) {
+    req.set_header(o.backend == "anthropic" ? "x-api-key" : "Authorization",
+                   o.backend == "anthropic" ? o.api_key : "Bearer " + o.api_key);
+  }
   const auto start = Clock::now();
   auto last = start;
   bool first = true;
@@ -128,17 +143,35 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
     while ((pos = buffer.find("\n\n")) != std::string::npos) {
       std::string event = buffer.substr(0, pos);
       buffer.erase(0, pos + 2);
-      if (event.rfind("data: ", 0) != 0) continue;
-      std::string payload = event.substr(6);
+      // Anthropic and Responses name their events ("event: ...") before the data line.
+      const size_t data = event.rfind("data: ", 0) == 0 ? 0 : event.find("\ndata: ");
+      if (data == std::string::npos) continue;
+      std::string payload = event.substr(data == 0 ? 6 : data + 7);
       if (payload == "[DONE]") continue;
       json j = json::parse(payload, nullptr, false);
       if (j.is_discarded()) continue;
-      if (j.contains("error")) {
-        r.error = j["error"].dump();
+      if (j.contains("error") || j.value("type", "") == "error") {
+        r.error = j.contains("error") ? j["error"].dump() : j.dump();
         continue;
       }
       std::string text;
-      if (o.backend == "llamacpp") {
+      if (o.backend == "anthropic") {
+        const std::string type = j.value("type", "");
+        if (type == "content_block_delta") text = j["delta"].value("text", "");
+        if (type == "message_start") {
+          r.prompt_tokens = j["message"]["usage"].value("input_tokens", r.prompt_tokens);
+        }
+        if (type == "message_delta") {
+          usage_tokens = j["usage"].value("output_tokens", usage_tokens);
+        }
+      } else if (o.backend == "responses") {
+        const std::string type = j.value("type", "");
+        if (type == "response.output_text.delta") text = j.value("delta", "");
+        if (type == "response.completed" || type == "response.incomplete") {
+          usage_tokens = j["response"]["usage"].value("output_tokens", usage_tokens);
+          r.prompt_tokens = j["response"]["usage"].value("input_tokens", r.prompt_tokens);
+        }
+      } else if (o.backend == "llamacpp") {
         text = j.value("content", "");
         if (j.value("stop", false)) {
           usage_tokens = j.value("tokens_predicted", usage_tokens);
@@ -201,8 +234,10 @@ int Bench(const BenchOptions& o) {
   }
   const std::string host = m[1];
   const int port = m[2].matched ? std::stoi(m[2]) : 80;
-  if (o.backend != "openai" && o.backend != "sglang" && o.backend != "llamacpp") {
-    std::fprintf(stderr, "error: --backend must be openai, sglang or llamacpp\n");
+  if (o.backend != "openai" && o.backend != "sglang" && o.backend != "llamacpp" &&
+      o.backend != "anthropic" && o.backend != "responses") {
+    std::fprintf(stderr,
+                 "error: --backend must be openai, sglang, llamacpp, anthropic or responses\n");
     return 2;
   }
   // Prompts: a shared prefix (a system prompt) then random words.
@@ -317,8 +352,10 @@ int Bench(const BenchOptions& o) {
 std::function<int()> SetupBenchServing(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   app.add_option("--base-url", o->base_url, "server, http://HOST:PORT");
-  app.add_option("--backend", o->backend, "openai (/v1/completions), sglang (/generate) or llamacpp (llama-server's /completion)");
-  app.add_option("--model", o->model, "model name sent with OpenAI requests");
+  app.add_option("--backend", o->backend,
+                 "openai (/v1/completions), sglang (/generate), llamacpp (llama-server's "
+                 "/completion), anthropic (/v1/messages) or responses (/v1/responses)");
+  app.add_option("--model", o->model, "model name sent with the requests (but /generate's)");
   app.add_option("--num-prompts", o->num_prompts, "requests to send");
   app.add_option("--max-concurrency", o->max_concurrency, "requests in flight at most (0: all)");
   app.add_option("--request-rate", o->request_rate, "requests per second (Poisson; inf: all at once)");

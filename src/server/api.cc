@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "grammar/cache.h"
+#include "server/dialects.h"
 #include "server/tools.h"
 
 namespace polychip::server {
@@ -389,6 +390,9 @@ bool IsValidUtf8(std::string_view s) {
 std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const TextCodec& codec,
                                         const ParseLimits& limits, ApiRequest* out) {
   if (!body.is_object()) return Bad("", "the request body must be a JSON object");
+  if (kind == ApiKind::kMessages || kind == ApiKind::kResponses) {
+    return ParseDialectRequest(kind, body, codec, limits, out);
+  }
   out->kind = kind;
   const bool sglang = kind == ApiKind::kGenerate;
   if (!sglang) PC_API_TRY(RejectUnimplemented(kind, body));

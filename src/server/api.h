@@ -30,7 +30,9 @@ struct ApiError {
   nlohmann::json ToJson() const;
 };
 
-enum class ApiKind { kCompletion, kChat, kGenerate };
+// kMessages (Anthropic) and kResponses (OpenAI Responses) are translated into chat requests
+// (server/dialects.h) and answered by their own writers.
+enum class ApiKind { kCompletion, kChat, kGenerate, kMessages, kResponses };
 
 // A parsed generation request: one GenerateInput per choice (prompts x n).
 struct ApiRequest {
@@ -48,7 +50,12 @@ struct ApiRequest {
   std::string chat_format;  // the codec's, for rendering and parsing tool calls
   std::vector<engine::GenerateInput> inputs;  // choice i = inputs[i]
   std::vector<std::string> prompt_texts;      // for echo (per prompt)
+  // kMessages / kResponses: what the dialect's writer needs from the request (the fields a
+  // response repeats, the conversation Responses stores).
+  nlohmann::json dialect;
 };
+
+class ResponseStore;  // server/dialects.h
 
 struct ParseLimits {
   int64_t context_length = 0;  // max_tokens above it is an error
@@ -58,9 +65,14 @@ struct ParseLimits {
   // The body as received: a JSON schema is read again from it with its properties in their
   // order (nlohmann::json sorts keys, and the order of the keys is the order of the output).
   std::string_view raw_body;
+  // kResponses: the stored responses that previous_response_id refers to (null: none).
+  const ResponseStore* responses = nullptr;
+  // kMessages: /v1/messages/count_tokens (max_tokens is not required).
+  bool count_only = false;
 };
 
-// Parses a body of /v1/completions, /v1/chat/completions or /generate.
+// Parses a body of /v1/completions, /v1/chat/completions, /generate, /v1/messages or
+// /v1/responses.
 std::optional<ApiError> ParseApiRequest(ApiKind kind, const nlohmann::json& body,
                                         const TextCodec& codec, const ParseLimits& limits,
                                         ApiRequest* out);

@@ -19,7 +19,7 @@ constexpr std::string_view kPage = R"html(<!doctype html>
   aside { padding: 16px; border-right: 1px solid #dde1e6; background: var(--card); overflow: auto; }
   aside h1 { font-size: 18px; margin: 0 0 12px; }
   label { display: block; font-size: 12px; color: var(--muted); margin: 12px 0 4px; }
-  textarea, input { width: 100%; font: inherit; padding: 6px 8px; border: 1px solid #cfd5dc;
+  textarea, input, select { width: 100%; font: inherit; padding: 6px 8px; border: 1px solid #cfd5dc;
                     border-radius: 6px; background: #fff; }
   main { display: flex; flex-direction: column; height: 100vh; }
   #log { flex: 1; overflow: auto; padding: 16px 24px; }
@@ -49,6 +49,12 @@ constexpr std::string_view kPage = R"html(<!doctype html>
   <input id="temperature" type="number" min="0" max="2" step="0.1" value="0.7">
   <label for="max_tokens">Max tokens</label>
   <input id="max_tokens" type="number" min="1" step="1" value="256">
+  <label for="api">API</label>
+  <select id="api">
+    <option value="chat">OpenAI chat completions</option>
+    <option value="messages">Anthropic messages</option>
+    <option value="responses">OpenAI responses</option>
+  </select>
   <label for="api_key">API key (if the server wants one)</label>
   <input id="api_key" type="password" autocomplete="off">
   <label><button id="clear" type="button">New conversation</button></label>
@@ -98,26 +104,61 @@ async function loadModel() {
   } catch (e) { $("model").textContent = "model: unavailable"; }
 }
 
+// The three APIs the server speaks: how a turn is asked for and how the stream's events read
+// (the text they add; `s.tokens` from the usage they carry).
+const apis = {
+  chat: {
+    path: "/v1/chat/completions",
+    body: (system, t, n) => ({
+      messages: [...(system ? [{ role: "system", content: system }] : []), ...history],
+      stream: true, stream_options: { include_usage: true }, temperature: t, max_tokens: n,
+    }),
+    read: (j, s) => {
+      if (j.usage) s.tokens = j.usage.completion_tokens;
+      return j.choices?.[0]?.delta?.content;
+    },
+  },
+  messages: {
+    path: "/v1/messages",
+    body: (system, t, n) => ({
+      ...(system ? { system } : {}), messages: history, stream: true,
+      temperature: Math.min(t, 1), max_tokens: n,
+    }),
+    read: (j, s) => {
+      if (j.type === "message_delta") s.tokens = j.usage.output_tokens;
+      return j.type === "content_block_delta" ? j.delta.text : undefined;
+    },
+  },
+  responses: {
+    path: "/v1/responses",
+    body: (system, t, n) => ({
+      ...(system ? { instructions: system } : {}), input: history, stream: true, store: false,
+      temperature: t, max_output_tokens: n,
+    }),
+    read: (j, s) => {
+      if (j.response?.usage) s.tokens = j.response.usage.output_tokens;
+      return j.type === "response.output_text.delta" ? j.delta : undefined;
+    },
+  },
+};
+
 async function send(text) {
   history.push({ role: "user", content: text });
   addMessage("user", text);
   const out = addMessage("assistant", "");
-  const messages = [];
+  const api = apis[$("api").value];
   const system = $("system").value.trim();
-  if (system) messages.push({ role: "system", content: system });
-  messages.push(...history);
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
   const start = performance.now();
-  let first = 0, tokens = 0, answer = "";
+  let first = 0, answer = "";
+  const usage = { tokens: 0 };
   try {
-    const r = await fetch("/v1/chat/completions", {
+    const r = await fetch(api.path, {
       method: "POST", headers: headers(), signal: controller.signal,
-      body: JSON.stringify({
-        messages, stream: true, stream_options: { include_usage: true },
-        temperature: Number($("temperature").value), max_tokens: Number($("max_tokens").value),
-      }),
+      body: JSON.stringify(api.body(system, Number($("temperature").value),
+                                    Number($("max_tokens").value))),
     });
     if (!r.ok) throw new Error((await r.json()).error?.message ?? ("HTTP " + r.status));
     const reader = r.body.getReader();
@@ -137,20 +178,22 @@ async function send(text) {
           if (data === "[DONE]") continue;
           const j = JSON.parse(data);
           if (j.error) throw new Error(j.error.message);
-          if (j.usage) tokens = j.usage.completion_tokens;
-          const delta = j.choices?.[0]?.delta?.content;
+          if (j.type === "error") throw new Error(j.message);
+          const delta = api.read(j, usage);
           if (delta) {
             if (!first) first = performance.now();
             answer += delta;
             out.textContent = answer;
-            ++tokens;
+            ++usage.tokens;
             $("log").scrollTop = $("log").scrollHeight;
           }
         }
       }
+      const tokens = usage.tokens;
       const secs = ((performance.now() - (first || start)) / 1000) || 1e-9;
       $("stats").textContent = tokens + " tokens, " + (tokens / secs).toFixed(1) + " tokens/s";
     }
+    const tokens = usage.tokens;
     const total = (performance.now() - start) / 1000;
     const gen = first ? (performance.now() - first) / 1000 : total;
     $("stats").textContent = tokens + " tokens in " + total.toFixed(2) + " s, " +

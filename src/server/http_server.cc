@@ -16,6 +16,7 @@
 #include "grammar/cache.h"
 #include "server/api.h"
 #include "server/chat_page.h"
+#include "server/dialects.h"
 #include "server/embeddings.h"
 #include "server/http_transport.h"
 #include "server/job.h"
@@ -99,7 +100,7 @@ class HttpServer::Impl {
                                                httplib::Response& res) {
       try {
         if (needs_key) {
-          if (auto e = CheckKey(req)) return SendError(res, *e);
+          if (auto e = CheckKey(req)) return SendError(res, *e), DialectError(req, res);
         }
         h(req, res);
       } catch (const std::exception& e) {
@@ -108,7 +109,17 @@ class HttpServer::Impl {
       } catch (...) {
         SendError(res, Error(500, "internal error", "server_error"));
       }
+      DialectError(req, res);
     };
+  }
+
+  // Anthropic's routes answer errors in Anthropic's shape (its SDK reads error.type).
+  static void DialectError(const httplib::Request& req, httplib::Response& res) {
+    if (res.status < 400 || req.path.rfind("/v1/messages", 0) != 0) return;
+    const json body = json::parse(res.body, nullptr, /*allow_exceptions=*/false);
+    if (!body.is_object() || !body.contains("error") || body.contains("type")) return;
+    auto [status, shaped] = AnthropicError(res.status, body);
+    SendJson(res, status, shaped);
   }
 
   std::optional<ApiError> CheckKey(const httplib::Request& req) const {
@@ -129,11 +140,15 @@ class HttpServer::Impl {
   static std::optional<ApiError> CheckBearer(const httplib::Request& req, const std::string& key,
                                              const std::string& what) {
     const std::string auth = req.get_header_value("Authorization");
-    if (auth.empty()) {
-      return Error(401, "missing " + what + ": send 'Authorization: Bearer <key>'",
-                   "authentication_error");
+    // Anthropic's clients send the key as x-api-key.
+    const std::string x_api_key = req.get_header_value("x-api-key");
+    if (auth.empty() && x_api_key.empty()) {
+      return Error(401, "missing " + what + ": send 'Authorization: Bearer <key>' or "
+                   "'x-api-key: <key>'", "authentication_error");
     }
-    if (auth != "Bearer " + key) return Error(401, "invalid " + what, "authentication_error");
+    if (auth != "Bearer " + key && x_api_key != key) {
+      return Error(401, "invalid " + what, "authentication_error");
+    }
     return std::nullopt;
   }
 
@@ -151,6 +166,7 @@ class HttpServer::Impl {
     }
     if (!e) return HttpTransport::HookResult::kUnhandled;
     SendError(res, *e);
+    DialectError(req, res);
     // The body was not read: the connection cannot carry another request.
     res.set_header("Connection", "close");
     return HttpTransport::HookResult::kHandled;
@@ -229,6 +245,19 @@ class HttpServer::Impl {
     http_.Post("/generate", Guard([this](const auto& req, auto& res) {
                 Generate(ApiKind::kGenerate, req, res);
               }, true));
+    http_.Post("/v1/messages", Guard([this](const auto& req, auto& res) {
+                Generate(ApiKind::kMessages, req, res);
+              }, true));
+    http_.Post("/v1/messages/count_tokens",
+               Guard([this](const auto& req, auto& res) { CountTokens(req, res); }, true));
+    http_.Post("/v1/responses", Guard([this](const auto& req, auto& res) {
+                Generate(ApiKind::kResponses, req, res);
+              }, true));
+    http_.Get("/v1/responses/*",
+              Guard([this](const auto& req, auto& res) { StoredResponse(req, res, false); }, true));
+    http_.Delete("/v1/responses/*",
+                 Guard([this](const auto& req, auto& res) { StoredResponse(req, res, true); },
+                       true));
     // The key was checked before the body was read (BeforeBody); checked again here so that the
     // route never depends on the hook alone.
     http_.Post("/admin/reload_plugin", Guard([this](const auto& req, auto& res) {
@@ -249,6 +278,7 @@ class HttpServer::Impl {
                                              ? "HTTP error " + std::to_string(res.status)
                                              : res.reason));
       }
+      DialectError(req, res);
     });
   }
 
@@ -464,14 +494,19 @@ class HttpServer::Impl {
     limits.context_length = engine_->context_length();
     limits.grammars = [this] { return Grammars(); };
     limits.raw_body = req.body;
+    limits.responses = &responses_;
     if (auto e = ParseApiRequest(kind, body, *codec_, limits, &job->req)) return SendError(res, *e);
-    job->writer = MakeResponseWriter(kind, codec_, options_.model_name);
+    job->writer = MakeResponseWriter(kind, codec_, options_.model_name, &responses_);
     if (!KnownModel(job->req.model)) {
       return SendError(res, Error(404, "the model '" + job->req.model + "' does not exist; this server serves '" + options_.model_name + "'", "not_found_error", "model"));
     }
-    job->id = kind == ApiKind::kChat ? RandomId("chatcmpl-")
-              : job->req.rid.empty() ? RandomId("cmpl-") : job->req.rid;
+    job->id = kind == ApiKind::kChat        ? RandomId("chatcmpl-")
+              : kind == ApiKind::kMessages  ? RandomId("msg_")
+              : kind == ApiKind::kResponses ? RandomId("resp_")
+              : job->req.rid.empty()        ? RandomId("cmpl-")
+                                            : job->req.rid;
     job->created = UnixTime();
+    if (!job->req.inputs.empty()) job->prompt_tokens = job->req.inputs[0].prompt.size();
     for (size_t i = 0; i < job->req.inputs.size(); ++i) {
       auto& in = job->req.inputs[i];
       in.rid = job->id + (job->req.inputs.size() > 1 ? "-" + std::to_string(i) : "");
@@ -518,6 +553,37 @@ class HttpServer::Impl {
           Abort(*job);
           running.reset();
         });
+  }
+
+  // /v1/messages/count_tokens: the prompt /v1/messages would run, counted.
+  void CountTokens(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    if (!ParseBody(req, res, &body)) return;
+    ParseLimits limits;
+    limits.context_length = engine_->context_length();
+    limits.grammars = [this] { return Grammars(); };
+    limits.raw_body = req.body;
+    limits.count_only = true;
+    ApiRequest parsed;
+    if (auto e = ParseApiRequest(ApiKind::kMessages, body, *codec_, limits, &parsed)) {
+      return SendError(res, *e);
+    }
+    if (!KnownModel(parsed.model)) {
+      return SendError(res, Error(404, "the model '" + parsed.model + "' does not exist; this server serves '" + options_.model_name + "'", "not_found_error", "model"));
+    }
+    SendJson(res, 200, {{"input_tokens", parsed.inputs.at(0).prompt.size()}});
+  }
+
+  // GET /v1/responses/{id} (the stored response) and DELETE /v1/responses/{id}.
+  void StoredResponse(const httplib::Request& req, httplib::Response& res, bool remove) {
+    const std::string id = req.path.substr(req.path.rfind('/') + 1);
+    if (remove ? responses_.Delete(id) : false) {
+      return SendJson(res, 200, {{"id", id}, {"object", "response"}, {"deleted", true}});
+    }
+    if (!remove) {
+      if (auto entry = responses_.Get(id)) return SendJson(res, 200, entry->response);
+    }
+    SendError(res, Error(404, responses_.Missing(id), "not_found_error"));
   }
 
   void Abort(Job& job) { AbortJob(*engine_, job); }
@@ -573,6 +639,7 @@ class HttpServer::Impl {
   std::atomic<bool> stopping_{false};  // the shutdown timeout is over: cancel what runs
   std::atomic<int> running_requests_{0};
   int64_t started_ = UnixTime();
+  ResponseStore responses_{options_.responses_store};
   std::once_flag grammars_once_;
   std::unique_ptr<grammar::GrammarCache> grammars_;
 };

@@ -1,5 +1,6 @@
 // The HTTP front end: OpenAI-compatible /v1/completions, /v1/chat/completions (with SSE
-// streaming), SGLang's /generate, and the operational endpoints (/health, /metrics, ...).
+// streaming), SGLang's /generate, Anthropic's /v1/messages, OpenAI's /v1/responses, and the
+// operational endpoints (/health, /metrics, ...).
 // HTTP worker threads parse a request, submit it to the Engine and then mostly wait on the
 // request's channel; the engine thread is separate. Any failure inside a handler becomes an
 // OpenAI-shaped error response ({"error": {"message", "type", "param", "code"}}); a request
@@ -30,7 +31,9 @@ struct DeviceMemory {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 30000;  // 0: any free port (see HttpServer::port())
-  std::string api_key;  // non-empty: "Authorization: Bearer <key>" required on the API
+  // Non-empty: required on the API, as "Authorization: Bearer <key>" or "x-api-key: <key>"
+  // (Anthropic's clients).
+  std::string api_key;
   std::string model_name = "default";           // what /v1/models reports
   std::vector<std::string> model_aliases;        // other names accepted in "model"
   int http_threads = 320;                        // >= 256 concurrent streaming clients
@@ -43,6 +46,8 @@ struct ServerOptions {
   engine::Pooling pooling = engine::Pooling::kLast;
   // Fields computed at each /get_server_info (the backend and its generation); may be empty.
   std::function<nlohmann::json()> live_info;
+  // How many /v1/responses results are kept for previous_response_id and GET (newest first).
+  size_t responses_store = 256;
   // The key of the admin routes (/admin/...); empty: api_key. With neither, they answer 403.
   std::string admin_key;
   // POST /admin/reload_plugin: the JSON body -> (HTTP status, JSON reply). Empty: 501.

@@ -181,9 +181,21 @@ class HttpTransport::Impl {
   };
   // Routing, on the event thread: the route of a complete request, or null (404).
   const Route* FindRoute(const httplib::Request& req) const {
-    const auto& table = req.method == "POST" ? post_ : get_;
-    if (req.method != "GET" && req.method != "HEAD" && req.method != "POST") return nullptr;
+    const auto& table = req.method == "POST"     ? post_
+                        : req.method == "DELETE" ? delete_
+                                                 : get_;
+    if (req.method != "GET" && req.method != "HEAD" && req.method != "POST" &&
+        req.method != "DELETE") {
+      return nullptr;
+    }
     auto it = table.find(req.path);
+    if (it == table.end()) {
+      // "/a/b/*" serves "/a/b/<one segment>".
+      const size_t slash = req.path.rfind('/');
+      if (slash != std::string::npos && slash + 1 < req.path.size()) {
+        it = table.find(req.path.substr(0, slash + 1) + "*");
+      }
+    }
     return it == table.end() ? nullptr : &it->second;
   }
   HookResult PreRouting(const httplib::Request& req, httplib::Response& res) const {
@@ -199,7 +211,7 @@ class HttpTransport::Impl {
   void Register(Session* s, const std::string& client);
   void Unregister(Session* s, const std::string& client);
 
-  std::unordered_map<std::string, Route> get_, post_;
+  std::unordered_map<std::string, Route> get_, post_, delete_;
   PreRoutingHook hook_;
   Handler error_handler_;
 
@@ -724,6 +736,9 @@ void HttpTransport::Get(const std::string& path, Handler handler, RunOn run_on) 
 }
 void HttpTransport::Post(const std::string& path, Handler handler) {
   impl_->post_[path] = {std::move(handler), RunOn::kWorker};
+}
+void HttpTransport::Delete(const std::string& path, Handler handler) {
+  impl_->delete_[path] = {std::move(handler), RunOn::kWorker};
 }
 void HttpTransport::SetPreRoutingHook(PreRoutingHook hook) { impl_->hook_ = std::move(hook); }
 void HttpTransport::SetErrorHandler(Handler handler) {

@@ -36,10 +36,11 @@ class HttpTransport {
   // answers even when every worker is busy.
   enum class RunOn { kWorker, kEventThread };
 
-  // Routes by exact path (the query string is in req.params); HEAD is served by the GET route
-  // without its body.
+  // Routes by exact path (the query string is in req.params), or by a path ending in "/*" for
+  // any last segment ("/v1/responses/*"); HEAD is served by the GET route without its body.
   void Get(const std::string& path, Handler handler, RunOn run_on = RunOn::kWorker);
   void Post(const std::string& path, Handler handler);
+  void Delete(const std::string& path, Handler handler);
   void SetPreRoutingHook(PreRoutingHook hook);
   // Called for every answer with status >= 400 (the transport's own 400/404/413/431 included),
   // to give an empty body its JSON.

@@ -19,7 +19,7 @@ void AbortJob(engine::Engine& engine, Job& job) {
   }
 }
 
-void Collect(Job& job, std::chrono::milliseconds wait, std::vector<json>* chunks) {
+void Collect(Job& job, std::chrono::milliseconds wait, std::vector<SseEvent>* out) {
   bool any = false;
   for (size_t i = 0; i < job.choices.size(); ++i) {
     Choice& c = job.choices[i];
@@ -41,25 +41,34 @@ void Collect(Job& job, std::chrono::milliseconds wait, std::vector<json>* chunks
         c.finished = true;
         c.final = ev;
       }
-      if (chunks == nullptr) continue;
+      if (out == nullptr) continue;
       if (!ev.error.ok() && ev.error.code() != StatusCode::kCancelled) {
-        // A failure mid-stream is one error payload, whatever the dialect.
-        chunks->push_back(Error(500, ev.error.message(), "server_error").ToJson());
+        // A failure mid-stream is one error event.
+        out->push_back(
+            job.writer->StreamError(job, Error(500, ev.error.message(), "server_error")));
       } else {
-        chunks->push_back(job.writer->Chunk(job, i, ev, first));
+        job.writer->StreamEvents(job, i, ev, first, out);
       }
     }
   }
 }
 
 std::string NextSseText(Job& job, std::chrono::milliseconds wait) {
-  std::vector<json> chunks;
-  Collect(job, wait, &chunks);
+  std::vector<SseEvent> events;
+  if (!job.start_sent) {
+    job.writer->StreamStart(job, &events);
+    job.start_sent = true;
+  }
+  Collect(job, wait, &events);
+  const bool finished = AllFinished(job);
+  if (finished) job.writer->StreamEnd(job, &events);
   std::string out;
-  for (const auto& c : chunks) out += "data: " + Dump(c) + "\n\n";
-  if (AllFinished(job)) {
-    if (auto trailer = job.writer->Trailer(job)) out += "data: " + Dump(*trailer) + "\n\n";
-    out += "data: [DONE]\n\n";
+  for (const auto& e : events) {
+    if (!e.name.empty()) out += "event: " + e.name + "\n";
+    out += "data: " + Dump(e.data) + "\n\n";
+  }
+  if (finished) {
+    if (job.writer->EndsWithDone()) out += "data: [DONE]\n\n";
     job.done_sent = true;
   }
   return out;

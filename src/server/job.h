@@ -31,6 +31,8 @@ struct Choice {
   bool sent_role = false;
   // A chat stream with tools: parses the answer as it grows into content and call deltas.
   std::shared_ptr<ToolCallStreamer> tool_stream;
+  // The dialect's own streaming state (Anthropic's and Responses' open blocks).
+  std::shared_ptr<StreamState> stream_state;
 };
 
 struct Job {
@@ -40,7 +42,9 @@ struct Job {
   std::string id;
   int64_t created = 0;
   std::vector<Choice> choices;
+  int64_t prompt_tokens = 0;  // of the first choice, known before it runs (message_start)
   Clock::time_point start = Clock::now();
+  bool start_sent = false;
   bool done_sent = false;
   bool abort_sent = false;  // the server is stopping and has cancelled the job
 };
@@ -49,11 +53,11 @@ bool AllFinished(const Job& job);
 // Cancels every choice still running.
 void AbortJob(engine::Engine& engine, Job& job);
 // Pops pending events of every choice into its state, waiting up to `wait` on the first
-// unfinished one; `chunks` (streaming) receives the SSE payloads to send.
-void Collect(Job& job, std::chrono::milliseconds wait, std::vector<nlohmann::json>* chunks);
-// The next piece of a streaming response: the "data:" lines of the events that came within
-// `wait`, and, once every choice finished, the dialect's trailer and "data: [DONE]" (then
-// job.done_sent is set). Empty when nothing came.
+// unfinished one; `out` (streaming) receives the SSE events to send.
+void Collect(Job& job, std::chrono::milliseconds wait, std::vector<SseEvent>* out);
+// The next piece of a streaming response: the dialect's opening events the first time, the
+// events of what came within `wait`, and, once every choice finished, the dialect's closing
+// events (then job.done_sent is set). Empty when nothing came.
 std::string NextSseText(Job& job, std::chrono::milliseconds wait);
 
 }  // namespace polychip::server

@@ -5,8 +5,10 @@
 namespace polychip::server {
 
 std::unique_ptr<ResponseWriter> MakeResponseWriter(ApiKind kind, const TextCodec* codec,
-                                                   std::string model_name) {
+                                                   std::string model_name, ResponseStore* store) {
   if (kind == ApiKind::kGenerate) return MakeSglangWriter();
+  if (kind == ApiKind::kMessages) return MakeAnthropicWriter(std::move(model_name));
+  if (kind == ApiKind::kResponses) return MakeResponsesWriter(std::move(model_name), store);
   return MakeOpenAiWriter(kind, codec, std::move(model_name));
 }
 

@@ -58,6 +58,20 @@ try {
   assert.deepEqual(errors, []);
   assert.deepEqual(foreign, []);
   console.log(`ok   chat page streamed ${JSON.stringify(answer)} (${stats})`);
+
+  // The other two APIs give the same conversation the same prompt, hence the same answer.
+  for (const api of ['messages', 'responses']) {
+    await page.click('#clear');
+    await page.select('#api', api);
+    await page.type('#input', 'Hello, who are you?');
+    await page.click('#send');
+    await page.waitForSelector('.msg.assistant[data-done="1"]', { timeout: 60000 });
+    const got = await page.$eval('.msg.assistant .content', (el) => el.textContent);
+    assert.equal(got, expected, api);
+    assert.match(await page.$eval('#stats', (el) => el.textContent), /tokens\/s/, api);
+    console.log(`ok   chat page over ${api}`);
+  }
+  assert.deepEqual(errors, []);
 } catch (e) {
   failed = true;
   console.log(`FAIL chat page: ${e.stack ?? e}`);

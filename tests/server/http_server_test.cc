@@ -287,6 +287,93 @@ TEST(HttpServer, ApiKey) {
   EXPECT_EQ(s.client->Get("/health")->status, 200);  // probes need no key
 }
 
+// Anthropic's routes: the key as x-api-key, errors in Anthropic's shape (before the body is read
+// too), named SSE events without [DONE]; count_tokens counts the prompt /v1/messages runs.
+TEST(HttpServer, AnthropicMessagesOverHttp) {
+  TestServer s(256, "sekret");
+  const json body = {{"model", "toy"}, {"max_tokens", 6}, {"temperature", 0},
+                     {"messages", {{{"role", "user"}, {"content", "hello"}}}}};
+  const httplib::Headers key = {{"x-api-key", "sekret"}};
+  auto none = s.client->Post("/v1/messages", body.dump(), "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body), json({{"type", "error"},
+                                           {"error", {{"type", "authentication_error"},
+                                                      {"message", json::parse(none->body)["error"]["message"]}}}}));
+  auto ok = s.client->Post("/v1/messages", key, body.dump(), "application/json");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  const json msg = json::parse(ok->body);
+  EXPECT_EQ(msg["type"], "message");
+  EXPECT_EQ(msg["stop_reason"], "max_tokens");
+  EXPECT_EQ(msg["usage"]["output_tokens"], 6);
+  json bad = body;
+  bad.erase("max_tokens");
+  auto missing = s.client->Post("/v1/messages", key, bad.dump(), "application/json");
+  EXPECT_EQ(missing->status, 400);
+  EXPECT_EQ(json::parse(missing->body)["error"]["type"], "invalid_request_error");
+  bad = body;
+  bad["model"] = "nope";
+  auto unknown = s.client->Post("/v1/messages", key, bad.dump(), "application/json");
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_EQ(json::parse(unknown->body)["error"]["type"], "not_found_error");
+  // The OpenAI routes keep their shape.
+  auto chat = s.client->Post("/v1/chat/completions", key, "{}", "application/json");
+  EXPECT_TRUE(json::parse(chat->body)["error"].contains("param"));
+
+  auto count = s.client->Post("/v1/messages/count_tokens", key,
+                              json{{"model", "toy"}, {"messages", body["messages"]}}.dump(),
+                              "application/json");
+  ASSERT_EQ(count->status, 200) << count->body;
+  EXPECT_EQ(json::parse(count->body)["input_tokens"], msg["usage"]["input_tokens"]);
+
+  json streamed = body;
+  streamed["stream"] = true;
+  std::string raw;
+  auto st = s.client->Post("/v1/messages", key, streamed.dump(), "application/json");
+  ASSERT_EQ(st->status, 200);
+  EXPECT_EQ(st->body.find("[DONE]"), std::string::npos);
+  EXPECT_EQ(st->body.rfind("event: message_start\ndata: ", 0), 0u) << st->body;
+  EXPECT_NE(st->body.find("event: ping\n"), std::string::npos);
+  bool done = false;
+  std::string text;
+  for (const json& e : SseEvents(st->body, &done)) {
+    if (e["type"] == "content_block_delta") text += e["delta"]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, msg["content"][0]["text"]);
+}
+
+// /v1/responses: stored responses by id (GET, DELETE), previous_response_id, a clear error for
+// an id no longer held.
+TEST(HttpServer, ResponsesStoreOverHttp) {
+  TestServer s;
+  int status = 0;
+  const json first = s.Post("/v1/responses", {{"model", "toy"}, {"input", "hello"},
+                                              {"max_output_tokens", 4}}, &status);
+  ASSERT_EQ(status, 200) << first.dump();
+  EXPECT_EQ(first["status"], "incomplete");
+  const std::string id = first["id"];
+  auto got = s.client->Get("/v1/responses/" + id);
+  ASSERT_EQ(got->status, 200);
+  EXPECT_EQ(json::parse(got->body), first);
+  const json second = s.Post("/v1/responses", {{"model", "toy"}, {"input", "again"},
+                                               {"previous_response_id", id},
+                                               {"max_output_tokens", 2}}, &status);
+  ASSERT_EQ(status, 200) << second.dump();
+  EXPECT_GT(second["usage"]["input_tokens"].get<int>(), first["usage"]["total_tokens"].get<int>());
+  auto del = s.client->Delete("/v1/responses/" + id);
+  ASSERT_EQ(del->status, 200);
+  EXPECT_EQ(json::parse(del->body), json({{"id", id}, {"object", "response"}, {"deleted", true}}));
+  EXPECT_EQ(s.client->Get("/v1/responses/" + id)->status, 404);
+  const json gone = s.Post("/v1/responses", {{"model", "toy"}, {"input", "x"},
+                                             {"previous_response_id", id}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(gone["error"]["message"].get<std::string>().find("deleted"), std::string::npos);
+  const json unstored = s.Post("/v1/responses", {{"model", "toy"}, {"input", "x"},
+                                                 {"store", false}, {"max_output_tokens", 1}});
+  EXPECT_EQ(s.client->Get("/v1/responses/" + unstored["id"].get<std::string>())->status, 404);
+}
+
 // Issue 16: every route but /health behind the key (/health_generate ran the model for anyone).
 TEST(HttpServer, ApiKeyGuardsEveryRouteButHealth) {
   TestServer s(256, "sekret");

@@ -2,7 +2,8 @@
 # Installs what the tests need outside the source tree, by package name:
 #   - node-llama-cpp@3.21.1 (llama.cpp source bundle, vocabulary GGUFs, tokenizer vectors),
 #     and llama.cpp's tools built from that source (the correctness oracle);
-#   - the official `openai` npm client (the server tests talk to polychip through it);
+#   - the official `openai` and `@anthropic-ai/sdk` npm clients (the server tests talk to
+#     polychip through them);
 #   - puppeteer-core (drives Debian's chromium, headless, in the chat page's test).
 # Everything goes to $POLYCHIP_CACHE (default ~/.cache/polychip); reruns are cheap.
 set -euo pipefail
@@ -17,6 +18,13 @@ fi
 if [ ! -d "$cache/npm/node_modules/puppeteer-core" ]; then
   echo "[setup] installing puppeteer-core into $cache/npm" >&2
   npm install --no-audit --no-fund --prefix "$cache/npm" puppeteer-core@23 >&2
+fi
+if [ ! -d "$cache/npm/node_modules/@anthropic-ai/sdk" ]; then
+  echo "[setup] installing the @anthropic-ai/sdk npm client into $cache/npm" >&2
+  # Its optional zod peer conflicts with the zod puppeteer pins (installed first); the client
+  # runs without zod.
+  npm install --no-audit --no-fund --legacy-peer-deps --prefix "$cache/npm" \
+    @anthropic-ai/sdk@1.16.0 >&2
 fi
 
 "$here/fetch-llama-cpp.sh"
