@@ -2,8 +2,8 @@
 
 namespace polychip::server {
 
-Answer ParseAnswer(const ApiRequest& req, std::string_view text) {
-  Answer a;
+AnswerParts SplitAnswer(const ApiRequest& req, std::string_view text) {
+  AnswerParts a;
   if (!req.tools) {
     a.text = std::string(text);
     return a;
@@ -13,11 +13,11 @@ Answer ParseAnswer(const ApiRequest& req, std::string_view text) {
   return a;
 }
 
-AnswerStreamer::AnswerStreamer(const ApiRequest& req) {
+AnswerPartStreamer::AnswerPartStreamer(const ApiRequest& req) {
   if (req.tools) tools_ = std::make_unique<ToolCallStreamer>(req.chat_format, *req.tools);
 }
 
-void AnswerStreamer::Feed(std::string_view text, bool finished, std::vector<AnswerPart>* out) {
+void AnswerPartStreamer::Feed(std::string_view text, bool finished, std::vector<AnswerPart>* out) {
   if (!tools_) {
     if (!text.empty()) out->push_back({AnswerPart::Kind::kText, std::string(text), "", ""});
     return;

@@ -1,7 +1,7 @@
 // A chat answer as parts, the way the Anthropic and Responses dialects show it: the model's
-// text and its tool calls (as blocks or output items), whole or as it is generated. The
-// OpenAI chat writer shows the same parts as message fields; this is where the other dialects
-// read them, so that every dialect parses an answer the same way.
+// reasoning, its text and its tool calls (as blocks or output items), whole or as it is
+// generated. The OpenAI chat writer shows the same parts as message fields; this is where the
+// other dialects read them, so that every dialect splits an answer the same way.
 #pragma once
 
 #include <cstddef>
@@ -16,24 +16,25 @@
 namespace polychip::server {
 
 // A finished answer's parts.
-struct Answer {
-  std::string text;  // outside the calls
+struct AnswerParts {
+  std::string reasoning;
+  std::string text;  // outside the reasoning and the calls
   std::vector<ToolCall> calls;
 };
 
-Answer ParseAnswer(const ApiRequest& req, std::string_view text);
+AnswerParts SplitAnswer(const ApiRequest& req, std::string_view text);
 
 // One new piece of an answer being generated.
 struct AnswerPart {
-  enum class Kind { kText, kCallStart, kCallArguments };
+  enum class Kind { kReasoning, kText, kCallStart, kCallArguments };
   Kind kind = Kind::kText;
-  std::string text;           // kText: new text; kCallArguments: new argument bytes
+  std::string text;           // kReasoning, kText: new text; kCallArguments: new argument bytes
   std::string call_id, name;  // kCallStart
 };
 
-class AnswerStreamer {
+class AnswerPartStreamer {
  public:
-  explicit AnswerStreamer(const ApiRequest& req);
+  explicit AnswerPartStreamer(const ApiRequest& req);
   // `text`: the bytes generated since the last call; `finished`: the answer is complete.
   void Feed(std::string_view text, bool finished, std::vector<AnswerPart>* out);
   bool any_call_started() const { return tools_ && tools_->any_call_started(); }

@@ -306,8 +306,8 @@ namespace {
 class AnthropicStream : public StreamState {
  public:
   explicit AnthropicStream(const ApiRequest& req) : answer(req) {}
-  AnswerStreamer answer;
-  enum class Open { kNone, kText, kToolUse } open = Open::kNone;
+  AnswerPartStreamer answer;
+  enum class Open { kNone, kThinking, kText, kToolUse } open = Open::kNone;
   int index = -1;  // of the open block
 };
 
@@ -317,8 +317,12 @@ class AnthropicWriter : public ResponseWriter {
 
   json Final(const Job& job) const override {
     const Choice& c = job.choices[0];
-    const Answer a = ParseAnswer(job.req, c.text);
+    const AnswerParts a = SplitAnswer(job.req, c.text);
     json content = json::array();
+    // The model's reasoning as a thinking block. No signature: nothing here verifies one.
+    if (!a.reasoning.empty()) {
+      content.push_back({{"type", "thinking"}, {"thinking", a.reasoning}, {"signature", ""}});
+    }
     if (!a.text.empty()) content.push_back({{"type", "text"}, {"text", a.text}});
     for (const ToolCall& call : a.calls) {
       json input = json::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
@@ -349,6 +353,13 @@ class AnthropicWriter : public ResponseWriter {
     st.answer.Feed(ev.text, ev.finished, &parts);
     for (AnswerPart& p : parts) {
       switch (p.kind) {
+        case AnswerPart::Kind::kReasoning:
+          if (st.open != AnthropicStream::Open::kThinking) {
+            Open(st, AnthropicStream::Open::kThinking,
+                 {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}, out);
+          }
+          Delta(st, {{"type", "thinking_delta"}, {"thinking", std::move(p.text)}}, out);
+          break;
         case AnswerPart::Kind::kText:
           if (st.open != AnthropicStream::Open::kText) {
             Open(st, AnthropicStream::Open::kText, {{"type", "text"}, {"text", ""}}, out);
@@ -412,6 +423,10 @@ class AnthropicWriter : public ResponseWriter {
   }
   static void Close(AnthropicStream& st, std::vector<SseEvent>* out) {
     if (st.open == AnthropicStream::Open::kNone) return;
+    // A thinking block ends with its signature, empty here (nothing verifies one).
+    if (st.open == AnthropicStream::Open::kThinking) {
+      Delta(st, {{"type", "signature_delta"}, {"signature", ""}}, out);
+    }
     out->push_back({"content_block_stop", {{"type", "content_block_stop"}, {"index", st.index}}});
     st.open = AnthropicStream::Open::kNone;
   }

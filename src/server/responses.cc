@@ -165,6 +165,9 @@ std::optional<ApiError> AddTools(const ordered& body, ordered* chat) {
       (*chat)["tool_choice"] = tc;  // auto, none, required: the chat parser checks
     } else if (Str(tc, "type") == "function") {
       PC_DIALECT_TRY(CheckFields(tc, "tool_choice", {"type", "name"}, {}));
+      if (Str(tc, "name").empty()) {
+        return Bad("tool_choice.name", "'tool_choice.name' must name a function");
+      }
       (*chat)["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
       return Bad("tool_choice",
@@ -323,6 +326,16 @@ json MessageItem(const std::string& id, const std::string& status, json content)
           {"content", std::move(content)}};
 }
 
+json ReasoningItem(const std::string& id, const std::string& status, const std::string& text) {
+  json content = json::array();
+  if (!text.empty()) content.push_back({{"type", "reasoning_text"}, {"text", text}});
+  return {{"id", id},
+          {"type", "reasoning"},
+          {"status", status},
+          {"summary", json::array()},
+          {"content", std::move(content)}};
+}
+
 json CallItem(const std::string& id, const std::string& status, const std::string& call_id,
               const std::string& name, const std::string& arguments) {
   return {{"id", id},     {"type", "function_call"}, {"status", status}, {"call_id", call_id},
@@ -332,9 +345,9 @@ json CallItem(const std::string& id, const std::string& status, const std::strin
 class ResponsesStream : public StreamState {
  public:
   explicit ResponsesStream(const ApiRequest& req) : answer(req) {}
-  AnswerStreamer answer;
+  AnswerPartStreamer answer;
   int64_t seq = 0;
-  enum class Open { kNone, kMessage, kCall } open = Open::kNone;
+  enum class Open { kNone, kReasoning, kMessage, kCall } open = Open::kNone;
   json item;         // the open item
   std::string text;  // its text or arguments so far
   json output = json::array();
@@ -347,8 +360,11 @@ class ResponsesWriter : public ResponseWriter {
 
   json Final(const Job& job) const override {
     const Choice& c = job.choices[0];
-    const Answer a = ParseAnswer(job.req, c.text);
+    const AnswerParts a = SplitAnswer(job.req, c.text);
     json output = json::array();
+    if (!a.reasoning.empty()) {
+      output.push_back(ReasoningItem(RandomId("rs_"), "completed", a.reasoning));
+    }
     if (!a.text.empty() || a.calls.empty()) {
       output.push_back(MessageItem(RandomId("msg_"), "completed", json::array({TextPart(a.text)})));
     }
@@ -372,6 +388,17 @@ class ResponsesWriter : public ResponseWriter {
     st.answer.Feed(ev.text, ev.finished, &parts);
     for (AnswerPart& p : parts) {
       switch (p.kind) {
+        case AnswerPart::Kind::kReasoning:
+          if (st.open != ResponsesStream::Open::kReasoning) {
+            Close(st, out);
+            st.open = ResponsesStream::Open::kReasoning;
+            st.item = ReasoningItem(RandomId("rs_"), "in_progress", "");
+            Emit(st, "response.output_item.added",
+                 {{"output_index", st.output.size()}, {"item", st.item}}, out);
+          }
+          st.text += p.text;
+          Emit(st, "response.reasoning_text.delta", Indexed(st, {{"delta", p.text}}), out);
+          break;
         case AnswerPart::Kind::kText:
           if (st.open != ResponsesStream::Open::kMessage) {
             Close(st, out);
@@ -460,6 +487,9 @@ class ResponsesWriter : public ResponseWriter {
            Indexed(st, {{"text", st.text}, {"logprobs", json::array()}}), out);
       Emit(st, "response.content_part.done", PartFields(st, TextPart(st.text)), out);
       st.item["content"] = json::array({TextPart(st.text)});
+    } else if (st.open == ResponsesStream::Open::kReasoning) {
+      Emit(st, "response.reasoning_text.done", Indexed(st, {{"text", st.text}}), out);
+      st.item = ReasoningItem(st.item["id"], "completed", st.text);
     } else if (st.open == ResponsesStream::Open::kCall) {
       Emit(st, "response.function_call_arguments.done",
            {{"item_id", st.item["id"]},

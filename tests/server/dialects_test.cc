@@ -220,6 +220,10 @@ TEST(OpenAiResponses, RefusesWhatItCannotHonour) {
   b["background"] = true;
   EXPECT_EQ(param_of(b), "background");
   b = ok;
+  b["tools"] = {{{"type", "function"}, {"name", "f"}}};
+  b["tool_choice"] = {{"type", "function"}};
+  EXPECT_EQ(param_of(b), "tool_choice.name");
+  b = ok;
   b["temperature"] = 2.5;  // OpenAI's range is [0, 2]
   EXPECT_EQ(param_of(b), "temperature");
   b = ok;
