@@ -94,6 +94,12 @@ struct Program {
   Body body;
 };
 
+// The filters and tests the evaluator has (filters.cc). Jinja2 refuses an unknown one when it
+// compiles the template, unless it sits in an if statement or a conditional expression, where
+// the error waits for the call.
+bool IsFilterName(std::string_view name);
+bool IsTestName(std::string_view name);
+
 // Tokens to tree; errors name the line and what was expected.
 StatusOr<std::shared_ptr<Program>> ParseProgram(std::vector<Token> tokens, std::string name,
                                                 int max_depth);

@@ -18,6 +18,13 @@ class Parser {
     auto program = std::make_shared<Program>();
     program->name = name_;
     PC_RETURN_IF_ERROR(Subparse({}, &program->body));
+    for (const Unknown& u : unknown_) {
+      if (!u.soft) {
+        return Fail(
+            std::string("No ") + (u.filter ? "filter" : "test") + " named '" + u.name + "'.",
+            u.line);
+      }
+    }
     return program;
   }
 
@@ -189,6 +196,7 @@ class Parser {
     Advance();
     if (tag == "if") {
       n->kind = NodeKind::kIf;
+      SoftScope soft(&soft_, true);
       while (true) {
         PC_ASSIGN_OR_RETURN(ExprPtr cond, ParseTuple(false, false, {}, false));
         n->exprs.push_back(std::move(cond));
@@ -217,7 +225,11 @@ class Parser {
       n->recursive = SkipName("recursive");
       ++loop_depth_;
       n->bodies.emplace_back();
-      Status st = ParseStatements({"endfor", "else"}, &n->bodies.back(), false);
+      Status st;
+      {
+        SoftScope inner(&soft_, false);  // a loop body is a new frame in Jinja2's compiler
+        st = ParseStatements({"endfor", "else"}, &n->bodies.back(), false);
+      }
       --loop_depth_;
       PC_RETURN_IF_ERROR(st);
       const std::string which = Cur().value;
@@ -234,6 +246,7 @@ class Parser {
         n->exprs.push_back(std::move(value));
       } else {
         n->kind = NodeKind::kSetBlock;
+        SoftScope inner(&soft_, false);
         PC_ASSIGN_OR_RETURN(ExprPtr filters, ParseFilter(nullptr, false));
         n->exprs.push_back(std::move(filters));
         n->bodies.emplace_back();
@@ -256,6 +269,7 @@ class Parser {
       PC_RETURN_IF_ERROR(ParseMacroBody(n->macro.get(), "endcall"));
     } else if (tag == "filter") {
       n->kind = NodeKind::kFilterBlock;
+      SoftScope inner(&soft_, false);
       PC_ASSIGN_OR_RETURN(ExprPtr filters, ParseFilter(nullptr, true));
       n->exprs.push_back(std::move(filters));
       n->bodies.emplace_back();
@@ -281,6 +295,7 @@ class Parser {
     } else if (tag == "generation") {
       // transformers' extension: marks assistant tokens for training; renders its body.
       n->kind = NodeKind::kScope;
+      SoftScope inner(&soft_, false);
       n->bodies.emplace_back();
       PC_RETURN_IF_ERROR(ParseStatements({"endgeneration"}, &n->bodies.back(), true));
     } else if (tag == "block") {
@@ -302,6 +317,7 @@ class Parser {
   Status ParseMacroBody(MacroDef* def, std::string_view end) {
     const int saved_loops = loop_depth_;
     loop_depth_ = 0;
+    SoftScope inner(&soft_, false);
     macros_.push_back(def);
     Status st = ParseStatements({end}, &def->body, true);
     macros_.pop_back();
@@ -408,8 +424,12 @@ class Parser {
     PC_RETURN_IF_ERROR(CheckDepth());
     if (!with_condexpr) return ParseOr();
     const int line = Cur().line;
+    const size_t first_unknown = unknown_.size();
     PC_ASSIGN_OR_RETURN(ExprPtr expr1, ParseOr());
-    while (SkipName("if")) {
+    while (IsName("if")) {
+      for (size_t i = first_unknown; i < unknown_.size(); ++i) unknown_[i].soft = true;
+      Advance();
+      SoftScope soft(&soft_, true);
       PC_ASSIGN_OR_RETURN(ExprPtr expr2, ParseOr());
       ExprPtr expr3;
       if (SkipName("else")) {
@@ -802,6 +822,7 @@ class Parser {
         PC_ASSIGN_OR_RETURN(std::string part, ExpectAnyName());
         name += "." + part;
       }
+      if (!IsFilterName(name)) unknown_.push_back({name, line, true, soft_});
       auto f = Make(ExprKind::kFilter, line);
       f->name = std::move(name);
       f->args.push_back(std::move(node));
@@ -820,6 +841,7 @@ class Parser {
       PC_ASSIGN_OR_RETURN(std::string part, ExpectAnyName());
       name += "." + part;
     }
+    if (!IsTestName(name)) unknown_.push_back({name, line, false, soft_});
     auto t = Make(ExprKind::kTest, line);
     t->name = std::move(name);
     t->args.push_back(std::move(node));
@@ -848,6 +870,22 @@ class Parser {
   int max_depth_;
   int depth_ = 0;
   int loop_depth_ = 0;
+  // Inside an if statement or a conditional expression (Jinja2's "soft" frame), where an
+  // unknown filter or test is an error only when called.
+  bool soft_ = false;
+  struct SoftScope {
+    SoftScope(bool* flag, bool value) : flag(flag), saved(*flag) { *flag = value; }
+    ~SoftScope() { *flag = saved; }
+    bool* flag;
+    bool saved;
+  };
+  struct Unknown {
+    std::string name;
+    int line;
+    bool filter;
+    bool soft;
+  };
+  std::vector<Unknown> unknown_;
   std::vector<MacroDef*> macros_;
 };
 
