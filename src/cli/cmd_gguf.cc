@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/model_shapes.h"
@@ -172,26 +173,8 @@ int RunSynth(const SynthArgs& a) {
   if (!a.arch.empty()) {
     auto arch = model::ArchFromName(a.arch);
     if (!arch.ok()) return Error(arch.status());
-    const bool qwen = *arch == model::Arch::kQwen2 || *arch == model::Arch::kQwen3 ||
-                      *arch == model::Arch::kQwen3Moe;
-    if (*arch != c.arch && qwen) {  // the qwen families' usual settings
-      c.rope_freq_base = 1e6f;
-      c.rms_eps = 1e-6f;
-    }
-    c.has_qkv_bias = *arch == model::Arch::kQwen2;  // every qwen2 model has q/k/v biases
-    // and every qwen3 model q/k norms
-    c.has_qk_norm = *arch == model::Arch::kQwen3 || *arch == model::Arch::kQwen3Moe ||
-                    *arch == model::Arch::kGemma3;
-    if (*arch == model::Arch::kGemma3 && c.arch != model::Arch::kGemma3) {
-      return Error(InvalidArgument("gemma3: give --shape gemma3-tiny or gemma3-1b (the window "
-                                   "and the norms come from a shape)"));
-    }
-    if (*arch == model::Arch::kQwen3Moe && c.n_expert == 0) {
-      return Error(InvalidArgument("qwen3moe: give --shape qwen3moe-tiny or qwen3moe-1.5b (the "
-                                   "expert counts come from a shape)"));
-    }
-    if (*arch == model::Arch::kPhi3) c.fused_qkv = c.fused_gate_up = true;  // as phi3 writes them
-    c.arch = *arch;
+    Status adopted = model::AdoptArch(*arch, c);
+    if (!adopted.ok()) return Error(adopted);
   }
   bool resized = a.embd > 0 || a.heads > 0;
   if (a.layers > 0) c.n_layer = a.layers;
@@ -230,8 +213,7 @@ std::function<int()> SetupGguf(CLI::App& app) {
   synth->add_option("--vocab", sa->vocab, "vocabulary GGUF (tokenizer.* keys are copied)")
       ->required();
   synth->add_option("--shape", sa->shape, "named shape: " + shapes);
-  synth->add_option("--arch", sa->arch,
-                    "llama|qwen2|qwen3|phi3|qwen3moe|gemma3 (overrides the shape's)");
+  synth->add_option("--arch", sa->arch, model::ArchNames("|") + " (overrides the shape's)");
   synth->add_option("--layers", sa->layers, "number of blocks");
   synth->add_option("--embd", sa->embd, "embedding width");
   synth->add_option("--heads", sa->heads, "attention heads");

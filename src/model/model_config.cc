@@ -3,34 +3,45 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <limits>
 
+#include "model/arch.h"
 #include "model/model_shapes.h"
 
 namespace polychip::model {
 
+namespace {
+
+struct ArchEntry {
+  Arch arch;
+  const char* name;
+};
+constexpr ArchEntry kArchs[] = {
+#define PC_ARCH(Name, name) {Arch::k##Name, name},
+#include "model/archs.def"
+#undef PC_ARCH
+};
+
+}  // namespace
+
 const char* ArchName(Arch arch) {
-  switch (arch) {
-    case Arch::kLlama: return "llama";
-    case Arch::kQwen2: return "qwen2";
-    case Arch::kQwen3: return "qwen3";
-    case Arch::kPhi3: return "phi3";
-    case Arch::kQwen3Moe: return "qwen3moe";
-    case Arch::kGemma3: return "gemma3";
+  for (const ArchEntry& e : kArchs) {
+    if (e.arch == arch) return e.name;
   }
   return "?";
 }
 
+std::string ArchNames(std::string_view separator) {
+  std::string names;
+  for (const ArchEntry& e : kArchs) names += (names.empty() ? "" : std::string(separator)) + e.name;
+  return names;
+}
+
 StatusOr<Arch> ArchFromName(std::string_view name) {
-  if (name == "llama") return Arch::kLlama;
-  if (name == "qwen2") return Arch::kQwen2;
-  if (name == "qwen3") return Arch::kQwen3;
-  if (name == "phi3") return Arch::kPhi3;
-  if (name == "qwen3moe") return Arch::kQwen3Moe;
-  if (name == "gemma3") return Arch::kGemma3;
-  return Unimplemented(fmt::format("unsupported architecture {} (supported: llama, qwen2, qwen3, "
-                                   "phi3, qwen3moe, gemma3)",
-                                   name.empty() ? "(none)" : name));
+  for (const ArchEntry& e : kArchs) {
+    if (name == e.name) return e.arch;
+  }
+  return Unimplemented(fmt::format("unsupported architecture {} (supported: {})",
+                                   name.empty() ? "(none)" : name, ArchNames(", ")));
 }
 
 const char* RopeScalingName(RopeScaling s) {
@@ -73,35 +84,6 @@ std::string ModelConfig::Summary() const {
 
 namespace {
 
-// An integer hyper-parameter; llama.cpp allows per-layer arrays for some of them, which we
-// accept only when every layer has the same value.
-StatusOr<int64_t> GetCount(const GgufFile& f, const std::string& key, bool required,
-                           int64_t def) {
-  const GgufValue* v = f.Find(key);
-  if (v == nullptr) {
-    if (required) return InvalidArgument(fmt::format("missing hyper-parameter '{}'", key));
-    return def;
-  }
-  int64_t x = 0;
-  if (v->type == GgufType::kArray && v->raw != nullptr && IsGgufIntegerType(v->elem_type) &&
-      v->count > 0) {
-    x = v->IntAt(0);
-    for (uint64_t k = 1; k < v->count; ++k) {
-      if (v->IntAt(k) != x) {
-        return Unimplemented(fmt::format("'{}' varies per layer, which is not supported", key));
-      }
-    }
-  } else {
-    PC_ASSIGN_OR_RETURN(x, f.GetI64(key));
-  }
-  // No real model has a dimension or a count near 2^31, and the bound keeps the product of any
-  // two of them (a tensor's element count, q_dim) inside int64 before the tensors are checked.
-  if (x < 0 || x > std::numeric_limits<int32_t>::max()) {
-    return InvalidArgument(fmt::format("hyper-parameter '{}' = {} is out of range", key, x));
-  }
-  return x;
-}
-
 // A layer has at least kMinLayerTensors tensors (two norms, q/k/v/output, gate/up/down; 6 with
 // phi3's fused attn_qkv and gate/up), so a block count the file's tensors cannot cover is refused
 // before anything is sized by it: ArchTensors lists ~10 specs per layer, and block_count = 10^9
@@ -133,34 +115,6 @@ bool IsMatrixDType(DType t) {
 
 bool IsVectorDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-// gemma3's hyper-parameters, as llama.cpp reads them (src/models/gemma3.cpp).
-template <typename Key>
-Status ReadGemma3(const GgufFile& f, const Key& key, ModelConfig& c) {
-  c.has_post_norms = true;
-  c.gelu_ffn = true;
-  c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
-  // Gemma's query_pre_attn_scalar is the head size, except for the 27B (62 layers), whose
-  // n_embd / n_head differs from it; the files do not carry it, llama.cpp infers it so.
-  const int64_t scalar = c.n_layer == 62 ? c.n_embd / c.n_head : c.head_dim;
-  c.attn_scale = 1.0f / std::sqrt(static_cast<float>(scalar));
-  PC_ASSIGN_OR_RETURN(c.sliding_window, GetCount(f, key("attention.sliding_window"), false, 0));
-  if (c.sliding_window > 0) {
-    PC_ASSIGN_OR_RETURN(c.sliding_window_pattern,
-                        GetCount(f, key("attention.sliding_window_pattern"), false, 6));
-    c.rope_freq_base_swa = f.GetF32(key("rope.freq_base_swa"), 10000.0f);
-    if (!(c.rope_freq_base_swa > 0) || !std::isfinite(c.rope_freq_base_swa)) {
-      return InvalidArgument(fmt::format("'{}' {} is invalid", key("rope.freq_base_swa"),
-                                         c.rope_freq_base_swa));
-    }
-  }
-  const float softcap = f.GetF32(key("final_logit_softcapping"), 0.0f);
-  if (softcap != 0.0f) {
-    return Unimplemented(fmt::format("'{}' = {:g}: logit soft-capping is not supported",
-                                     key("final_logit_softcapping"), softcap));
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
@@ -173,14 +127,15 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   std::string a(arch_value->str);
   PC_ASSIGN_OR_RETURN(c.arch, ArchFromName(a));
   c.name = f.GetString("general.name", "");
-  auto key = [&a](std::string_view k) { return fmt::format("{}.{}", a, k); };
+  const HParams hp(f, a);
+  auto key = [&hp](std::string_view k) { return hp.Key(k); };
 
-  PC_ASSIGN_OR_RETURN(c.n_ctx_train, GetCount(f, key("context_length"), true, 0));
-  PC_ASSIGN_OR_RETURN(c.n_embd, GetCount(f, key("embedding_length"), true, 0));
-  PC_ASSIGN_OR_RETURN(c.n_layer, GetCount(f, key("block_count"), true, 0));
-  PC_ASSIGN_OR_RETURN(c.n_ff, GetCount(f, key("feed_forward_length"), true, 0));
-  PC_ASSIGN_OR_RETURN(c.n_head, GetCount(f, key("attention.head_count"), true, 0));
-  PC_ASSIGN_OR_RETURN(c.n_head_kv, GetCount(f, key("attention.head_count_kv"), false, c.n_head));
+  PC_ASSIGN_OR_RETURN(c.n_ctx_train, hp.Count("context_length", true, 0));
+  PC_ASSIGN_OR_RETURN(c.n_embd, hp.Count("embedding_length", true, 0));
+  PC_ASSIGN_OR_RETURN(c.n_layer, hp.Count("block_count", true, 0));
+  PC_ASSIGN_OR_RETURN(c.n_ff, hp.Count("feed_forward_length", true, 0));
+  PC_ASSIGN_OR_RETURN(c.n_head, hp.Count("attention.head_count", true, 0));
+  PC_ASSIGN_OR_RETURN(c.n_head_kv, hp.Count("attention.head_count_kv", false, c.n_head));
   // A context of 0 used to become 4096 without a word; a file that says so is broken.
   if (c.n_ctx_train <= 0) {
     return InvalidArgument(fmt::format("hyper-parameter '{}' is 0", key("context_length")));
@@ -201,11 +156,9 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     return InvalidArgument(fmt::format("head_count {} is not a multiple of head_count_kv {}",
                                        c.n_head, c.n_head_kv));
   }
-  PC_ASSIGN_OR_RETURN(c.head_dim, GetCount(f, key("attention.key_length"), false,
-                                           c.n_embd / c.n_head));
-  PC_ASSIGN_OR_RETURN(c.head_dim_v, GetCount(f, key("attention.value_length"), false,
-                                             c.head_dim));
-  PC_ASSIGN_OR_RETURN(c.n_rot, GetCount(f, key("rope.dimension_count"), false, c.head_dim));
+  PC_ASSIGN_OR_RETURN(c.head_dim, hp.Count("attention.key_length", false, c.n_embd / c.n_head));
+  PC_ASSIGN_OR_RETURN(c.head_dim_v, hp.Count("attention.value_length", false, c.head_dim));
+  PC_ASSIGN_OR_RETURN(c.n_rot, hp.Count("rope.dimension_count", false, c.head_dim));
   if (c.head_dim <= 0 || c.n_rot > c.head_dim || c.n_rot % 2 != 0) {
     return InvalidArgument(fmt::format("invalid head size {} / rope dimension count {}",
                                        c.head_dim, c.n_rot));
@@ -214,12 +167,6 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     return Unimplemented(fmt::format("value head size {} differs from key head size {}",
                                      c.head_dim_v, c.head_dim));
   }
-  if (c.arch == Arch::kLlama && c.n_rot != c.head_dim) {
-    return InvalidArgument(fmt::format("llama: rope dimension count {} must equal the head size "
-                                       "{}",
-                                       c.n_rot, c.head_dim));
-  }
-
   auto eps = f.GetF32(key("attention.layer_norm_rms_epsilon"));
   if (!eps.ok()) return InvalidArgument(fmt::format("missing or invalid '{}'",
                                                     key("attention.layer_norm_rms_epsilon")));
@@ -255,13 +202,13 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   if (c.rope_scaling == RopeScaling::kLinear && c.rope_scaling_factor == 1.0f) {
     c.rope_scaling = RopeScaling::kNone;
   }
-  PC_ASSIGN_OR_RETURN(c.rope_orig_ctx, GetCount(f, key("rope.scaling.original_context_length"),
-                                                false, c.n_ctx_train));
+  PC_ASSIGN_OR_RETURN(c.rope_orig_ctx,
+                      hp.Count("rope.scaling.original_context_length", false, c.n_ctx_train));
 
   // Vocabulary size: <arch>.vocab_size, else the tokenizer's list, else the embedding.
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
   if (f.Has(key("vocab_size"))) {
-    PC_ASSIGN_OR_RETURN(c.n_vocab, GetCount(f, key("vocab_size"), true, 0));
+    PC_ASSIGN_OR_RETURN(c.n_vocab, hp.Count("vocab_size", true, 0));
   } else if (const GgufValue* toks = f.Find("tokenizer.ggml.tokens");
              toks != nullptr && toks->type == GgufType::kArray) {
     c.n_vocab = static_cast<int64_t>(toks->count);
@@ -274,33 +221,15 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.has_output_bias = f.FindTensor("output.bias") != nullptr;
   c.has_qkv_bias = f.FindTensor(LayerTensorName(0, "attn_q.bias")) != nullptr;
   c.has_rope_freqs = f.FindTensor("rope_freqs.weight") != nullptr;
-  c.has_qk_norm = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe || c.arch == Arch::kGemma3;
-  if (c.arch == Arch::kGemma3) PC_RETURN_IF_ERROR(ReadGemma3(f, key, c));
-  if (c.arch == Arch::kQwen3Moe) {
-    // As llama.cpp: the expert size defaults to the dense size over the experts used, and
-    // qwen3moe always renormalises the chosen experts' weights.
-    PC_ASSIGN_OR_RETURN(c.n_expert, GetCount(f, key("expert_count"), true, 0));
-    PC_ASSIGN_OR_RETURN(c.n_expert_used, GetCount(f, key("expert_used_count"), true, 0));
-    if (c.n_expert <= 0 || c.n_expert_used <= 0 || c.n_expert_used > c.n_expert) {
-      return InvalidArgument(fmt::format("invalid experts: {} = {}, {} = {}", key("expert_count"),
-                                         c.n_expert, key("expert_used_count"), c.n_expert_used));
-    }
-    PC_ASSIGN_OR_RETURN(c.n_ff_exp, GetCount(f, key("expert_feed_forward_length"), false,
-                                             c.n_ff / c.n_expert_used));
-    if (c.n_ff_exp <= 0) {
-      return InvalidArgument(fmt::format("invalid '{}' {}", key("expert_feed_forward_length"),
-                                         c.n_ff_exp));
-    }
-    c.moe_norm_weights = true;
+  // What is the architecture's own: its structure and its keys (src/model/<arch>.cc).
+  if (const ArchDef& def = GetArch(c.arch); def.read != nullptr) {
+    PC_RETURN_IF_ERROR(def.read(hp, c));
   }
-  c.fused_qkv = f.FindTensor(LayerTensorName(0, "attn_qkv.weight")) != nullptr;
-  if (c.fused_qkv && c.arch != Arch::kPhi3) {
+  if (!c.fused_qkv && f.FindTensor(LayerTensorName(0, "attn_qkv.weight")) != nullptr) {
     return Unimplemented(fmt::format("{}: fused attn_qkv weights are not supported (separate "
                                      "q/k/v expected)",
                                      a));
   }
-  c.fused_gate_up = c.arch == Arch::kPhi3;
-  c.has_rope_factors = c.arch == Arch::kPhi3 && f.FindTensor("rope_factors_long.weight") != nullptr;
   c.rope_attn_factor = f.GetF32(key("rope.scaling.attn_factor"), 1.0f);
   if (!(c.rope_attn_factor > 0) || !std::isfinite(c.rope_attn_factor)) {
     return InvalidArgument(fmt::format("rope attn factor {} is invalid", c.rope_attn_factor));

@@ -12,12 +12,18 @@
 
 namespace polychip::model {
 
-enum class Arch { kLlama, kQwen2, kQwen3, kPhi3, kQwen3Moe, kGemma3 };
-// "llama", "qwen2", "qwen3", "phi3", "qwen3moe", "gemma3"
+// The architectures of archs.def, as Arch::k<Name>; each one's definition is in its own file
+// (arch.h).
+enum class Arch {
+#define PC_ARCH(Name, name) k##Name,
+#include "model/archs.def"
+#undef PC_ARCH
+};
+// general.architecture: "llama", "qwen2", ...
 const char* ArchName(Arch arch);
-// Unimplemented "unsupported architecture X (supported: llama, qwen2, qwen3, phi3, qwen3moe,
-// gemma3)" otherwise.
+// Unimplemented "unsupported architecture X (supported: llama, qwen2, ...)" otherwise.
 StatusOr<Arch> ArchFromName(std::string_view name);
+std::string ArchNames(std::string_view separator);  // "llama, qwen2, ..."
 
 enum class RopeScaling { kNone, kLinear, kYarn };
 const char* RopeScalingName(RopeScaling s);

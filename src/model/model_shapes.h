@@ -1,5 +1,6 @@
-// The tensors an architecture consists of (names and shapes as in llama.cpp's GGUF files), and
-// the hyper-parameters of a few real models, used to validate loaded files and to synthesize
+// The tensors of the shared transformer (names and shapes as in llama.cpp's GGUF files), as the
+// structure flags an architecture's file sets choose them, and the named shapes of real models
+// (each in its architecture's file), used to validate loaded files and to synthesize
 // random-weight models of a real shape.
 #pragma once
 
@@ -35,10 +36,10 @@ struct TensorSpec {
 // decide which tensors are listed.
 std::vector<TensorSpec> ArchTensors(const ModelConfig& c);
 
-// Named shapes: "qwen2.5-0.5b", "qwen3-0.6b", "phi-3-mini-4k", "llama-3.2-1b",
-// "tinyllama-1.1b", "tiny" (arch llama; callers may change `arch`), "qwen3-tiny", "phi3-tiny",
-// "qwen3moe-1.5b" (Qwen3-30B-A3B scaled down), "qwen3moe-tiny", "gemma3-1b", "gemma3-tiny".
-// n_vocab is left 0: it comes from the vocabulary file.
+// Named shapes of real models and tiny test ones, each defined in its architecture's file
+// (ArchDef::shapes): "qwen2.5-0.5b", "llama-3.2-1b", "tiny" (llama; `gguf synth --arch` makes it
+// another's), "qwen3-tiny", "gemma3-tiny", ... n_vocab is left 0: it comes from the vocabulary
+// file.
 StatusOr<ModelConfig> ShapePreset(std::string_view name);
 std::vector<std::string> ShapePresetNames();
 

@@ -1,8 +1,12 @@
 #include "model/op_coverage.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <set>
 
+#include "model/transformer.h"
 #include "runtime/op_fallback.h"
 
 namespace polychip::model {
@@ -20,9 +24,12 @@ std::string DeviceName(const runtime::Device& d) {
 bool Supported(const runtime::Device& device, const OpUse& use) {
   if (device.backend()->abi_minor() < use.abi_minor) return false;
   switch (use.dtypes.size()) {
-    case 0: return runtime::SupportsOp(device, use.op, {DType::kF32});
-    case 1: return runtime::SupportsOp(device, use.op, {use.dtypes[0]});
-    case 2: return runtime::SupportsOp(device, use.op, {use.dtypes[0], use.dtypes[1]});
+    case 0:
+      return runtime::SupportsOp(device, use.op, {DType::kF32});
+    case 1:
+      return runtime::SupportsOp(device, use.op, {use.dtypes[0]});
+    case 2:
+      return runtime::SupportsOp(device, use.op, {use.dtypes[0], use.dtypes[1]});
     default:
       return runtime::SupportsOp(device, use.op, {use.dtypes[0], use.dtypes[1], use.dtypes[2]});
   }
@@ -37,94 +44,236 @@ std::string OpUse::DtypeText() const {
   return s;
 }
 
-std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType kv_dtype,
-                               bool tensor_parallel) {
-  using runtime::Op;
+namespace {
+
+using runtime::DevPtr;
+
+// A member appended after its op came (a launch that sets it needs a plugin that knows it).
+constexpr bool Newer(uint32_t member_since, uint32_t op_since) { return member_since > op_since; }
+
+// Runs the forward pass once without a device (Transformer over a Launcher that records): every
+// launch becomes the (op, dtypes, ABI minor) op coverage asks a plugin about, with what it
+// reads. Weights, KV cache and step buffers are placeholder addresses, each standing for a name.
+class Recorder final : public Launcher {
+ public:
+  // A placeholder address for `name`: a tensor of the file, a layer's KV cache ("blk.3.k_cache",
+  // `weight` true) or a step buffer.
+  DevPtr Place(const std::string& name, bool weight) {
+    const DevPtr ptr = (names_.size() + 1) * 4096;
+    names_[ptr] = {name, weight};
+    return ptr;
+  }
+  std::vector<OpUse> Uses(int64_t n_layer) const;
+
+#define PC_DT(member, role, kind) dtypes.push_back(a.member);
+#define PC_LAYOUT(member)
+#define PC_M(type, m, since) \
+  if (Newer(since, kOpSince) && a.m != decltype(a.m){}) minor = std::max<uint32_t>(minor, since);
+#define PC_PTR(m, access, bytes, since) \
+  PC_M(DevPtr, m, since)                \
+  operands.push_back(a.m);
+#define PC_OP(NAME, name, Camel, id, args_t, since, DTYPES, LAYOUT, MEMBERS) \
+  Status Launch(const runtime::Camel##Args& a) override {                    \
+    constexpr uint32_t kOpSince = since;                                     \
+    std::vector<DType> dtypes;                                               \
+    std::vector<DevPtr> operands;                                            \
+    uint32_t minor = 0;                                                      \
+    DTYPES                                                                   \
+    MEMBERS                                                                  \
+    Record(runtime::Op::k##Camel, std::move(dtypes), minor, operands);       \
+    return Status::Ok();                                                     \
+  }
+#include "polychip_op_list.def"
+#undef PC_OP
+#undef PC_PTR
+#undef PC_M
+#undef PC_LAYOUT
+#undef PC_DT
+
+  Status AllReduce(const TensorParallel&, DevPtr, int64_t) override { return Status::Ok(); }
+  Status Send(const PipelineStage&, DevPtr, int64_t) override { return Status::Ok(); }
+  Status Recv(const PipelineStage&, DevPtr, int64_t) override { return Status::Ok(); }
+
+ private:
+  struct Name {
+    std::string name;
+    bool weight;
+  };
+  // One kind of launch and what launched it: the weight it reads (or, without one, the first
+  // buffer), with the layers seen, "blk.3." folded into "blk.*.".
+  struct User {
+    std::string name;
+    std::set<int64_t> layers;
+  };
+  struct Row {
+    OpUse use;
+    std::vector<User> users;
+  };
+
+  void Record(runtime::Op op, std::vector<DType> dtypes, uint32_t minor,
+              const std::vector<DevPtr>& operands) {
+    const Name* by = nullptr;
+    for (DevPtr p : operands) {
+      auto it = names_.find(p);
+      if (it == names_.end()) continue;
+      if (it->second.weight) {
+        by = &it->second;
+        break;
+      }
+      if (by == nullptr) by = &it->second;
+    }
+    std::string name = by != nullptr ? by->name : runtime::OpName(op);
+    int64_t layer = -1;
+    if (name.rfind("blk.", 0) == 0) {
+      const size_t dot = name.find('.', 4);
+      layer = std::stoll(name.substr(4, dot - 4));
+      name = "blk.*" + name.substr(dot);
+    }
+    auto row = std::find_if(rows_.begin(), rows_.end(), [&](const Row& r) {
+      return r.use.op == op && r.use.dtypes == dtypes && r.use.abi_minor == minor;
+    });
+    if (row == rows_.end()) row = rows_.insert(rows_.end(), Row{{op, dtypes, {}, minor}, {}});
+    auto user = std::find_if(row->users.begin(), row->users.end(),
+                             [&](const User& u) { return u.name == name; });
+    if (user == row->users.end()) user = row->users.insert(row->users.end(), User{name, {}});
+    if (layer >= 0) user->layers.insert(layer);
+  }
+
+  std::map<DevPtr, Name> names_;
+  std::vector<Row> rows_;
+};
+
+std::vector<OpUse> Recorder::Uses(int64_t n_layer) const {
   std::vector<OpUse> uses;
-  // One row per (op, dtype), its users in order of first appearance.
-  auto add = [&](Op op, std::vector<DType> dtypes, const std::string& user,
-                 uint32_t abi_minor = 0) {
-    for (OpUse& u : uses) {
-      if (u.op == op && u.dtypes == dtypes && u.abi_minor == abi_minor) {
-        if (std::find(u.users.begin(), u.users.end(), user) == u.users.end())
-          u.users.push_back(user);
-        return;
+  for (const Row& row : rows_) {
+    OpUse use = row.use;
+    for (const User& u : row.users) {
+      const auto n = static_cast<int64_t>(u.layers.size());
+      if (n == 0) {
+        use.users.push_back(u.name);
+      } else if (n == n_layer) {
+        use.users.push_back(u.name + " (" + std::to_string(n) + " layers)");
+      } else {
+        use.users.push_back(u.name + " (" + std::to_string(n) + " of " + std::to_string(n_layer) +
+                            " layers)");
       }
     }
-    uses.push_back(OpUse{op, std::move(dtypes), {user}, abi_minor});
-  };
+    uses.push_back(std::move(use));
+  }
+  return uses;
+}
+
+// Placeholder weights: each tensor of the file that the loader puts in ModelWeights, at an
+// address of its own, of its dtype in the file. A fused matrix (phi3's attn_qkv, and its
+// ffn_up holding gate and up) stands for each of its parts: their launches are its rows.
+ModelWeights PlaceWeights(const GgufFile& file, const ModelConfig& c, Recorder& rec) {
+  ModelWeights w;
   auto dtype_of = [&](const std::string& name) {
     const GgufTensor* t = file.FindTensor(name);
     return t != nullptr ? t->dtype : DType::kF32;
   };
-  const std::string layers = " (" + std::to_string(c.n_layer) + " layers)";
+  auto vector = [&](const std::string& name) {
+    return file.FindTensor(name) != nullptr ? rec.Place(name, true) : DevPtr{0};
+  };
+  auto matrix = [&](const std::string& name) {
+    MatrixRef m;
+    m.data = rec.Place(name, true);
+    m.dtype = dtype_of(name);
+    return m;
+  };
+  w.embd = rec.Place("token_embd.weight", true);
+  w.embd_dtype = dtype_of("token_embd.weight");
+  w.output = c.tied_output ? MatrixRef{w.embd, w.embd_dtype} : matrix("output.weight");
+  w.output_norm = vector("output_norm.weight");
+  w.output_bias = vector("output.bias");
+  w.rope_freqs =
+      c.has_rope_factors ? vector("rope_factors_short.weight") : vector("rope_freqs.weight");
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    auto n = [l](const char* suffix) { return LayerTensorName(l, suffix); };
+    LayerWeights& L = w.layers.emplace_back();
+    L.attn_norm = vector(n("attn_norm.weight"));
+    L.ffn_norm = vector(n("ffn_norm.weight"));
+    L.q_norm = vector(n("attn_q_norm.weight"));
+    L.k_norm = vector(n("attn_k_norm.weight"));
+    L.post_attn_norm = vector(n("post_attention_norm.weight"));
+    L.post_ffn_norm = vector(n("post_ffw_norm.weight"));
+    L.bq = vector(n("attn_q.bias"));
+    L.bk = vector(n("attn_k.bias"));
+    L.bv = vector(n("attn_v.bias"));
+    L.bo = vector(n("attn_output.bias"));
+    if (c.fused_qkv) {
+      L.wq = L.wk = L.wv = matrix(n("attn_qkv.weight"));
+    } else {
+      L.wq = matrix(n("attn_q.weight"));
+      L.wk = matrix(n("attn_k.weight"));
+      L.wv = matrix(n("attn_v.weight"));
+    }
+    L.wo = matrix(n("attn_output.weight"));
+    if (c.n_expert > 0) {
+      L.router = matrix(n("ffn_gate_inp.weight"));
+      L.gate_exps = matrix(n("ffn_gate_exps.weight"));
+      L.up_exps = matrix(n("ffn_up_exps.weight"));
+      L.down_exps = matrix(n("ffn_down_exps.weight"));
+    } else if (c.fused_gate_up) {
+      L.w_gate = L.w_up = matrix(n("ffn_up.weight"));
+      L.w_down = matrix(n("ffn_down.weight"));
+    } else {
+      L.w_gate = matrix(n("ffn_gate.weight"));
+      L.w_up = matrix(n("ffn_up.weight"));
+      L.w_down = matrix(n("ffn_down.weight"));
+    }
+  }
+  return w;
+}
 
-  add(Op::kEmbedding, {dtype_of("token_embd.weight")}, "token_embd.weight");
-  add(Op::kRmsNorm, {}, "blk.*.attn_norm, blk.*.ffn_norm, output_norm");
-  if (c.has_qk_norm) add(Op::kRmsNorm, {}, "blk.*.attn_q_norm, blk.*.attn_k_norm (per head)");
-  if (c.has_post_norms) add(Op::kRmsNorm, {}, "blk.*.post_attention_norm, blk.*.post_ffw_norm");
-  // Layer weights may mix dtypes (the _M quantization mixes keep some tensors at a higher
-  // precision, and vary them between layers): one row per dtype actually present.
-  // A fused matrix (phi3's attn_qkv; its ffn_up holds gate and up) is one row: the parts the
-  // forward pass multiplies by are rows of it, of its dtype.
-  static const char* kMatrices[] = {"attn_q", "attn_k",   "attn_v", "attn_qkv", "attn_output",
-                                    "ffn_gate", "ffn_up", "ffn_down"};
-  for (const char* m : kMatrices) {
-    std::map<DType, int64_t> per_dtype;
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      const std::string name = LayerTensorName(l, std::string(m) + ".weight");
-      if (file.FindTensor(name) != nullptr) ++per_dtype[dtype_of(name)];
-    }
-    for (auto [dtype, count] : per_dtype) {
-      const std::string n = count == c.n_layer ? layers : " (" + std::to_string(count) + " of " +
-                                                              std::to_string(c.n_layer) + " layers)";
-      add(Op::kMatmul, {dtype}, std::string("blk.*.") + m + ".weight" + n);
-    }
+}  // namespace
+
+std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType kv_dtype,
+                               bool tensor_parallel) {
+  Recorder rec;
+  const ModelWeights w = PlaceWeights(file, c, rec);
+  StatusOr<Transformer> transformer = Transformer::Create(c, w);
+  PC_CHECK(transformer.ok());  // FromGguf accepted the configuration
+  TensorParallel tp;
+  tp.size = 2;  // the all-reduces themselves are the comm plugin's, not the device's
+  if (tensor_parallel) transformer->SetTensorParallel(&tp);
+
+  StepInputs in;
+  in.n_tokens = in.n_seqs = 1;
+  in.tokens = rec.Place("tokens", false);
+  in.positions = rec.Place("positions", false);
+  StepBuffers b;
+  b.x = rec.Place("hidden states", false);
+  b.xn = rec.Place("normed hidden states", false);
+  b.q = rec.Place("q", false);
+  b.k = rec.Place("k", false);
+  b.v = rec.Place("v", false);
+  b.attn = rec.Place("attention output", false);
+  b.gate = rec.Place("feed-forward gate", false);
+  b.up = rec.Place("feed-forward up", false);
+  KvCacheView kv;
+  kv.dtype = kv_dtype;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    kv.k.push_back(rec.Place(LayerTensorName(l, "k_cache"), true));
+    kv.v.push_back(rec.Place(LayerTensorName(l, "v_cache"), true));
   }
-  if (c.n_expert > 0) {  // qwen3moe: the router's matmul, and MOE per dtype combination
-    std::map<std::vector<DType>, int64_t> per_dtypes;
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      add(Op::kMatmul, {dtype_of(LayerTensorName(l, "ffn_gate_inp.weight"))},
-          "blk.*.ffn_gate_inp.weight (router)");
-      ++per_dtypes[{dtype_of(LayerTensorName(l, "ffn_gate_exps.weight")),
-                    dtype_of(LayerTensorName(l, "ffn_up_exps.weight")),
-                    dtype_of(LayerTensorName(l, "ffn_down_exps.weight"))}];
-    }
-    for (const auto& [dtypes, count] : per_dtypes) {
-      add(Op::kMoe, dtypes,
-          "blk.*.ffn_{gate,up,down}_exps.weight (" + std::to_string(count) + " of " +
-              std::to_string(c.n_layer) + " layers)");
-    }
-  }
-  const std::string output = c.tied_output ? "token_embd.weight" : "output.weight";
-  add(Op::kMatmul, {dtype_of(output)}, output + " (logits)");
-  add(Op::kRope, {}, "q and k of every layer");
-  add(Op::kKvStore, {kv_dtype}, "KV cache");
-  const int64_t n_sliding = c.NumSlidingLayers();
-  if (n_sliding < c.n_layer) add(Op::kAttention, {kv_dtype}, "KV cache");
-  if (n_sliding > 0) {  // the window member came in ABI 1.4
-    add(Op::kAttention, {kv_dtype},
-        "sliding-window layers (" + std::to_string(n_sliding) + " of " +
-            std::to_string(c.n_layer) + ", window " + std::to_string(c.sliding_window) + ")",
-        4);
-  }
-  if (c.gelu_ffn) {
-    add(Op::kGeglu, {}, "feed-forward of every layer");
-    add(Op::kScale, {}, "token embeddings times sqrt(n_embd)");
-    add(Op::kAdd, {}, "post-attention and post-feed-forward norms' residuals");
-  } else if (c.n_expert == 0) {
-    add(Op::kSwiglu, {}, "feed-forward of every layer");
-  }
-  add(Op::kEmbedding, {DType::kF32}, "logits rows of the hidden states");
-  if (tensor_parallel) add(Op::kAdd, {}, "tensor-parallel residual");
-  return uses;
+  const DevPtr rows = rec.Place("rows", false);
+  const DevPtr h = rec.Place("final hidden states", false);
+  const DevPtr logits = rec.Place("logits", false);
+  // A recorder's launches cannot fail.
+  PC_CHECK(transformer->Layers(rec, in, b, kv).ok());
+  PC_CHECK(transformer->Logits(rec, b.x, in.n_tokens, rows, 1, h, logits).ok());
+  return rec.Uses(c.n_layer);
 }
 
 const char* OpStateName(OpState state) {
   switch (state) {
-    case OpState::kSupported: return "supported";
-    case OpState::kFallback: return "fallback";
-    case OpState::kMissing: return "missing";
+    case OpState::kSupported:
+      return "supported";
+    case OpState::kFallback:
+      return "fallback";
+    case OpState::kMissing:
+      return "missing";
   }
   return "?";
 }
@@ -151,9 +300,11 @@ std::string FormatCoverage(const std::vector<CoverageRow>& rows) {
     op_w = std::max(op_w, std::string(runtime::OpName(r.use.op)).size());
     dt_w = std::max(dt_w, r.use.DtypeText().size());
   }
-  auto pad = [](std::string s, size_t w) { return s + std::string(w > s.size() ? w - s.size() : 0, ' '); };
-  std::string out = pad("op", op_w) + "  " + pad("dtype", dt_w) + "  " + pad("state", 9) +
-                    "  used by\n";
+  auto pad = [](std::string s, size_t w) {
+    return s + std::string(w > s.size() ? w - s.size() : 0, ' ');
+  };
+  std::string out =
+      pad("op", op_w) + "  " + pad("dtype", dt_w) + "  " + pad("state", 9) + "  used by\n";
   for (const CoverageRow& r : rows) {
     std::string users;
     for (const std::string& u : r.use.users) users += (users.empty() ? "" : "; ") + u;
@@ -175,15 +326,15 @@ Status CoverageStatus(const runtime::Device& device, const std::vector<CoverageR
   if (missing.empty()) return Status::Ok();
   std::string hint;
   if (device.op_fallback() == nullptr) {
-    hint = "run them on another plugin with --op-fallback cpu (or op_fallback: cpu in the "
-           "config), or implement them in the plugin (docs/adding-a-backend.md)";
+    hint =
+        "run them on another plugin with --op-fallback cpu (or op_fallback: cpu in the "
+        "config), or implement them in the plugin (docs/adding-a-backend.md)";
   } else {
     hint = "the fallback device " + DeviceName(device.op_fallback()->device()) +
            " lacks them too: implement them in one of the two plugins";
   }
   return FailedPrecondition("device " + DeviceName(device) + " (" + device.backend()->path() +
-                            ") does not support ops this model launches:" + missing + "\n" +
-                            hint);
+                            ") does not support ops this model launches:" + missing + "\n" + hint);
 }
 
 }  // namespace polychip::model

@@ -2,28 +2,11 @@
 
 #include <cmath>
 
+#include "model/arch.h"
+
 namespace polychip::model {
 
 using runtime::DevPtr;
-using runtime::Launch;
-
-ArchTraits TraitsFor(Arch arch) {
-  switch (arch) {
-    case Arch::kQwen2:
-      return Qwen2Traits();
-    case Arch::kQwen3:
-      return Qwen3Traits();
-    case Arch::kPhi3:
-      return Phi3Traits();
-    case Arch::kQwen3Moe:
-      return Qwen3MoeTraits();
-    case Arch::kGemma3:
-      return Gemma3Traits();
-    case Arch::kLlama:
-    default:
-      return LlamaTraits();
-  }
-}
 
 StatusOr<Transformer> Transformer::Create(const ModelConfig& config,
                                           const ModelWeights& weights) {
@@ -39,10 +22,10 @@ StatusOr<Transformer> Transformer::Create(const ModelConfig& config,
   if (config.n_rot > config.head_dim || config.n_rot % 2 != 0) {
     return InvalidArgument("rope dimension " + std::to_string(config.n_rot) + " invalid");
   }
-  return Transformer(config, weights, TraitsFor(config.arch));
+  return Transformer(config, weights, GetArch(config.arch).rope_mode);
 }
 
-Status Transformer::Matmul(const runtime::Stream& stream, DevPtr x, const MatrixRef& w,
+Status Transformer::Matmul(Launcher& ops, DevPtr x, const MatrixRef& w,
                            DevPtr bias, DevPtr out, int64_t m, bool accumulate) const {
   runtime::MatmulArgs a;
   a.x = x;
@@ -55,10 +38,10 @@ Status Transformer::Matmul(const runtime::Stream& stream, DevPtr x, const Matrix
   a.n = w.rows;
   a.k = w.cols;
   a.accumulate = accumulate;
-  return Launch(stream, a);
+  return ops.Launch(a);
 }
 
-Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positions,
+Status Transformer::Rope(Launcher& ops, DevPtr x, DevPtr positions,
                          int64_t n_tokens, int64_t n_heads, bool sliding) const {
   const ModelConfig& c = *c_;
   runtime::RopeArgs a;
@@ -69,7 +52,7 @@ Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positio
   a.n_heads = n_heads;
   a.head_dim = c.head_dim;
   a.n_rot = static_cast<int32_t>(c.n_rot);
-  a.mode = traits_.rope_mode;
+  a.mode = rope_mode_;
   a.freq_base = c.rope_freq_base;
   // Linear and YaRN scaling both interpolate positions by 1/factor; YaRN additionally mixes in
   // extrapolation for the high frequencies (ext_factor 1, as llama.cpp defaults for YaRN).
@@ -84,10 +67,10 @@ Status Transformer::Rope(const runtime::Stream& stream, DevPtr x, DevPtr positio
     a.freq_scale = 1.f;
     a.ext_factor = 0.f;
   }
-  return Launch(stream, a);
+  return ops.Launch(a);
 }
 
-Status Transformer::HeadNorm(const runtime::Stream& stream, DevPtr x, DevPtr weight,
+Status Transformer::HeadNorm(Launcher& ops, DevPtr x, DevPtr weight,
                              int64_t n_tokens, int64_t n_heads) const {
   // The rows of the norm are the heads: [n_tokens * n_heads, head_dim].
   runtime::RmsNormArgs a;
@@ -97,10 +80,10 @@ Status Transformer::HeadNorm(const runtime::Stream& stream, DevPtr x, DevPtr wei
   a.n_rows = n_tokens * n_heads;
   a.dim = c_->head_dim;
   a.eps = c_->rms_eps;
-  return Launch(stream, a);
+  return ops.Launch(a);
 }
 
-Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
+Status Transformer::Layers(Launcher& ops, const StepInputs& in,
                            const StepBuffers& b, const KvCacheView& kv) const {
   const ModelConfig& c = *c_;
   const int64_t T = in.n_tokens;
@@ -120,18 +103,18 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
   if (vocab_parallel) emb.n_rows = w_->vocab.rows;
   const bool pipeline = pp_ != nullptr && pp_->n_stages > 1;
   if (!pipeline || pp_->first()) {
-    PC_RETURN_IF_ERROR(Launch(stream, emb));
-    if (vocab_parallel) PC_RETURN_IF_ERROR(tp_->all_reduce(stream, b.x, T));
+    PC_RETURN_IF_ERROR(ops.Launch(emb));
+    if (vocab_parallel) PC_RETURN_IF_ERROR(ops.AllReduce(*tp_, b.x, T));
     if (c.embd_scale != 1.0f) {  // gemma3: x *= sqrt(n_embd)
       runtime::ScaleArgs scale;
       scale.x = b.x;
       scale.out = b.x;
       scale.n = T * c.n_embd;
       scale.scale = c.embd_scale;
-      PC_RETURN_IF_ERROR(Launch(stream, scale));
+      PC_RETURN_IF_ERROR(ops.Launch(scale));
     }
   } else {
-    PC_RETURN_IF_ERROR(pp_->recv(stream, b.x, T));  // the previous stage's hidden states
+    PC_RETURN_IF_ERROR(ops.Recv(*pp_, b.x, T));  // the previous stage's hidden states
   }
 
   const int64_t first_layer = pipeline ? pp_->first_layer : 0;
@@ -148,15 +131,15 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     norm.n_rows = T;
     norm.dim = c.n_embd;
     norm.eps = c.rms_eps;
-    PC_RETURN_IF_ERROR(Launch(stream, norm));
+    PC_RETURN_IF_ERROR(ops.Launch(norm));
 
-    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wq, L.bq, b.q, T, false));  // [T, n_head*hd]
-    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wk, L.bk, b.k, T, false));  // [T, n_head_kv*hd]
-    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.wv, L.bv, b.v, T, false));  // [T, n_head_kv*hd]
-    if (L.q_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(stream, b.q, L.q_norm, T, c.n_head));
-    if (L.k_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(stream, b.k, L.k_norm, T, c.n_head_kv));
-    PC_RETURN_IF_ERROR(Rope(stream, b.q, in.positions, T, c.n_head, sliding));
-    PC_RETURN_IF_ERROR(Rope(stream, b.k, in.positions, T, c.n_head_kv, sliding));
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wq, L.bq, b.q, T, false));  // [T, n_head*hd]
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wk, L.bk, b.k, T, false));  // [T, n_head_kv*hd]
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wv, L.bv, b.v, T, false));  // [T, n_head_kv*hd]
+    if (L.q_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(ops, b.q, L.q_norm, T, c.n_head));
+    if (L.k_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(ops, b.k, L.k_norm, T, c.n_head_kv));
+    PC_RETURN_IF_ERROR(Rope(ops, b.q, in.positions, T, c.n_head, sliding));
+    PC_RETURN_IF_ERROR(Rope(ops, b.k, in.positions, T, c.n_head_kv, sliding));
 
     runtime::KvStoreArgs store;
     store.k = b.k;
@@ -170,7 +153,7 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     store.n_kv_heads = c.n_head_kv;
     store.head_dim = c.head_dim;
     store.block_size = kv.block_size;
-    PC_RETURN_IF_ERROR(Launch(stream, store));
+    PC_RETURN_IF_ERROR(ops.Launch(store));
 
     runtime::AttentionArgs att;
     att.q = b.q;
@@ -192,41 +175,41 @@ Status Transformer::Layers(const runtime::Stream& stream, const StepInputs& in,
     att.scale = c.attn_scale > 0 ? c.attn_scale
                                  : 1.f / std::sqrt(static_cast<float>(c.head_dim));
     att.window = sliding ? c.sliding_window : 0;
-    PC_RETURN_IF_ERROR(Launch(stream, att));
+    PC_RETURN_IF_ERROR(ops.Launch(att));
 
     // x += (post_norm)(attn Wo^T (+ bo))
-    PC_RETURN_IF_ERROR(Residual(stream, b.attn, L.wo, L.bo, L.post_attn_norm, b.xn, b.x, T));
+    PC_RETURN_IF_ERROR(Residual(ops, b.attn, L.wo, L.bo, L.post_attn_norm, b.xn, b.x, T));
 
     // ---- feed-forward ----
     norm.weight = L.ffn_norm;
-    PC_RETURN_IF_ERROR(Launch(stream, norm));
+    PC_RETURN_IF_ERROR(ops.Launch(norm));
     if (c.n_expert > 0) {
-      PC_RETURN_IF_ERROR(Experts(stream, L, b, T));
+      PC_RETURN_IF_ERROR(Experts(ops, L, b, T));
       continue;
     }
-    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_gate, 0, b.gate, T, false));  // [T, n_ff]
-    PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.w_up, 0, b.up, T, false));      // [T, n_ff]
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.w_gate, 0, b.gate, T, false));  // [T, n_ff]
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.w_up, 0, b.up, T, false));      // [T, n_ff]
     // gate = act(gate) * up; GEGLU and SWIGLU take the same arguments.
     auto gated = [&](auto act) {
       act.gate = b.gate;
       act.up = b.up;
       act.out = b.gate;
       act.n = T * c.n_ff;
-      return Launch(stream, act);
+      return ops.Launch(act);
     };
     PC_RETURN_IF_ERROR(c.gelu_ffn ? gated(runtime::GegluArgs{}) : gated(runtime::SwigluArgs{}));
-    PC_RETURN_IF_ERROR(Residual(stream, b.gate, L.w_down, 0, L.post_ffn_norm, b.xn, b.x, T));
+    PC_RETURN_IF_ERROR(Residual(ops, b.gate, L.w_down, 0, L.post_ffn_norm, b.xn, b.x, T));
   }
-  if (pipeline && !pp_->last()) PC_RETURN_IF_ERROR(pp_->send(stream, b.x, T));
+  if (pipeline && !pp_->last()) PC_RETURN_IF_ERROR(ops.Send(*pp_, b.x, T));
   return Status::Ok();
 }
 
-Status Transformer::Experts(const runtime::Stream& stream, const LayerWeights& L,
+Status Transformer::Experts(Launcher& ops, const LayerWeights& L,
                             const StepBuffers& b, int64_t T) const {
   const ModelConfig& c = *c_;
   // Router logits [T, n_expert] in the gate buffer; the op routes, runs the chosen experts and
   // adds their weighted sum into the residual stream.
-  PC_RETURN_IF_ERROR(Matmul(stream, b.xn, L.router, 0, b.gate, T, false));
+  PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.router, 0, b.gate, T, false));
   runtime::MoeArgs moe;
   moe.x = b.xn;
   moe.logits = b.gate;
@@ -247,17 +230,17 @@ Status Transformer::Experts(const runtime::Stream& stream, const LayerWeights& L
   moe.n_used = c.n_expert_used;
   moe.norm_weights = c.moe_norm_weights ? 1 : 0;
   moe.accumulate = 1;
-  return Launch(stream, moe);
+  return ops.Launch(moe);
 }
 
-Status Transformer::Residual(const runtime::Stream& stream, DevPtr in, const MatrixRef& w,
+Status Transformer::Residual(Launcher& ops, DevPtr in, const MatrixRef& w,
                              DevPtr bias, DevPtr post_norm, DevPtr scratch, DevPtr x,
                              int64_t m) const {
   const bool reduce = tp_ != nullptr && tp_->size > 1;
   // The plain residual connection is fused into the matmul.
-  if (!reduce && post_norm == 0) return Matmul(stream, in, w, bias, x, m, true);
-  PC_RETURN_IF_ERROR(Matmul(stream, in, w, bias, scratch, m, false));  // [m, n_embd] (partial)
-  if (reduce) PC_RETURN_IF_ERROR(tp_->all_reduce(stream, scratch, m));
+  if (!reduce && post_norm == 0) return Matmul(ops, in, w, bias, x, m, true);
+  PC_RETURN_IF_ERROR(Matmul(ops, in, w, bias, scratch, m, false));  // [m, n_embd] (partial)
+  if (reduce) PC_RETURN_IF_ERROR(ops.AllReduce(*tp_, scratch, m));
   if (post_norm != 0) {
     runtime::RmsNormArgs norm;
     norm.x = scratch;
@@ -266,17 +249,17 @@ Status Transformer::Residual(const runtime::Stream& stream, DevPtr in, const Mat
     norm.n_rows = m;
     norm.dim = c_->n_embd;
     norm.eps = c_->rms_eps;
-    PC_RETURN_IF_ERROR(Launch(stream, norm));
+    PC_RETURN_IF_ERROR(ops.Launch(norm));
   }
   runtime::AddArgs add;
   add.a = x;
   add.b = scratch;
   add.out = x;
   add.n = m * c_->n_embd;
-  return Launch(stream, add);
+  return ops.Launch(add);
 }
 
-Status Transformer::FinalHidden(const runtime::Stream& stream, DevPtr x, int64_t n_tokens,
+Status Transformer::FinalHidden(Launcher& ops, DevPtr x, int64_t n_tokens,
                                 DevPtr row_ids, int64_t n_rows, DevPtr h) const {
   const ModelConfig& c = *c_;
   // Gather the rows that need logits with the EMBEDDING op over the F32 hidden states.
@@ -288,7 +271,7 @@ Status Transformer::FinalHidden(const runtime::Stream& stream, DevPtr x, int64_t
   gather.ids = row_ids;
   gather.n_ids = n_rows;
   gather.out = h;
-  PC_RETURN_IF_ERROR(Launch(stream, gather));
+  PC_RETURN_IF_ERROR(ops.Launch(gather));
 
   runtime::RmsNormArgs norm;
   norm.x = h;
@@ -297,13 +280,13 @@ Status Transformer::FinalHidden(const runtime::Stream& stream, DevPtr x, int64_t
   norm.n_rows = n_rows;
   norm.dim = c.n_embd;
   norm.eps = c.rms_eps;
-  return Launch(stream, norm);
+  return ops.Launch(norm);
 }
 
-Status Transformer::Logits(const runtime::Stream& stream, DevPtr x, int64_t n_tokens,
+Status Transformer::Logits(Launcher& ops, DevPtr x, int64_t n_tokens,
                            DevPtr row_ids, int64_t n_rows, DevPtr h, DevPtr logits) const {
-  PC_RETURN_IF_ERROR(FinalHidden(stream, x, n_tokens, row_ids, n_rows, h));
-  return Matmul(stream, h, w_->output, w_->output_bias, logits, n_rows, false);
+  PC_RETURN_IF_ERROR(FinalHidden(ops, x, n_tokens, row_ids, n_rows, h));
+  return Matmul(ops, h, w_->output, w_->output_bias, logits, n_rows, false);
 }
 
 }  // namespace polychip::model

@@ -1,8 +1,7 @@
-// The decoder-only transformer shared by the llama family (llama, qwen2, qwen3, gemma3): the
-// forward pass of one step written as op launches on a runtime stream. What differs between
-// architectures is described by ArchTraits, defined in one file per architecture (llama.cc,
-// qwen2.cc, qwen3.cc, phi3.cc, qwen3moe.cc, gemma3.cc), and by the optional weights the file
-// carries.
+// The decoder-only transformer shared by every architecture of archs.def: the forward pass of
+// one step written as op launches. What differs between architectures is their RoPE mode and
+// the structure flags of ModelConfig, which each architecture's file sets (arch.h), and the
+// optional weights the file carries.
 //
 // Per step:   x = embedding(tokens)
 //   per layer: xn = rms_norm(x) ; q,k,v = xn W^T (+ bias)
@@ -29,17 +28,44 @@
 
 namespace polychip::model {
 
-struct ArchTraits {
-  const char* name = "";
-  runtime::RopeMode rope_mode = runtime::RopeMode::kNormal;
+// Where the forward pass's work goes: a stream (StreamLauncher, the runner's), or op coverage's
+// recorder, which runs the pass once without a device to learn what it launches
+// (op_coverage.h). One Launch per op of the op list, and the collectives of tensor and
+// pipeline parallelism (tensor_parallel.h), ordered with the launches.
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+#define PC_OP(NAME, name, Camel, ...) virtual Status Launch(const runtime::Camel##Args& args) = 0;
+#include "polychip_op_list.def"  // include/polychip/plugin/pc_ops.def
+#undef PC_OP
+  virtual Status AllReduce(const TensorParallel& tp, runtime::DevPtr x, int64_t n_rows) = 0;
+  virtual Status Send(const PipelineStage& pp, runtime::DevPtr x, int64_t n_rows) = 0;
+  virtual Status Recv(const PipelineStage& pp, runtime::DevPtr x, int64_t n_rows) = 0;
 };
-ArchTraits LlamaTraits();  // llama.cc
-ArchTraits Qwen2Traits();  // qwen2.cc
-ArchTraits Qwen3Traits();  // qwen3.cc
-ArchTraits Phi3Traits();   // phi3.cc
-ArchTraits Qwen3MoeTraits();  // qwen3moe.cc
-ArchTraits Gemma3Traits();    // gemma3.cc
-ArchTraits TraitsFor(Arch arch);
+
+// Launches on `stream`; the collectives call tp's and pp's hooks with it.
+class StreamLauncher final : public Launcher {
+ public:
+  explicit StreamLauncher(const runtime::Stream& stream) : stream_(stream) {}
+#define PC_OP(NAME, name, Camel, ...)                                 \
+  Status Launch(const runtime::Camel##Args& args) override {          \
+    return runtime::Launch(stream_, args);                            \
+  }
+#include "polychip_op_list.def"
+#undef PC_OP
+  Status AllReduce(const TensorParallel& tp, runtime::DevPtr x, int64_t n_rows) override {
+    return tp.all_reduce(stream_, x, n_rows);
+  }
+  Status Send(const PipelineStage& pp, runtime::DevPtr x, int64_t n_rows) override {
+    return pp.send(stream_, x, n_rows);
+  }
+  Status Recv(const PipelineStage& pp, runtime::DevPtr x, int64_t n_rows) override {
+    return pp.recv(stream_, x, n_rows);
+  }
+
+ private:
+  const runtime::Stream& stream_;
+};
 
 // The paged KV cache: per layer one K and one V buffer of
 // [n_blocks, block_size, n_head_kv, head_dim] elements of `dtype`. With a window pool
@@ -88,20 +114,35 @@ class Transformer {
 
   // Embedding and every layer: leaves the hidden states [n_tokens, n_embd] in buffers.x and
   // the new tokens' K/V in the cache.
-  Status Layers(const runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
+  Status Layers(Launcher& ops, const StepInputs& in, const StepBuffers& buf,
                 const KvCacheView& kv) const;
 
   // h [n_rows, n_embd] = output_norm(the rows `row_ids` (int32 [n_rows]) of x [n_tokens,
   // n_embd]): the final hidden states, what embeddings are pooled from.
-  Status FinalHidden(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
-                     runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h) const;
+  Status FinalHidden(Launcher& ops, runtime::DevPtr x, int64_t n_tokens, runtime::DevPtr row_ids,
+                     int64_t n_rows, runtime::DevPtr h) const;
   // logits [n_rows, n_vocab] of the rows `row_ids` (int32 [n_rows]) of x [n_tokens, n_embd];
   // h is scratch [n_rows, n_embd] (left holding FinalHidden).
+  Status Logits(Launcher& ops, runtime::DevPtr x, int64_t n_tokens, runtime::DevPtr row_ids,
+                int64_t n_rows, runtime::DevPtr h, runtime::DevPtr logits) const;
+
+  // The same on a stream.
+  Status Layers(const runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
+                const KvCacheView& kv) const {
+    StreamLauncher ops(stream);
+    return Layers(ops, in, buf, kv);
+  }
+  Status FinalHidden(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
+                     runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h) const {
+    StreamLauncher ops(stream);
+    return FinalHidden(ops, x, n_tokens, row_ids, n_rows, h);
+  }
   Status Logits(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
                 runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h,
-                runtime::DevPtr logits) const;
-
-  const ArchTraits& traits() const { return traits_; }
+                runtime::DevPtr logits) const {
+    StreamLauncher ops(stream);
+    return Logits(ops, x, n_tokens, row_ids, n_rows, h, logits);
+  }
 
   // Tensor parallel (tensor_parallel.h): the weights are this rank's shard, and the partial
   // results of the two down projections of each layer are all-reduced, as are the embeddings
@@ -112,28 +153,28 @@ class Transformer {
   void SetPipeline(const PipelineStage* pp) { pp_ = pp; }
 
  private:
-  Transformer(const ModelConfig& config, const ModelWeights& weights, ArchTraits traits)
-      : c_(&config), w_(&weights), traits_(traits) {}
-  Status Matmul(const runtime::Stream& stream, runtime::DevPtr x, const MatrixRef& w,
-                runtime::DevPtr bias, runtime::DevPtr out, int64_t m, bool accumulate) const;
+  Transformer(const ModelConfig& config, const ModelWeights& weights, runtime::RopeMode rope_mode)
+      : c_(&config), w_(&weights), rope_mode_(rope_mode) {}
+  Status Matmul(Launcher& ops, runtime::DevPtr x, const MatrixRef& w, runtime::DevPtr bias,
+                runtime::DevPtr out, int64_t m, bool accumulate) const;
   // `sliding`: a local layer of interleaved sliding-window attention (its own RoPE base).
-  Status Rope(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr positions,
-              int64_t n_tokens, int64_t n_heads, bool sliding) const;
+  Status Rope(Launcher& ops, runtime::DevPtr x, runtime::DevPtr positions, int64_t n_tokens,
+              int64_t n_heads, bool sliding) const;
   // RMSNorm of every head of x [n_tokens, n_heads, head_dim] in place, by `weight` [head_dim].
-  Status HeadNorm(const runtime::Stream& stream, runtime::DevPtr x, runtime::DevPtr weight,
-                  int64_t n_tokens, int64_t n_heads) const;
+  Status HeadNorm(Launcher& ops, runtime::DevPtr x, runtime::DevPtr weight, int64_t n_tokens,
+                  int64_t n_heads) const;
   // x += the routed experts of b.xn (n_expert > 0): the router's matmul into b.gate, then MOE.
-  Status Experts(const runtime::Stream& stream, const LayerWeights& L, const StepBuffers& b,
+  Status Experts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
                  int64_t n_tokens) const;
   // x += post_norm(all_reduce(in W^T + bias)): the all-reduce over the tensor-parallel ranks,
   // the RMSNorm by post_norm [n_embd] only where it is not 0 (gemma3); scratch [m, n_embd].
-  Status Residual(const runtime::Stream& stream, runtime::DevPtr in, const MatrixRef& w,
-                  runtime::DevPtr bias, runtime::DevPtr post_norm, runtime::DevPtr scratch,
-                  runtime::DevPtr x, int64_t m) const;
+  Status Residual(Launcher& ops, runtime::DevPtr in, const MatrixRef& w, runtime::DevPtr bias,
+                  runtime::DevPtr post_norm, runtime::DevPtr scratch, runtime::DevPtr x,
+                  int64_t m) const;
 
   const ModelConfig* c_;
   const ModelWeights* w_;
-  ArchTraits traits_;
+  runtime::RopeMode rope_mode_;
   const TensorParallel* tp_ = nullptr;
   const PipelineStage* pp_ = nullptr;
 };
