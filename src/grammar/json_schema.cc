@@ -21,22 +21,6 @@ using json = nlohmann::ordered_json;
 
 constexpr int64_t kMaxIntMagnitude = 9999999999999999;  // 16 digits
 
-// Bytes of `s` as an EBNF literal.
-std::string Literal(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c == 0x7F) {
-      out += fmt::format("\\x{:02X}", c);
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 std::string Join(const std::vector<std::string>& parts, const char* sep) {
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) out.append(i ? sep : "").append(parts[i]);
@@ -51,21 +35,21 @@ std::string Alts(const std::vector<std::string>& parts) {
 // Decimal strings of equal length, a <= b: the EBNF of every number between them.
 std::string SameLength(const std::string& a, const std::string& b) {
   const size_t n = a.size();
-  if (a == b) return Literal(a);
+  if (a == b) return EbnfLiteral(a);
   if (n == 1) return fmt::format("[{}-{}]", a[0], b[0]);
-  if (a[0] == b[0]) return Literal(a.substr(0, 1)) + " " + SameLength(a.substr(1), b.substr(1));
+  if (a[0] == b[0]) return EbnfLiteral(a.substr(0, 1)) + " " + SameLength(a.substr(1), b.substr(1));
   const bool low_zeros = a.find_first_not_of('0', 1) == std::string::npos;
   const bool high_nines = b.find_first_not_of('9', 1) == std::string::npos;
   std::vector<std::string> parts;
   if (!low_zeros) {
-    parts.push_back(Literal(a.substr(0, 1)) + " " +
+    parts.push_back(EbnfLiteral(a.substr(0, 1)) + " " +
                     SameLength(a.substr(1), std::string(n - 1, '9')));
   }
   const char first = a[0] + (low_zeros ? 0 : 1);
   const char last = b[0] - (high_nines ? 0 : 1);
   if (first <= last) parts.push_back(fmt::format("[{}-{}] [0-9]{{{}}}", first, last, n - 1));
   if (!high_nines) {
-    parts.push_back(Literal(b.substr(0, 1)) + " " +
+    parts.push_back(EbnfLiteral(b.substr(0, 1)) + " " +
                     SameLength(std::string(n - 1, '0'), b.substr(1)));
   }
   return Alts(parts);
@@ -204,13 +188,13 @@ class Converter {
       rules_[name] = body;
       return name;
     }
-    if (auto it = s.find("const"); it != s.end()) return Literal(it->dump());
+    if (auto it = s.find("const"); it != s.end()) return EbnfLiteral(it->dump());
     if (auto it = s.find("enum"); it != s.end()) {
       if (!it->is_array() || it->empty()) {
         return InvalidArgument("json_schema: 'enum' must be a non-empty array");
       }
       std::vector<std::string> parts;
-      for (const auto& v : *it) parts.push_back(Literal(v.dump()));
+      for (const auto& v : *it) parts.push_back(EbnfLiteral(v.dump()));
       return Alts(parts);
     }
     for (const char* key : {"anyOf", "oneOf"}) {
@@ -339,7 +323,7 @@ class Converter {
     std::vector<bool> req;
     for (const auto& [key, sub] : props.items()) {
       PC_ASSIGN_OR_RETURN(std::string value, Visit(sub, hint + "-" + key));
-      kvs.push_back(Literal(json(key).dump()) + " ws \":\" ws " + value);
+      kvs.push_back(EbnfLiteral(json(key).dump()) + " ws \":\" ws " + value);
       req.push_back(required.count(key) > 0);
     }
     // Properties come in the declared order, each optional one may be left out. rest[k]: the

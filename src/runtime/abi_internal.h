@@ -21,6 +21,7 @@ namespace polychip::runtime {
 const pc_host_services_t* HostServices();
 
 StatusCode FromPcCode(pc_code_t code);
+pc_code_t ToPcCode(StatusCode code);
 // Converts a plugin error to a Status and destroys it with that plugin's error_destroy.
 // error == NULL is OK. `what` prefixes the message ("mem_alloc: ...").
 Status TakeError(const pc_backend_iface_t* table, pc_error_t* error, const char* what);

@@ -4,25 +4,42 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "runtime/abi_internal.h"
 #include "runtime/op_fallback.h"
 
 namespace polychip::runtime {
 
+namespace {
+
+// The ABI's codes and the framework's, one row each: both directions read it.
+constexpr std::pair<pc_code_t, StatusCode> kCodes[] = {
+    {PC_CODE_OK, StatusCode::kOk},
+    {PC_CODE_INVALID_ARGUMENT, StatusCode::kInvalidArgument},
+    {PC_CODE_NOT_FOUND, StatusCode::kNotFound},
+    {PC_CODE_RESOURCE_EXHAUSTED, StatusCode::kResourceExhausted},
+    {PC_CODE_UNIMPLEMENTED, StatusCode::kUnimplemented},
+    {PC_CODE_UNAVAILABLE, StatusCode::kUnavailable},
+    {PC_CODE_FAILED_PRECONDITION, StatusCode::kFailedPrecondition},
+    {PC_CODE_CANCELLED, StatusCode::kCancelled},
+    {PC_CODE_INTERNAL, StatusCode::kInternal},
+};
+
+}  // namespace
+
 StatusCode FromPcCode(pc_code_t code) {
-  switch (code) {
-    case PC_CODE_OK: return StatusCode::kOk;
-    case PC_CODE_INVALID_ARGUMENT: return StatusCode::kInvalidArgument;
-    case PC_CODE_NOT_FOUND: return StatusCode::kNotFound;
-    case PC_CODE_RESOURCE_EXHAUSTED: return StatusCode::kResourceExhausted;
-    case PC_CODE_UNIMPLEMENTED: return StatusCode::kUnimplemented;
-    case PC_CODE_UNAVAILABLE: return StatusCode::kUnavailable;
-    case PC_CODE_FAILED_PRECONDITION: return StatusCode::kFailedPrecondition;
-    case PC_CODE_CANCELLED: return StatusCode::kCancelled;
-    case PC_CODE_INTERNAL: return StatusCode::kInternal;
+  for (const auto& [pc, status] : kCodes) {
+    if (pc == code) return status;
   }
   return StatusCode::kInternal;  // an unknown code from a newer or buggy plugin
+}
+
+pc_code_t ToPcCode(StatusCode code) {
+  for (const auto& [pc, status] : kCodes) {
+    if (status == code) return pc;
+  }
+  return PC_CODE_INTERNAL;
 }
 
 namespace {

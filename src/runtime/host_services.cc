@@ -133,21 +133,6 @@ std::shared_ptr<KvStore>& KvSlot() {
   return *slot;
 }
 
-pc_code_t ToPcCode(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk: return PC_CODE_OK;
-    case StatusCode::kInvalidArgument: return PC_CODE_INVALID_ARGUMENT;
-    case StatusCode::kNotFound: return PC_CODE_NOT_FOUND;
-    case StatusCode::kResourceExhausted: return PC_CODE_RESOURCE_EXHAUSTED;
-    case StatusCode::kUnimplemented: return PC_CODE_UNIMPLEMENTED;
-    case StatusCode::kUnavailable: return PC_CODE_UNAVAILABLE;
-    case StatusCode::kFailedPrecondition: return PC_CODE_FAILED_PRECONDITION;
-    case StatusCode::kCancelled: return PC_CODE_CANCELLED;
-    case StatusCode::kInternal: return PC_CODE_INTERNAL;
-  }
-  return PC_CODE_INTERNAL;
-}
-
 // Every service is a noexcept trampoline: nothing may unwind into plugin code.
 void HostLog(void*, pc_log_level_t level, const char* source, const char* message) noexcept {
   try {

@@ -3,7 +3,10 @@
 // with hidden visibility; nothing here is exported).
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
@@ -42,6 +45,20 @@ pc_error_t* Guard(F&& body) noexcept {
   } catch (...) {
     return MakeError(PC_CODE_INTERNAL, "internal error: unknown exception");
   }
+}
+
+// Copies `filled` into the caller's `out`, which may be an older, shorter version of the struct
+// (every ABI struct begins with struct_size and only appends members): the members after
+// struct_size that out->struct_size declares, no more; out->struct_size stays the caller's.
+// The caller's struct_size must hold at least itself (check it before filling).
+template <typename T>
+void CopyToCallerStruct(const T& filled, T* out) noexcept {
+  static_assert(offsetof(T, struct_size) == 0, "an ABI struct begins with struct_size");
+  const size_t n = std::min<size_t>(out->struct_size, sizeof(T));
+  if (n <= sizeof(out->struct_size)) return;
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(out->struct_size),
+              reinterpret_cast<const char*>(&filled) + sizeof(out->struct_size),
+              n - sizeof(out->struct_size));
 }
 
 // Parses a non-negative integer parameter; false for garbage.

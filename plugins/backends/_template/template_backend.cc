@@ -107,9 +107,7 @@ pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
     p.priority_low = p.priority_high = 0;
     p.compute_units = 1;
     // The caller's struct may be older (shorter) than ours: copy only what it declared.
-    const size_t n = std::min(props->struct_size, sizeof(p));
-    std::memcpy(reinterpret_cast<char*>(props) + sizeof(size_t),
-                reinterpret_cast<const char*>(&p) + sizeof(size_t), n - sizeof(size_t));
+    polychip::sdk::CopyToCallerStruct(p, props);
     return nullptr;
   });
 }

@@ -372,9 +372,8 @@ pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
     p.priority_low = kPriorityLow;
     p.priority_high = kPriorityHigh;
     p.compute_units = 1;
-    const size_t n = std::min(props->struct_size, sizeof(p));
-    std::memcpy(reinterpret_cast<char*>(props) + sizeof(size_t),
-                reinterpret_cast<const char*>(&p) + sizeof(size_t), n - sizeof(size_t));
+    // The caller's struct may be older (shorter) than ours: copy only what it declared.
+    polychip::sdk::CopyToCallerStruct(p, props);
     return nullptr;
   });
 }

@@ -208,9 +208,8 @@ pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
     p.priority_high = d.queues.has_priorities() ? 1 : 0;
     if (d.queues.has_priorities()) p.flags |= PC_DEVICE_FLAG_STREAM_PRIORITY;
     p.compute_units = 1;
-    const size_t n = std::min(props->struct_size, sizeof(p));
-    std::memcpy(reinterpret_cast<char*>(props) + sizeof(size_t),
-                reinterpret_cast<const char*>(&p) + sizeof(size_t), n - sizeof(size_t));
+    // The caller's struct may be older (shorter) than ours: copy only what it declared.
+    polychip::sdk::CopyToCallerStruct(p, props);
     return nullptr;
   });
 }
