@@ -2,7 +2,7 @@
 # Before/after of a change on a shared machine: runs `polychip bench` from two build trees in
 # alternation (old, new, old, new, ...), so both meet the same moments of the host, and prints
 # each pair's t/s and the median of the new/old ratios. A single run of each is not enough on a
-# VM whose bandwidth moves by half within minutes (docs/performance.md, session 7).
+# VM whose bandwidth moves by half within minutes (docs/performance.md, "Reading the figures").
 #
 # usage: bench/compare-builds.sh OLD_BUILD NEW_BUILD MODEL.gguf [-r ROUNDS] [-t THREADS]
 #                                [-p N_PROMPT] [-n N_GEN]

@@ -69,8 +69,8 @@ namespace {
 constexpr uint64_t kAlignment = 64;
 // Buffers of at least this size go on transparent huge pages with the parameter huge_pages=on:
 // 2 MiB aligned, madvise (Debian's THP default is "madvise"). Off by default: on the Zen 5 VMs
-// measured (docs/performance.md, session 8) decode got slower with them, by ~5% on qwen2.5-0.5b
-// and ~20% on qwen3-0.6b Q4_K_M, though a step streams every weight once.
+// measured (docs/performance.md, "Huge pages") decode got slower with them, by ~5% on
+// qwen2.5-0.5b and ~20% on qwen3-0.6b Q4_K_M, though a step streams every weight once.
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
 
 struct State {

@@ -18,7 +18,7 @@ struct OpContext {
   // Weight streams per thread of a decode matmul (KernelTable::gemm_packed_streams; 1: one
   // sequential read per task) where there is no tuner: the plugin parameter weight_streams
   // set to a number. Which count is best depends on the host (three on the Zen 5 VMs, one on a
-  // Zen 4: docs/performance.md, sessions 9 and 11), hence the tuner by default.
+  // Zen 4: docs/performance.md "Decode weight streams"), hence the tuner by default.
   int weight_streams = 3;
   // When set (the plugin's default, weight_streams=auto), decode matmuls take their streams and
   // prefetching from the tuner, which measures them, instead of weight_streams and

@@ -3,9 +3,9 @@
 // host's, not the code's: on the Zen 5 VMs (65-72 GB/s) three streams with prefetch read
 // fastest; on a Zen 4 VM with ~30 GB/s of memory one stream read 17% faster than three, and
 // leaving the prefetches out was another 8-14% faster there (the hardware prefetcher follows one
-// stream alone; decode_kernels, docs/performance.md, session 11). No choice made at build or
-// load time is right on all of them, and the hosts' bandwidth moves within minutes, so the tuner
-// explores, keeps the fastest for a while, then explores again.
+// stream alone; decode_kernels, docs/performance.md, "Decode weight streams"). No choice made at
+// build or load time is right on all of them, and the hosts' bandwidth moves within minutes, so
+// the tuner explores, keeps the fastest for a while, then explores again.
 //
 // Comparisons are per weight matrix. While exploring, each matrix takes the candidates in turn
 // on its own successive launches: in decode that is one launch per step, so consecutive steps
