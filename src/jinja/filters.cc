@@ -316,7 +316,7 @@ StatusOr<Value> AttrPath(Renderer& r, const Value& v, const std::string& path) {
     const std::string part = path.substr(start, dot - start);
     Value key(part);
     if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)) {
-      key = Value(static_cast<int64_t>(std::stoll(part)));
+      if (auto i = ParsePyInt(part, 10)) key = Value(*i);  // past int64: stays a string key
     }
     PC_ASSIGN_OR_RETURN(cur, r.GetItem(cur, key));
     start = dot + 1;

@@ -399,7 +399,8 @@ bool ParseSpec(std::string_view s, Spec* spec) {
   if (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
     spec->width = 0;
     while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
-      spec->width = std::min<int64_t>(spec->width * 10 + (s[i++] - '0'), 1 << 20);
+      spec->width = spec->width * 10 + (s[i++] - '0');
+      if (spec->width > (1 << 20)) return false;  // refused rather than padded (see below)
     }
   }
   if (i < s.size() && (s[i] == ',' || s[i] == '_')) spec->grouping = s[i++];
@@ -408,7 +409,8 @@ bool ParseSpec(std::string_view s, Spec* spec) {
     if (i >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i]))) return false;
     spec->precision = 0;
     while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
-      spec->precision = std::min<int64_t>(spec->precision * 10 + (s[i++] - '0'), 1 << 16);
+      spec->precision = spec->precision * 10 + (s[i++] - '0');
+      if (spec->precision > (1 << 20)) return false;
     }
   }
   if (i < s.size()) spec->type = s[i++];
@@ -591,14 +593,19 @@ StatusOr<std::string> PercentFormat(const std::string& fmt, const Value& args, R
       flags.push_back(fmt[i++]);
     }
     int64_t width = -1, precision = -1;
+    // Widths and precisions past a million are refused (Python: "width too big" past
+    // ssize_t); padding that large would only burn the output budget.
+    constexpr int64_t kMaxWidth = 1 << 20;
     while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) {
-      width = std::min<int64_t>(std::max<int64_t>(width, 0) * 10 + (fmt[i++] - '0'), 1 << 20);
+      width = std::max<int64_t>(width, 0) * 10 + (fmt[i++] - '0');
+      if (width > kMaxWidth) return InvalidArgument("width too big");
     }
     if (i < fmt.size() && fmt[i] == '.') {
       ++i;
       precision = 0;
       while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i]))) {
-        precision = std::min<int64_t>(precision * 10 + (fmt[i++] - '0'), 1 << 16);
+        precision = precision * 10 + (fmt[i++] - '0');
+        if (precision > kMaxWidth) return InvalidArgument("precision too big");
       }
     }
     if (i >= fmt.size()) return InvalidArgument("incomplete format");
@@ -715,12 +722,12 @@ StatusOr<std::string> StrFormat(const std::string& fmt, const Args& args, Render
       }
       v = args.pos[auto_index++];
     } else if (std::all_of(head.begin(), head.end(), ::isdigit)) {
-      const size_t idx = std::stoul(head);
-      if (idx >= args.pos.size()) {
+      const auto idx = ParsePyInt(head, 10);
+      if (!idx || *idx >= static_cast<int64_t>(args.pos.size())) {
         return InvalidArgument("Replacement index " + head +
                                " out of range for positional args tuple");
       }
-      v = args.pos[idx];
+      v = args.pos[static_cast<size_t>(*idx)];
     } else {
       bool found = false;
       for (const auto& [k, val] : args.kw) {
@@ -742,7 +749,7 @@ StatusOr<std::string> StrFormat(const std::string& fmt, const Args& args, Render
         const std::string key = field.substr(name_end + 1, e - name_end - 1);
         Value k(key);
         if (!key.empty() && std::all_of(key.begin(), key.end(), ::isdigit)) {
-          k = Value(static_cast<int64_t>(std::stoll(key)));
+          if (auto i = ParsePyInt(key, 10)) k = Value(*i);
         }
         PC_ASSIGN_OR_RETURN(v, r.GetItem(v, k));
         name_end = e + 1;

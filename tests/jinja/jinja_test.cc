@@ -237,6 +237,16 @@ TEST(JinjaLimitsTest, SelfReferenceRendersAndIsReleased) {
   ASSERT_TRUE(r.ok()) << r.status().message();
 }
 
+TEST(JinjaLimitsTest, HugeNumbersInNamesAndFormatsAreErrorsOrMisses) {
+  EXPECT_FALSE(RenderText("{{ '{99999999999999999999999}'.format(1) }}").ok());
+  auto r = RenderText("{{ [{'a': 1}]|map(attribute='99999999999999999999999')|list }}");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, "[Undefined]");
+  EXPECT_FALSE(RenderText("{{ 99999999999999999999999 }}").ok());
+  EXPECT_FALSE(RenderText("{{ '%99999999999999999999d' % 1 }}").ok());
+  EXPECT_FALSE(RenderText("{{ '{:99999999999999999999}'.format(1) }}").ok());
+}
+
 TEST(JinjaLimitsTest, SourceSizeIsBounded) {
   EXPECT_FALSE(Template::Parse(std::string(Limits{}.max_source_bytes + 1, 'x'), "t").ok());
 }
