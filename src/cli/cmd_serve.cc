@@ -52,6 +52,7 @@ struct ServeOptions {
   int tp_size = 1;
   int pp_size = 1;
   std::string chat_template;
+  std::string reasoning_parser = "auto";
   std::string kv_cache_dtype = "f16";
   int http_threads = 320;
   std::string pooling = "last";
@@ -170,6 +171,15 @@ int Serve(CLI::App& app, ServeOptions& o) {
   if (!runner.ok()) return Fail(runner.status());
   auto codec = server::MakeTokenizerCodec(mf->tokenizer.get(), o.chat_template);
   if (!codec.ok()) return Fail(codec.status());
+  {
+    const server::OutputFormat f = (*codec)->output_format();
+    spdlog::info(
+        "polychip serve: tool calls in the {} format{}, reasoning {}",
+        server::ToolFormatName(f.tools),
+        f.tools == server::ToolFormat::kGeneric ? " (the template names no known one)" : "",
+        o.reasoning_parser == "auto" ? server::ReasoningFormatName(f.reasoning)
+                                     : std::string_view(o.reasoning_parser));
+  }
 
   engine::EngineOptions eo;
   eo.max_running_requests = o.max_running_requests;
@@ -195,6 +205,7 @@ int Serve(CLI::App& app, ServeOptions& o) {
   so.pooling = o.pooling == "mean" ? engine::Pooling::kMean : engine::Pooling::kLast;
   so.shutdown_timeout_s = o.shutdown_timeout;
   so.http_limits = o.http_limits;
+  so.reasoning_parser = o.reasoning_parser;
   // The device serving now: a hot reload replaces it, so it is asked each time, never held.
   std::function<std::shared_ptr<runtime::Device>()> current_device;
   if (reloadable != nullptr) {
@@ -291,6 +302,12 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--threads", o->threads, "device threads (CPU backend)");
   AddParallelOptions(app, &o->tp_size, &o->pp_size);
   app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
+  app.add_option("--reasoning-parser", o->reasoning_parser,
+                 "auto (the chat template's), none, think, gpt-oss, mistral, command-r7b or seed")
+      ->check([](const std::string& v) {
+        return v == "auto" || server::ReasoningFormatFromName(v) ? std::string()
+                                                                 : "unknown reasoning parser";
+      });
   app.add_option("--kv-cache-dtype,--kv-type", o->kv_cache_dtype, "f16, bf16 or f32");
   app.add_option("--http-threads", o->http_threads,
                  "HTTP worker threads: requests being handled at once (connections waiting "

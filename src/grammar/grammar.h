@@ -59,9 +59,10 @@ struct JsonSchemaOptions {
   // An object schema without "additionalProperties" allows no other keys (as OpenAI's strict
   // mode and xgrammar do); true follows the JSON Schema default (any other key).
   bool allow_additional_properties = false;
-  // Whitespace allowed between JSON tokens, at most this many characters at each place (a
-  // bound keeps a sampling model from wandering in whitespace forever).
-  int32_t max_whitespace = 16;
+  // Whitespace allowed between JSON tokens: one space, or one newline and at most this many
+  // spaces or tabs of indentation (a bound keeps a sampling model from spending its tokens on
+  // layout).
+  int32_t max_whitespace = 12;
 };
 
 // A JSON Schema (the subset: type, properties, required, additionalProperties, items,

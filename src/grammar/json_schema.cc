@@ -93,7 +93,9 @@ class Converter {
 
  private:
   void AddBasics() {
-    rules_["ws"] = fmt::format("[ \\t\\n]{{0,{}}}", options_.max_whitespace);
+    // Layout between JSON tokens: one space, or one line break and an indentation (llama.cpp's
+    // rule). A weak model must not spend its tokens on whitespace.
+    rules_["ws"] = fmt::format("(\" \" | \"\\n\" [ \\t]{{0,{}}})?", options_.max_whitespace);
     rules_["char"] = R"([^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))";
     rules_["string"] = R"("\"" char* "\"")";
     rules_["number"] =

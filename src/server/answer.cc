@@ -1,32 +1,44 @@
 #include "server/answer.h"
 
+#include "server/response_util.h"
+
 namespace polychip::server {
 
 AnswerParts SplitAnswer(const ApiRequest& req, std::string_view text) {
   AnswerParts a;
-  if (!req.tools) {
+  if (!req.parse_answer()) {
     a.text = std::string(text);
     return a;
   }
-  a.calls = ParseToolCalls(req.chat_format, *req.tools, text, &a.text);
-  if (a.calls.empty()) a.text = std::string(text);
+  ParsedAnswer p =
+      ParseAnswer(req.output_format, req.starts_in_reasoning, req.tools.get(), text, false);
+  for (ToolCall& c : p.calls) c.id = RandomId("call_");
+  a.reasoning = std::move(p.reasoning);
+  a.text = std::move(p.content);
+  a.calls = std::move(p.calls);
   return a;
 }
 
 AnswerPartStreamer::AnswerPartStreamer(const ApiRequest& req) {
-  if (req.tools) tools_ = std::make_unique<ToolCallStreamer>(req.chat_format, *req.tools);
+  if (req.parse_answer()) {
+    parser_ = std::make_unique<AnswerStreamer>(req.output_format, req.starts_in_reasoning,
+                                               req.tools.get());
+  }
 }
 
 void AnswerPartStreamer::Feed(std::string_view text, bool finished, std::vector<AnswerPart>* out) {
-  if (!tools_) {
+  if (!parser_) {
     if (!text.empty()) out->push_back({AnswerPart::Kind::kText, std::string(text), "", ""});
     return;
   }
-  std::string content;
+  std::string reasoning, content;
   std::vector<ToolCallDelta> deltas;
-  tools_->Feed(text, finished, &content, &deltas);
-  // Content comes before the calls it precedes: the streamer holds back text that may begin
-  // a call, so what it releases in one Feed is earlier than the deltas of the same Feed.
+  parser_->Feed(text, finished, &reasoning, &content, &deltas);
+  // Reasoning comes first, and content before the calls it precedes: the parser holds back
+  // text that may begin a call, so what it releases in one Feed is earlier than its deltas.
+  if (!reasoning.empty()) {
+    out->push_back({AnswerPart::Kind::kReasoning, std::move(reasoning), "", ""});
+  }
   if (!content.empty()) out->push_back({AnswerPart::Kind::kText, std::move(content), "", ""});
   for (ToolCallDelta& d : deltas) {
     if (d.first) out->push_back({AnswerPart::Kind::kCallStart, "", d.id, d.name});

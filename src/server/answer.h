@@ -37,10 +37,10 @@ class AnswerPartStreamer {
   explicit AnswerPartStreamer(const ApiRequest& req);
   // `text`: the bytes generated since the last call; `finished`: the answer is complete.
   void Feed(std::string_view text, bool finished, std::vector<AnswerPart>* out);
-  bool any_call_started() const { return tools_ && tools_->any_call_started(); }
+  bool any_call_started() const { return parser_ && parser_->any_call_started(); }
 
  private:
-  std::unique_ptr<ToolCallStreamer> tools_;  // null without tools
+  std::unique_ptr<AnswerStreamer> parser_;  // null when the answer is not parsed
 };
 
 }  // namespace polychip::server

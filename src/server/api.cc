@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <span>
 
 #include "grammar/cache.h"
 #include "server/dialects.h"
@@ -342,6 +343,20 @@ std::optional<ApiError> ParseConstraint(ApiKind kind, const json& body, const js
   return std::nullopt;
 }
 
+// Whether the prompt ends inside the reasoning block (a template that writes "<think>\n" into
+// the generation prompt): its last tokens tell, else what the template source says.
+bool StartsInReasoning(const TextCodec& codec, const OutputFormat& format,
+                       const std::vector<int32_t>& prompt) {
+  auto [open, close] = ReasoningTags(format.reasoning);
+  if (open.empty()) return false;
+  const size_t n = std::min<size_t>(prompt.size(), 8);
+  std::string tail = codec.Decode(std::span(prompt).subspan(prompt.size() - n));
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+  if (tail.ends_with(open)) return true;
+  if (tail.ends_with(close)) return false;
+  return format.reasoning_opens_in_prompt;
+}
+
 }  // namespace
 
 nlohmann::json ApiError::ToJson() const {
@@ -423,10 +438,18 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
       PC_API_TRY(ParseMessages(body, &messages));
     }
     prompts.push_back(codec.EncodeChat(messages));
+    out->output_format = codec.output_format();
+    if (limits.reasoning_parser == "none") {
+      out->output_format.reasoning = ReasoningFormat::kNone;
+    } else if (limits.reasoning_parser != "auto" && !limits.reasoning_parser.empty()) {
+      if (auto r = ReasoningFormatFromName(limits.reasoning_parser))
+        out->output_format.reasoning = *r;
+    }
+    out->starts_in_reasoning = StartsInReasoning(codec, out->output_format, prompts.back());
     PC_API_TRY(ParseSampling(body, false, limits, /*default_max_tokens=*/0, &params));
     PC_API_TRY(ParseConstraint(kind, body, json::object(), limits, &params));
     if (tools->active()) {
-      auto forced = ToolCallGrammar(out->chat_format, *tools);
+      auto forced = ToolCallGrammar(out->output_format, *tools, out->starts_in_reasoning);
       if (!forced.ok()) return Bad("tools", forced.status().message());
       if (forced->has_value()) {
         if (params.grammar) {

@@ -47,7 +47,14 @@ struct ApiRequest {
   std::string rid;
   // Chat with tools (tool_choice not none): the answer is parsed for calls. Null otherwise.
   std::shared_ptr<const ToolRequest> tools;
-  std::string chat_format;  // the codec's, for rendering and parsing tool calls
+  std::string chat_format;  // the codec's, for rendering tool calls into the prompt
+  // How the answer is written (chat): its calls, and its reasoning as --reasoning-parser says.
+  OutputFormat output_format;
+  bool starts_in_reasoning = false;  // the prompt opened the reasoning block
+  // The answer is split into reasoning, content and calls (tools, or a reasoning format).
+  bool parse_answer() const {
+    return tools != nullptr || output_format.reasoning != ReasoningFormat::kNone;
+  }
   std::vector<engine::GenerateInput> inputs;  // choice i = inputs[i]
   std::vector<std::string> prompt_texts;      // for echo (per prompt)
   // kMessages / kResponses: what the dialect's writer needs from the request (the fields a
@@ -69,6 +76,8 @@ struct ParseLimits {
   const ResponseStore* responses = nullptr;
   // kMessages: /v1/messages/count_tokens (max_tokens is not required).
   bool count_only = false;
+  // --reasoning-parser: "auto" (the template's), "none", or a ReasoningFormatName.
+  std::string reasoning_parser = "auto";
 };
 
 // Parses a body of /v1/completions, /v1/chat/completions, /generate, /v1/messages or

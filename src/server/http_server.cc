@@ -495,6 +495,7 @@ class HttpServer::Impl {
     limits.grammars = [this] { return Grammars(); };
     limits.raw_body = req.body;
     limits.responses = &responses_;
+    limits.reasoning_parser = options_.reasoning_parser;
     if (auto e = ParseApiRequest(kind, body, *codec_, limits, &job->req)) return SendError(res, *e);
     job->writer = MakeResponseWriter(kind, codec_, options_.model_name, &responses_);
     if (!KnownModel(job->req.model)) {

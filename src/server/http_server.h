@@ -52,6 +52,9 @@ struct ServerOptions {
   std::string admin_key;
   // POST /admin/reload_plugin: the JSON body -> (HTTP status, JSON reply). Empty: 501.
   std::function<std::pair<int, nlohmann::json>(const nlohmann::json&)> reload_plugin;
+  // How a chat answer's reasoning is found: "auto" (the chat template's format), "none" (it
+  // stays in the content) or a format's name (ReasoningFormatName).
+  std::string reasoning_parser = "auto";
 };
 
 class HttpServer {

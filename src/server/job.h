@@ -29,8 +29,9 @@ struct Choice {
   bool finished = false;
   engine::StreamEvent final;
   bool sent_role = false;
-  // A chat stream with tools: parses the answer as it grows into content and call deltas.
-  std::shared_ptr<ToolCallStreamer> tool_stream;
+  // A chat stream with tools or reasoning: parses the answer as it grows into reasoning,
+  // content and call deltas.
+  std::shared_ptr<AnswerStreamer> answer_stream;
   // The dialect's own streaming state (Anthropic's and Responses' open blocks).
   std::shared_ptr<StreamState> stream_state;
 };

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "server/job.h"
+#include "server/response_util.h"
 #include "server/response_writer.h"
 #include "server/tools.h"
 
@@ -32,7 +33,7 @@ class OpenAiWriter : public ResponseWriter {
       if (!c.final.stop_matched.empty()) ch["matched_stop"] = c.final.stop_matched;
       if (chat_) {
         ch["message"] = {{"role", "assistant"}, {"content", c.text}};
-        if (r.tools) AddToolCalls(r, c.text, &ch, &ch["message"]);
+        if (r.parse_answer()) AddParsedAnswer(r, c.text, &ch, &ch["message"]);
         ch["logprobs"] = r.chat_logprobs ? ChatLogprobs(c, 0, c.tokens.size()) : json(nullptr);
       } else {
         std::string text = c.text;
@@ -62,18 +63,20 @@ class OpenAiWriter : public ResponseWriter {
         delta["role"] = "assistant";
         c.sent_role = true;
       }
-      if (r.tools) {
-        // The answer is parsed as it grows: content as soon as it cannot be part of a call,
-        // a call's id and name once its head is complete, then its arguments as generated.
-        if (!c.tool_stream) {
-          c.tool_stream = std::make_shared<ToolCallStreamer>(r.chat_format, *r.tools);
+      if (r.parse_answer()) {
+        // The answer is parsed as it grows: reasoning and content as soon as they cannot be
+        // part of a marker or a call, a call's id and name once known, then its arguments.
+        if (!c.answer_stream) {
+          c.answer_stream = std::make_shared<AnswerStreamer>(r.output_format, r.starts_in_reasoning,
+                                                             r.tools.get());
         }
-        std::string content;
+        std::string reasoning, content;
         std::vector<ToolCallDelta> deltas;
-        c.tool_stream->Feed(ev.text, ev.finished, &content, &deltas);
+        c.answer_stream->Feed(ev.text, ev.finished, &reasoning, &content, &deltas);
+        if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
         if (!content.empty()) delta["content"] = content;
         if (!deltas.empty()) delta["tool_calls"] = DeltaJson(deltas);
-        if (ev.finished && c.tool_stream->any_call_started() && ch["finish_reason"] == "stop") {
+        if (ev.finished && c.answer_stream->any_call_started() && ch["finish_reason"] == "stop") {
           ch["finish_reason"] = "tool_calls";
         }
       } else if (!ev.text.empty() || !ev.finished) {
@@ -127,21 +130,22 @@ class OpenAiWriter : public ResponseWriter {
     return list;
   }
 
-  // The calls in a chat answer: message content without them, tool_calls with ids,
-  // finish_reason "tool_calls".
-  static void AddToolCalls(const ApiRequest& r, const std::string& text, json* choice,
-                           json* message) {
-    std::string content;
-    const auto calls = ParseToolCalls(r.chat_format, *r.tools, text, &content);
-    if (calls.empty()) return;
+  // A chat answer split: reasoning_content (vLLM's and SGLang's field), the content without
+  // the reasoning and the calls, tool_calls with ids and finish_reason "tool_calls".
+  static void AddParsedAnswer(const ApiRequest& r, const std::string& text, json* choice,
+                              json* message) {
+    ParsedAnswer a = ParseAnswer(r.output_format, r.starts_in_reasoning, r.tools.get(), text,
+                                 /*partial=*/false);
+    if (!a.reasoning.empty()) (*message)["reasoning_content"] = a.reasoning;
+    (*message)["content"] = a.content;
+    if (a.calls.empty()) return;
     json list = json::array();
-    for (size_t k = 0; k < calls.size(); ++k) {
-      json call = {{"id", calls[k].id},
-                   {"type", "function"},
-                   {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
-      list.push_back(call);
+    for (const ToolCall& c : a.calls) {
+      list.push_back({{"id", RandomId("call_")},
+                      {"type", "function"},
+                      {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
     }
-    (*message)["content"] = content.empty() ? json(nullptr) : json(content);
+    (*message)["content"] = a.content.empty() ? json(nullptr) : json(a.content);
     (*message)["tool_calls"] = list;
     if ((*choice)["finish_reason"] == "stop") (*choice)["finish_reason"] = "tool_calls";
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/chat_template.h"
+#include "server/tool_format.h"
 #include "util/status.h"
 
 namespace polychip::model {
@@ -33,6 +34,10 @@ class TextCodec {
   virtual int64_t vocab_size() const = 0;
   // The chat format's name (model::ChatFormatName), which decides how tool calls are written.
   virtual std::string chat_format() const { return "chatml"; }
+  // How the model writes tool calls and reasoning: what the prompt told it (the model's own
+  // template, or the hand-written family's tool prompt).
+  virtual OutputFormat output_format() const { return OutputFormatForChatFamily(chat_format()); }
+  ToolFormat tool_call_format() const { return output_format().tools; }
 };
 
 // `chat_format`: an explicit chat format name ("chatml", "llama3", ...) or "" to detect it from

@@ -1,8 +1,10 @@
-// Tool calls on /v1/chat/completions (internal to the server module): the request's `tools`
-// and `tool_choice`, rendered into the prompt the way the model family's chat template does
-// (Hermes <tool_call> blocks in ChatML for qwen2-family models, the JSON form of llama-3.x),
-// the grammar that forces a call (tool_choice "required" or a named function: the arguments
-// always satisfy the function's JSON Schema), and the parser of the model's answer.
+// Tool calls and reasoning on /v1/chat/completions (internal to the server module): the
+// request's `tools` and `tool_choice`; for the hand-written chat families, the tools rendered
+// into the prompt as the family's template would (Hermes <tool_call> blocks in ChatML, the
+// JSON form of llama-3.x); the grammar that forces a call in the model's format (tool_choice
+// "required" or a named function: the arguments always satisfy the function's JSON Schema);
+// and the parser of the model's answer into reasoning, content and calls (tool_format.h names
+// the formats; tool_parsers.cc and tool_grammars.cc hold each format's parser and grammar).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "server/api.h"
+#include "server/tool_format.h"
 
 namespace polychip::server {
 
@@ -46,15 +49,40 @@ std::optional<ApiError> ParseTools(const nlohmann::json& body, std::string_view 
 nlohmann::json RenderToolMessages(std::string_view chat_format, const ToolRequest& tools,
                                   const nlohmann::json& messages);
 
-// The EBNF that forces a call (tool_choice required or named); nullopt when none is forced.
-StatusOr<std::optional<std::string>> ToolCallGrammar(std::string_view chat_format,
-                                                     const ToolRequest& tools);
+// The format of a name given by the caller: a tool format (ToolFormatName) or a hand-written
+// chat family (model::ChatFormatName).
+OutputFormat OutputFormatByName(std::string_view name);
+
+// The EBNF that forces a call (tool_choice required or named) in the format; nullopt when none
+// is forced. `starts_in_reasoning`: the prompt opened the reasoning block, the grammar closes it.
+StatusOr<std::optional<std::string>> ToolCallGrammar(const OutputFormat& format,
+                                                     const ToolRequest& tools,
+                                                     bool starts_in_reasoning = false);
+inline StatusOr<std::optional<std::string>> ToolCallGrammar(std::string_view format,
+                                                            const ToolRequest& tools) {
+  return ToolCallGrammar(OutputFormatByName(format), tools);
+}
+
+// An answer split into its parts. Calls have no ids yet.
+struct ParsedAnswer {
+  std::string reasoning;
+  std::string content;
+  std::vector<ToolCall> calls;
+  bool last_call_open = false;  // partial: the last call's arguments are still growing
+};
+
+// Parses a finished answer, or the beginning of one (`partial`): then what may still turn out
+// to be part of a marker or of a call is left out, so that each partial result is a prefix of
+// the next (content, reasoning and each call's arguments only grow). Calls need `tools` active;
+// a call whose name is not among them, or whose arguments are not JSON, stays content.
+// `starts_in_reasoning`: the prompt opened the reasoning block (its "<think>" is not written).
+// Content that is only whitespace around calls is empty.
+ParsedAnswer ParseAnswer(const OutputFormat& format, bool starts_in_reasoning,
+                         const ToolRequest* tools, std::string_view text, bool partial);
 
 // Finds the calls in a finished answer; `content` receives the text outside them (empty when
-// it is only whitespace around calls). A call whose body is not `{"name": <a known tool>,
-// "arguments" (or "parameters"): <JSON>}` stays in the content. Runs ToolCallStreamer over
-// the whole text, so a streamed answer reassembles to the same calls and content.
-std::vector<ToolCall> ParseToolCalls(std::string_view chat_format, const ToolRequest& tools,
+// it is only whitespace around calls).
+std::vector<ToolCall> ParseToolCalls(std::string_view format, const ToolRequest& tools,
                                      std::string_view text, std::string* content);
 
 // One streamed piece of a call (OpenAI's delta.tool_calls entry): the first of a call carries
@@ -66,47 +94,50 @@ struct ToolCallDelta {
   std::string arguments;
 };
 
-// The incremental parser of an answer with tool calls: fed the answer as it grows, it tells
-// what is new, content text and call deltas. Text that may still turn out to be a call (a
-// prefix of "<tool_call>", whitespace before a call) is held back until it is known.
-class ToolCallStreamer {
+// The incremental parser of an answer: fed the answer as it grows, it tells what is new in its
+// reasoning, its content and its calls. It parses the whole answer again at each step, so the
+// streamed pieces add up to what ParseAnswer finds in the finished answer.
+class AnswerStreamer {
  public:
-  ToolCallStreamer(std::string_view chat_format, const ToolRequest& tools);
+  AnswerStreamer(const OutputFormat& format, bool starts_in_reasoning, const ToolRequest* tools);
 
   // `text`: the bytes generated since the last call; `finished`: the answer is complete.
-  void Feed(std::string_view text, bool finished, std::string* content,
+  void Feed(std::string_view text, bool finished, std::string* reasoning, std::string* content,
             std::vector<ToolCallDelta>* deltas);
 
-  // Once finished: the calls that parsed completely and validly (a streamed call that turned
-  // out malformed at its end is not among them), and all of the content fed out.
-  const std::vector<ToolCall>& calls() const { return calls_; }
-  const std::string& content() const { return content_; }
-  bool any_call_started() const { return started_ > 0; }
+  // Once finished: the answer as ParseAnswer parses it, the calls with the ids streamed.
+  const ParsedAnswer& final() const { return final_; }
+  bool any_call_started() const { return !started_.empty(); }
 
  private:
-  enum class State { kStart, kText, kHead, kBadCall, kArgs, kTail, kPlainText };
-  enum class Head { kNeedMore, kBad, kOk };
-  Head ParseHead(size_t* value_begin, std::string* name) const;
-  void Step(bool finished, std::string* content, std::vector<ToolCallDelta>* deltas);
-  void EmitContent(std::string_view text, std::string* content);
-  void EndCall(bool valid);
-
-  bool llama3_;
+  struct Started {
+    std::string id, name, arguments;  // arguments sent so far
+  };
+  OutputFormat format_;
+  bool starts_in_reasoning_;
   const ToolRequest* tools_;
-  std::string buf_;  // the answer so far
-  size_t pos_ = 0;   // scanned up to here
-  State state_;
-  size_t call_begin_ = 0;  // where the current call's text begins (content if it is bad)
-  size_t args_begin_ = 0;  // its arguments value
-  char args_kind_ = 0;     // '{' / '[' nested, '"' string, 's' scalar
-  int depth_ = 0;
-  bool in_string_ = false, escape_ = false;
-  std::string held_ws_;        // trailing whitespace of the content, not yet sent
-  bool content_seen_ = false;  // non-whitespace content sent
-  size_t started_ = 0;         // calls whose first delta went out
-  ToolCall current_;
-  std::vector<ToolCall> calls_;
-  std::string content_;
+  std::string buf_;
+  std::string reasoning_sent_, content_sent_;
+  std::vector<Started> started_;
+  ParsedAnswer final_;
+};
+
+// AnswerStreamer for tool calls alone, the format by name (OutputFormatByName).
+class ToolCallStreamer {
+ public:
+  ToolCallStreamer(std::string_view format, const ToolRequest& tools)
+      : streamer_(OutputFormatByName(format), false, &tools) {}
+  void Feed(std::string_view text, bool finished, std::string* content,
+            std::vector<ToolCallDelta>* deltas) {
+    std::string reasoning;
+    streamer_.Feed(text, finished, &reasoning, content, deltas);
+  }
+  const std::vector<ToolCall>& calls() const { return streamer_.final().calls; }
+  const std::string& content() const { return streamer_.final().content; }
+  bool any_call_started() const { return streamer_.any_call_started(); }
+
+ private:
+  AnswerStreamer streamer_;
 };
 
 }  // namespace polychip::server

@@ -140,6 +140,27 @@ TEST(JsonSchema, ObjectsArraysEnumsRefs) {
   EXPECT_FALSE(Matches(*g, R"({"name":"b","kind":"a","at":{"x":1,"y":2},"other":1})"));
 }
 
+// Layout is one space, or one line break and an indentation of at most 12: a model cannot
+// spend its tokens on whitespace between keys (json_object and schemas alike).
+TEST(JsonSchema, WhitespaceIsBounded) {
+  const json schema = {{"type", "object"},
+                       {"properties", {{"a", {{"type", "integer"}}}, {"b", {{"type", "string"}}}}},
+                       {"required", {"a", "b"}}};
+  for (auto g : {Compile(ConstraintKind::kJsonSchema, schema.dump()),
+                 Compile(ConstraintKind::kJsonObject, "")}) {
+    ASSERT_TRUE(g);
+    EXPECT_TRUE(Matches(*g, R"({"a":1,"b":"x"})"));
+    EXPECT_TRUE(Matches(*g, R"({ "a" : 1, "b": "x" })"));
+    EXPECT_TRUE(Matches(*g, "{\n  \"a\": 1,\n  \"b\": \"x\"\n}"));
+    EXPECT_TRUE(Matches(*g, "{\n\t\"a\": 1,\n\t\"b\": \"x\"\n}"));
+    EXPECT_FALSE(Matches(*g, "{\n\t\n\t\"a\": 1, \"b\": \"x\"}"));  // two line breaks
+    EXPECT_FALSE(Matches(*g, "{  \"a\": 1, \"b\": \"x\"}"));        // two spaces
+    EXPECT_FALSE(Matches(*g, "{\n" + std::string(13, '\t') + "\"a\": 1, \"b\": \"x\"}"));
+    // A run of layout dies inside the grammar, whatever comes after it.
+    EXPECT_EQ(g->Advance(g->initial_state(), "{\n\t\t\t\t\n"), CompiledGrammar::kDead);
+  }
+}
+
 TEST(JsonSchema, NumbersStringsFormats) {
   auto ints = Compile(ConstraintKind::kJsonSchema,
                       R"({"type":"integer","minimum":-15,"exclusiveMaximum":120})");

@@ -78,7 +78,7 @@ TEST(Tools, ParseCallsAndContent) {
   EXPECT_EQ(calls[0].name, "get_weather");
   EXPECT_EQ(json::parse(calls[0].arguments), json::parse(R"({"city":"Oslo"})"));
   EXPECT_EQ(calls[0].id.rfind("call_", 0), 0u);
-  EXPECT_EQ(content, "Let me check.\n");
+  EXPECT_EQ(content, "Let me check.");  // the layout before the call is not content
   calls = ParseToolCalls("chatml", tools, "no calls here", &content);
   EXPECT_TRUE(calls.empty());
   EXPECT_EQ(content, "no calls here");
@@ -157,7 +157,7 @@ TEST(Tools, StreamedCallsReassembleToTheParsedOnes) {
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(json::parse(calls[0].arguments)["city"], "Oslo, the capital {with} \"braces\"");
   EXPECT_EQ(calls[1].arguments, "{}");
-  EXPECT_EQ(content, "Let me check.\n\n");
+  EXPECT_EQ(content, "Let me check.");
   calls = ParseToolCalls("chatml", tools, answers[1].second, &content);
   EXPECT_EQ(content, "");  // whitespace around calls is no content
   calls = ParseToolCalls("chatml", tools, answers[3].second, &content);
