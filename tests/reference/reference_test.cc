@@ -51,7 +51,7 @@ bool HaveLlamaCpp() {
 
 struct ModelCase {
   std::string vocab;           // ggml-vocab-<vocab>.gguf
-  std::string arch;            // llama | qwen2 | qwen3 | phi3 | qwen3moe | gemma3
+  std::string arch;            // an architecture of src/model/archs.def
   std::string type;            // F32, F16, Q8_0, Q4_0, Q4_K, Q4_K_M, ...
   std::string shape = "tiny";  // a `gguf synth --shape` (qwen3-tiny: qwen3's own head size)
   // The greedy test too. Not for a mixture of experts' quantized files: a router near-tie
@@ -266,6 +266,12 @@ std::vector<ModelCase> Cases() {
   // (Q4_0 and Q4_K_M agree too: docs/performance.md).
   for (const char* type : {"F16", "Q8_0"}) {
     cases.push_back({"gemma-4", "gemma3", type, "gemma3-tiny"});
+  }
+  // mistral3-tiny: the llama layout and RoPE with a head size of its own (4 heads of 128 over
+  // 256), written as llama.cpp's converter writes Mistral-Small-3.1's text model; Mistral 7B's
+  // vocabulary (llama-spm).
+  for (const char* type : {"F16", "Q4_0"}) {
+    cases.push_back({"llama-spm", "mistral3", type, "mistral3-tiny"});
   }
   return cases;
 }
