@@ -505,10 +505,14 @@ StatusOr<Value> Renderer::EvalSlice(const Expr& e, const FramePtr& frame) {
   auto pick = [&](int64_t len, auto&& take) {
     int64_t start, stop;
     SliceIndices(len, parts[0], parts[1], step, &start, &stop);
-    if (step > 0) {
-      for (int64_t i = start; i < stop; i += step) take(i);
-    } else {
-      for (int64_t i = start; i > stop; i += step) take(i);
+    // Counted in unsigned steps: a step near the int64 edge must not overflow the index.
+    const uint64_t ustep = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+    const uint64_t span = step > 0 ? (stop > start ? static_cast<uint64_t>(stop - start) : 0)
+                                   : (start > stop ? static_cast<uint64_t>(start - stop) : 0);
+    const uint64_t n = span == 0 ? 0 : 1 + (span - 1) / ustep;
+    for (uint64_t k = 0; k < n; ++k) {
+      const auto offset = static_cast<int64_t>(k * ustep);  // < span <= len
+      take(step > 0 ? start + offset : start - offset);
     }
   };
   if (obj.is_string()) {

@@ -57,7 +57,13 @@ Value SortKey(const Value& v, bool case_sensitive) {
 
 StatusOr<int64_t> ToIndex(const Value& v, const char* what) {
   if (v.is_int() || v.is_bool()) return v.AsInt();
-  if (v.is_float()) return static_cast<int64_t>(v.as_float());
+  if (v.is_float()) {
+    const double d = v.as_float();
+    if (!std::isfinite(d) || std::fabs(d) >= 9.2e18) {
+      return InvalidArgument(std::string(what) + " out of range");
+    }
+    return static_cast<int64_t>(d);
+  }
   if (v.is_undefined()) return InvalidArgument(v.undefined_hint());
   return InvalidArgument(std::string(what) + " must be an integer, not " + v.TypeName());
 }

@@ -649,6 +649,10 @@ StatusOr<std::string> PercentFormat(const std::string& fmt, const Value& args, R
       char t = type;
       if (t == 'i' || t == 'u') t = 'd';
       if (t == 'd' || t == 'x' || t == 'X' || t == 'o') {
+        if (num.is_float() &&
+            (!std::isfinite(num.as_float()) || std::fabs(num.as_float()) >= 9.2e18)) {
+          return InvalidArgument("cannot convert float to integer");
+        }
         num = Value(num.is_float() ? static_cast<int64_t>(num.as_float()) : num.AsInt());
       } else if (t != 'c') {
         num = Value(num.AsDouble());
@@ -1214,14 +1218,21 @@ StatusOr<Value> Renderer::CallGlobal(const std::string& name, const Args& args) 
     }
     if (v[2] == 0) return InvalidArgument("range() arg 3 must not be zero");
     // The sandbox caps ranges (MAX_RANGE = 100000), which also bounds the work here.
-    const double count = std::max(0.0, std::ceil((static_cast<double>(v[1]) - v[0]) / v[2]));
+    const __int128 span = static_cast<__int128>(v[1]) - v[0];
+    const __int128 count128 = v[2] > 0 ? (span > 0 ? (span + v[2] - 1) / v[2] : 0)
+                                       : (span < 0 ? (-span + (-static_cast<__int128>(v[2])) - 1) /
+                                                         (-static_cast<__int128>(v[2]))
+                                                   : 0);
+    const auto count = static_cast<double>(count128);
     if (count > 100000) {
       return InvalidArgument(
           "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     }
     PC_RETURN_IF_ERROR(Step(static_cast<uint64_t>(count)));
     std::vector<Value> out;
-    for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) out.emplace_back(i);
+    // Counted rather than stepped, so that a step near the int64 edge cannot overflow.
+    for (int64_t k = 0; k < static_cast<int64_t>(count); ++k)
+      out.emplace_back(static_cast<int64_t>(v[0] + static_cast<__int128>(k) * v[2]));
     return Value::List(std::move(out));
   }
   if (name == "dict" || name == "namespace") {

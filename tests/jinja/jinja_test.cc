@@ -247,6 +247,18 @@ TEST(JinjaLimitsTest, HugeNumbersInNamesAndFormatsAreErrorsOrMisses) {
   EXPECT_FALSE(RenderText("{{ '{:99999999999999999999}'.format(1) }}").ok());
 }
 
+TEST(JinjaLimitsTest, StepsAndRangesNearTheInt64EdgeDoNotOverflow) {
+  EXPECT_EQ(
+      *RenderText("{{ 'abcdef'[2::9223372036854775807] }}{{ 'abc'[::-9223372036854775807] }}"),
+      "cc");
+  EXPECT_EQ(*RenderText("{{ range(9223372036854775800, 9223372036854775807, 5)|list }}"),
+            "[9223372036854775800, 9223372036854775805]");
+  EXPECT_EQ(*RenderText("{{ range(-9223372036854775807, 9223372036854775807, "
+                        "4611686018427387904)|list|length }}"),
+            "4");
+  EXPECT_FALSE(RenderText("{{ '%d' % 1e300 }}").ok());  // Python's ints are unbounded, ours not
+}
+
 TEST(JinjaLimitsTest, SourceSizeIsBounded) {
   EXPECT_FALSE(Template::Parse(std::string(Limits{}.max_source_bytes + 1, 'x'), "t").ok());
 }
