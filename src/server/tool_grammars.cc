@@ -47,8 +47,20 @@ StatusOr<std::string> XmlParams(const ToolSpec& t, const std::string& prefix, st
     bool is_string = false;
     if (schema.is_object() && schema.contains("type") && schema["type"] == "string" &&
         !schema.contains("enum") && !schema.contains("const")) {
+      // As written, up to the closing tag, within the schema's length bounds (characters).
+      auto bound = [&](const char* k, int64_t dflt) {
+        return schema.contains(k) && schema[k].is_number_integer()
+                   ? schema[k].template get<int64_t>()
+                   : dflt;
+      };
+      const int64_t min = bound("minLength", 0), max = bound("maxLength", -1);
+      if (min < 0 || (max >= 0 && max < min) || min > 100000 || max > 100000) {
+        return InvalidArgument("'" + key + "': bad minLength/maxLength");
+      }
       value = p + "text";
-      *rules += value + " ::= [^<]*\n";  // as written, up to the closing tag
+      *rules += value + " ::= [^<]" +
+                (max >= 0 ? fmt::format("{{{},{}}}", min, max) : fmt::format("{{{},}}", min)) +
+                "\n";
       is_string = true;
     } else if (schema.is_object() && schema.contains("enum") && schema["enum"].is_array() &&
                !schema["enum"].empty() && schema["enum"][0].is_string()) {
