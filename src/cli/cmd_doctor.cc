@@ -2,9 +2,9 @@
 // and why it is or is not usable (dlopen error, unresolved dependencies as ldd would show them,
 // missing symbol, ABI pair, probe reason), then tries the backend that was asked for, if any.
 // Exit 1 when a requested backend cannot be loaded, or when no backend is usable at all.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +16,7 @@
 #include "cli/model_options.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
+#include "model/model_loader.h"
 #include "model/op_coverage.h"
 #include "model/runner_setup.h"
 #include "runtime/config.h"
@@ -64,6 +65,11 @@ int PrintModelCoverage(std::ostream& out, const DoctorOptions& o) {
   for (std::string line; std::getline(table, line);) out << "  " << line << "\n";
   const Status status = model::CoverageStatus(d, rows);
   out << "\n" << (status.ok() ? "  every op is covered" : "  " + status.message()) << "\n";
+  for (const model::WeightSplit& split :
+       model::PlanWeightSplits(**file, d.props().max_alloc_size)) {
+    out << "  split: " << split.tensor << " (" << split.bytes << " bytes) into " << split.pieces
+        << " allocations by rows (max single allocation " << d.props().max_alloc_size << ")\n";
+  }
   return status.ok() ? 0 : 1;
 }
 

@@ -760,12 +760,19 @@ StatusOr<std::vector<SequenceStep>> Decode(const std::vector<int32_t>& p) {
   return batch;
 }
 
-// The hooks of the model: the comm plugin reads host memory, so hidden states go through a
-// host buffer (D2H, collective, H2D). One per communicator.
+// The hooks of the model, one per communicator. A comm plugin that reads this backend's device
+// memory (as NCCL or BKCL do) gets the hidden states where they are, on the runner's stream,
+// with no copy (`on_device`); otherwise they go through a host buffer (D2H, collective, H2D),
+// whose bytes `staged_bytes` counts for /metrics.
 struct HostStaging {
   Communicator* comm = nullptr;
   int64_t n_embd = 0;
+  bool on_device = false;
   std::vector<float> host;  // [n_rows, n_embd]
+  std::atomic<uint64_t> staged_bytes{0};  // through host memory, both directions
+
+  HostStaging() = default;
+  HostStaging(Communicator* c, int64_t embd) : comm(c), n_embd(embd) {}
 
   // The hooks receive the runner's stream as const (as every launch does); copies need it
   // mutable, and the runner owns it, so this is safe. `host` stays untouched until the next
@@ -773,23 +780,29 @@ struct HostStaging {
   Status ToHost(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows) {
     auto& s = const_cast<runtime::Stream&>(stream);
     host.resize(uint64_t(n_rows) * n_embd);
+    staged_bytes += host.size() * 4;
     PC_RETURN_IF_ERROR(s.CopyD2H(host.data(), x, host.size() * 4));
     return s.Synchronize();
   }
   Status ToDevice(const runtime::Stream& stream, runtime::DevPtr x) {
+    staged_bytes += host.size() * 4;
     return const_cast<runtime::Stream&>(stream).CopyH2D(x, host.data(), host.size() * 4);
   }
   Status AllReduce(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows) {
+    const uint64_t n = uint64_t(n_rows) * n_embd;
+    if (on_device) return comm->AllReduceOn(stream, x, x, n, DType::kF32, runtime::ReduceOp::kSum);
     PC_RETURN_IF_ERROR(ToHost(stream, x, n_rows));
     PC_RETURN_IF_ERROR(comm->AllReduce(host.data(), host.data(), host.size(), DType::kF32,
                                        runtime::ReduceOp::kSum));
     return ToDevice(stream, x);
   }
   Status Send(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows, int32_t peer) {
+    if (on_device) return comm->SendOn(stream, x, uint64_t(n_rows) * n_embd, DType::kF32, peer);
     PC_RETURN_IF_ERROR(ToHost(stream, x, n_rows));
     return comm->Send(host.data(), host.size(), DType::kF32, peer);
   }
   Status Recv(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_rows, int32_t peer) {
+    if (on_device) return comm->RecvOn(stream, x, uint64_t(n_rows) * n_embd, DType::kF32, peer);
     PC_RETURN_IF_ERROR(const_cast<runtime::Stream&>(stream).Synchronize());
     host.resize(uint64_t(n_rows) * n_embd);
     PC_RETURN_IF_ERROR(comm->Recv(host.data(), host.size(), DType::kF32, peer));
@@ -797,12 +810,29 @@ struct HostStaging {
   }
 };
 
+// Whether `comm` reads the memory of `backend`'s devices; FAILED_PRECONDITION when it reads
+// another backend's (it cannot take host memory, and this one's memory is not what it reads).
+StatusOr<bool> OnDevice(const Communicator* comm, const std::string& group,
+                        const std::string& backend) {
+  if (comm == nullptr || !comm->plugin().reads_device_memory()) return false;
+  if (comm->plugin().device_plugin() == backend) return true;
+  return FailedPrecondition("dist: the " + group + " group's comm plugin '" +
+                            comm->plugin().name() + "' reads the device memory of backend '" +
+                            comm->plugin().device_plugin() + "', but the model runs on '" +
+                            backend + "'; choose a comm plugin for " + backend +
+                            " or one that reads host memory");
+}
+
 // What a rank holds besides its runner: the communicators (world; the tensor-parallel group of
 // its stage; the pipeline group of its tensor-parallel position) and their staging buffers.
 struct Groups {
   int32_t tp = 1, pp = 1;
   std::unique_ptr<Communicator> world, tp_comm, pp_comm;
+  // The tensor-parallel group again, over the world's (host-memory) plugin, for the logits,
+  // which go to the host anyway: only when tp_comm reads device memory.
+  std::unique_ptr<Communicator> tp_host;
   HostStaging tp_stage, pp_stage;
+  Communicator* TpHost() const { return tp_host ? tp_host.get() : tp_comm.get(); }
   int32_t LogitsRank() const { return (pp - 1) * tp; }  // last stage, tensor rank 0
 };
 
@@ -831,6 +861,14 @@ class TpRunner : public engine::ModelRunner {
       int64_t header[2] = {kStop, 0};
       Status s = comm_->Broadcast(header, header, 2, DType::kI64, 0);
       if (!s.ok()) runtime::Log().warn("dist: stopping the other ranks: {}", s.ToString());
+    }
+    for (const auto& [group, stage] :
+         {std::pair{"tp", &groups_->tp_stage}, std::pair{"pp", &groups_->pp_stage}}) {
+      if (stage->comm == nullptr) continue;
+      runtime::Log().info("dist: {} group through '{}' ({}): {} bytes staged through host memory",
+                          group, stage->comm->plugin().name(),
+                          stage->on_device ? "device memory" : "host memory",
+                          stage->staged_bytes.load());
     }
     local_.reset();
     // The others exit once they see the stop (or the abort); do not wait for long.
@@ -863,6 +901,24 @@ class TpRunner : public engine::ModelRunner {
       comm_->Abort();  // the other ranks may be waiting in a collective of this step
     }
     return s;
+  }
+
+  // The local runner's metrics, and this rank's bytes staged through host memory per group:
+  // zero for a comm plugin that reads the device's memory.
+  void RenderMetrics(std::string* out) const override {
+    local_->RenderMetrics(out);
+    *out +=
+        "# HELP polychip_comm_staged_bytes_total Bytes of hidden states this rank copied through "
+        "host memory for its collectives (device to host and back), by group.\n"
+        "# TYPE polychip_comm_staged_bytes_total counter\n";
+    for (const auto& [group, stage] :
+         {std::pair{"tp", &groups_->tp_stage}, std::pair{"pp", &groups_->pp_stage}}) {
+      if (stage->comm == nullptr) continue;
+      *out += std::string("polychip_comm_staged_bytes_total{group=\"") + group + "\",plugin=\"" +
+              stage->comm->plugin().name() + "\",device_memory=\"" +
+              (stage->on_device ? "true" : "false") + "\"} " +
+              std::to_string(stage->staged_bytes.load()) + "\n";
+    }
   }
 
   const model::TransformerRunner& local() const { return *local_; }
@@ -1047,14 +1103,24 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
                                                   "pp/" + std::to_string(tp_rank), tp_rank,
                                                   *g->world, config, *world.kv, timeout));
     }
+    // A tensor group on device memory (on any stage: the split is collective over the world)
+    // gets a host-memory twin for the logits.
+    int32_t device_tp = tp > 1 && g->tp_comm->plugin().reads_device_memory() ? 1 : 0;
+    std::vector<int32_t> all_device_tp(world.size, 0);
+    PC_RETURN_IF_ERROR(g->world->AllGather(&device_tp, all_device_tp.data(), 1, DType::kI32));
+    if (std::ranges::find(all_device_tp, 1) != all_device_tp.end()) {
+      PC_ASSIGN_OR_RETURN(g->tp_host, g->world->Split(stage, tp_rank));
+    }
     return Status::Ok();
   };
   if (Status s = create(); !s.ok()) {
     g.reset();
     return fail(s);
   }
-  g->tp_stage = {g->tp_comm.get(), file.config.n_embd, {}};
-  g->pp_stage = {g->pp_comm.get(), file.config.n_embd, {}};
+  g->tp_stage.comm = g->tp_comm.get();
+  g->tp_stage.n_embd = file.config.n_embd;
+  g->pp_stage.comm = g->pp_comm.get();
+  g->pp_stage.n_embd = file.config.n_embd;
 
   // Every rank loads its shard, then all agree that every rank succeeded.
   model::RunnerOptions ro = options;
@@ -1066,7 +1132,7 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
       return gp->tp_stage.AllReduce(s, x, n);
     };
     ro.tensor_parallel.all_gather = [gp](const float* send, float* out, int64_t count) {
-      return gp->tp_comm->AllGather(send, out, uint64_t(count), DType::kF32);
+      return gp->TpHost()->AllGather(send, out, uint64_t(count), DType::kF32);
     };
   }
   if (pp > 1) {
@@ -1085,6 +1151,9 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     PC_ASSIGN_OR_RETURN(std::string flag,
                         RankDeviceFlag(device_flag, world.local_rank, world.local_rank + 1));
     PC_ASSIGN_OR_RETURN(auto device, model::OpenDevice(config_path, flag, threads));
+    const std::string backend = device->backend()->name();
+    PC_ASSIGN_OR_RETURN(gp->tp_stage.on_device, OnDevice(gp->tp_comm.get(), "tensor", backend));
+    PC_ASSIGN_OR_RETURN(gp->pp_stage.on_device, OnDevice(gp->pp_comm.get(), "pipeline", backend));
     return model::TransformerRunner::Create(*file.file, file.config, device, ro);
   };
   auto local = load();

@@ -28,6 +28,28 @@ StatusOr<PoolBuffer> PoolBuffer::Allocate(const std::shared_ptr<runtime::MemoryP
   return PoolBuffer(pool, block);
 }
 
+RowSplit PlanRowSplit(int64_t rows, int64_t row_bytes, uint64_t max_alloc, int64_t spare_rows) {
+  RowSplit split;
+  split.rows_per_piece = rows;
+  if (max_alloc == 0 || row_bytes <= 0 || uint64_t(rows) * row_bytes <= max_alloc) return split;
+  const int64_t fit = std::max<int64_t>(1, int64_t(max_alloc / uint64_t(row_bytes)) - spare_rows);
+  split.pieces = (rows + fit - 1) / fit;
+  split.rows_per_piece = (rows + split.pieces - 1) / split.pieces;  // even pieces
+  return split;
+}
+
+std::vector<WeightSplit> PlanWeightSplits(const GgufFile& file, uint64_t max_alloc) {
+  std::vector<WeightSplit> splits;
+  for (const GgufTensor& t : file.tensors()) {
+    if (t.dims.size() < 2 || max_alloc == 0 || t.n_bytes <= max_alloc) continue;
+    const bool table = t.name == "token_embd.weight";
+    const RowSplit split =
+        PlanRowSplit(t.n_rows(), RowBytes(t.dtype, t.row_len()), max_alloc, table ? 1 : 0);
+    splits.push_back({t.name, t.n_bytes, split.pieces});
+  }
+  return splits;
+}
+
 namespace {
 
 class Uploader {
@@ -94,16 +116,80 @@ class Uploader {
     return rows;
   }
 
-  // `data` [rows, cols] of t's dtype, for MATMUL (the plugin may repack it).
+  // `data` [rows, cols] of t's dtype, for MATMUL (the plugin may repack it). Larger than the
+  // device's max single allocation: in pieces of rows (MatrixRef::pieces), each followed by
+  // `zero_rows` zero rows when asked (so that a GGUF piece may serve as an embedding piece).
   StatusOr<MatrixRef> Upload(const GgufTensor& t, int64_t rows, int64_t cols, const void* data,
-                             uint64_t n_bytes) {
-    PC_ASSIGN_OR_RETURN(auto weight, runtime::DeviceWeight::Upload(device_, t.dtype, rows, cols,
-                                                                   data, n_bytes));
+                             uint64_t n_bytes, int64_t zero_rows = 0) {
+    const int64_t row_bytes = RowBytes(t.dtype, cols);
+    const RowSplit split =
+        PlanRowSplit(rows, row_bytes, device_->props().max_alloc_size, zero_rows);
+    if (split.pieces == 1) {
+      PC_ASSIGN_OR_RETURN(MatrixRef ref, UploadRows(t, cols, data, rows, 0));
+      file_.ReleasePages(t);
+      return ref;
+    }
+    MatrixRef whole{0, t.dtype, runtime::kLayoutGguf, rows, cols};
+    std::vector<uint8_t> staging;
+    for (int64_t begin = 0; begin < rows; begin += split.rows_per_piece) {
+      const int64_t count = std::min(split.rows_per_piece, rows - begin);
+      const uint8_t* from = static_cast<const uint8_t*>(data) + begin * row_bytes;
+      if (zero_rows > 0) {  // the piece's rows, then zero rows (zero in every GGUF type)
+        staging.assign(uint64_t(count + zero_rows) * row_bytes, 0);
+        std::memcpy(staging.data(), from, uint64_t(count) * row_bytes);
+        from = staging.data();
+      }
+      PC_ASSIGN_OR_RETURN(MatrixRef piece, UploadRows(t, cols, from, count, zero_rows));
+      piece.begin = begin;
+      whole.layout = piece.layout;
+      whole.pieces.push_back(std::move(piece));
+    }
     file_.ReleasePages(t);
-    MatrixRef ref{weight->data(), t.dtype, weight->layout(), rows, cols};
+    w_.splits.push_back({t.name, n_bytes, split.pieces});
+    return whole;
+  }
+
+  // `count` rows of `data` and `zero_rows` more as one DeviceWeight; the ref says `count` rows.
+  StatusOr<MatrixRef> UploadRows(const GgufTensor& t, int64_t cols, const void* data, int64_t count,
+                                 int64_t zero_rows) {
+    const int64_t rows = count + zero_rows;
+    PC_ASSIGN_OR_RETURN(auto weight,
+                        runtime::DeviceWeight::Upload(device_, t.dtype, rows, cols, data,
+                                                      uint64_t(rows) * RowBytes(t.dtype, cols)));
+    MatrixRef ref{weight->data(), t.dtype, weight->layout(), count, cols};
     w_.device_bytes += weight->bytes();
     w_.matrices.push_back(std::move(weight));
     return ref;
+  }
+
+  // The embedding table (GGUF layout): the tensor's rows, or `bytes` made from it ([rows,
+  // row_len]), in one allocation (w_.embd), or, over the max single allocation, in pieces of
+  // rows each followed by a zero row (w_.embd_pieces).
+  Status Table(const GgufTensor& t, const std::vector<uint8_t>* bytes = nullptr) {
+    const uint8_t* data = static_cast<const uint8_t*>(bytes != nullptr ? bytes->data() : t.data);
+    const uint64_t n_bytes = bytes != nullptr ? bytes->size() : t.n_bytes;
+    const int64_t row_bytes = RowBytes(t.dtype, t.row_len());
+    const int64_t rows = int64_t(n_bytes / uint64_t(row_bytes));
+    const RowSplit split = PlanRowSplit(rows, row_bytes, device_->props().max_alloc_size, 1);
+    if (split.pieces == 1) {
+      PC_ASSIGN_OR_RETURN(w_.embd, Raw(t, bytes));
+      return Status::Ok();
+    }
+    for (int64_t begin = 0; begin < rows; begin += split.rows_per_piece) {
+      const int64_t count = std::min(split.rows_per_piece, rows - begin);
+      const uint64_t piece_bytes = uint64_t(count) * row_bytes;
+      PC_ASSIGN_OR_RETURN(auto buffer, device_->Allocate(piece_bytes + row_bytes));
+      PC_RETURN_IF_ERROR(stream_.CopyH2D(buffer->ptr(), data + begin * row_bytes, piece_bytes));
+      PC_RETURN_IF_ERROR(stream_.Memset(buffer->ptr() + piece_bytes, 0, row_bytes));
+      device_->MarkImmutable(buffer->ptr(), piece_bytes + row_bytes);
+      w_.embd_pieces.push_back({buffer->ptr(), begin, count});
+      w_.device_bytes += piece_bytes + row_bytes;
+      w_.buffers.push_back(std::move(buffer));
+    }
+    PC_RETURN_IF_ERROR(stream_.Synchronize());  // the copies have read the pages released next
+    file_.ReleasePages(t);
+    w_.splits.push_back({t.name, n_bytes, split.pieces});
+    return Status::Ok();
   }
 
   // Raw GGUF bytes in a device allocation of their own (embedding table): the tensor's, or
@@ -178,6 +264,17 @@ class Uploader {
   // An expert tensor [n_expert, rows, cols] for MOE: uploaded like a matrix (the plugin may
   // repack it) when the device's MOE reads the layout it chose, else as GGUF bytes.
   StatusOr<MatrixRef> Experts(const std::string& name, const std::vector<DType>& moe_dtypes) {
+    PC_ASSIGN_OR_RETURN(const GgufTensor* whole, Find(name));
+    const uint64_t max = device_->props().max_alloc_size;
+    if (max != 0 && whole->n_bytes > max) {
+      // MOE takes each expert tensor as one operand: no split by rows can express it.
+      return Unimplemented(name + " (" + std::to_string(whole->n_bytes) +
+                           " bytes) exceeds the "
+                           "max single allocation of " +
+                           std::to_string(max) +
+                           " bytes, and the "
+                           "MOE op reads each expert tensor as one operand");
+    }
     PC_ASSIGN_OR_RETURN(MatrixRef ref, Matrix(name));
     if (ref.layout == runtime::kLayoutGguf) return ref;
     std::initializer_list<DType> dtypes{moe_dtypes[0], moe_dtypes[1], moe_dtypes[2]};
@@ -229,32 +326,41 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
     w->vocab = ShardVocab(c.n_vocab, shard_rank, shard_size);
     PC_ASSIGN_OR_RETURN(embd_rows, up.VocabRows(*embd, w->vocab));
   }
-  auto matrix = [&](const GgufTensor& t, const std::vector<uint8_t>& rows) {
-    return vocab_parallel ? up.Upload(t, w->vocab.rows, t.row_len(), rows.data(), rows.size())
-                          : up.Matrix(t.name);
+  // zero_rows: a split output matrix keeps a zero row after each piece's rows, so that its
+  // pieces (in GGUF layout) serve as the tied embedding table's pieces too.
+  auto matrix = [&](const GgufTensor& t, const std::vector<uint8_t>& rows, int64_t zero_rows) {
+    if (vocab_parallel) {
+      return up.Upload(t, w->vocab.rows, t.row_len(), rows.data(), rows.size(), zero_rows);
+    }
+    return up.Upload(t, t.n_rows(), t.row_len(), t.data, t.n_bytes, zero_rows);
   };
-  auto table = [&]() { return up.Raw(*embd, vocab_parallel ? &embd_rows : nullptr); };
+  auto table = [&]() { return up.Table(*embd, vocab_parallel ? &embd_rows : nullptr); };
   if (c.tied_output) {
     // The output projection is the embedding table: one copy serves both ops when EMBEDDING
     // reads the layout the plugin's upload chose (always so for GGUF; for a private layout when
     // the plugin says so). Otherwise the table is uploaded a second time in GGUF layout.
-    PC_ASSIGN_OR_RETURN(w->output, matrix(*embd, embd_rows));
-    if (w->output.layout == runtime::kLayoutGguf ||
-        runtime::SupportsOp(*device, runtime::Op::kEmbedding, {embd->dtype},
-                            runtime::ShapeClass::kAny, w->output.layout)) {
+    PC_ASSIGN_OR_RETURN(w->output, matrix(*embd, embd_rows, /*zero_rows=*/1));
+    if (!w->output.pieces.empty() && w->output.layout == runtime::kLayoutGguf) {
+      for (const MatrixRef& p : w->output.pieces) {
+        w->embd_pieces.push_back({p.data, p.begin, p.rows});
+      }
+    } else if (w->output.pieces.empty() &&
+               (w->output.layout == runtime::kLayoutGguf ||
+                runtime::SupportsOp(*device, runtime::Op::kEmbedding, {embd->dtype},
+                                    runtime::ShapeClass::kAny, w->output.layout))) {
       w->embd = w->output.data;
       w->embd_layout = w->output.layout;
     } else {
-      PC_ASSIGN_OR_RETURN(w->embd, table());
+      PC_RETURN_IF_ERROR(table());
     }
   } else {
-    PC_ASSIGN_OR_RETURN(w->embd, table());
+    PC_RETURN_IF_ERROR(table());
     PC_ASSIGN_OR_RETURN(const GgufTensor* output, up.Find("output.weight"));
     std::vector<uint8_t> output_rows;
     if (vocab_parallel) {
       PC_ASSIGN_OR_RETURN(output_rows, up.VocabRows(*output, w->vocab));
     }
-    PC_ASSIGN_OR_RETURN(w->output, matrix(*output, output_rows));
+    PC_ASSIGN_OR_RETURN(w->output, matrix(*output, output_rows, /*zero_rows=*/0));
   }
   PC_ASSIGN_OR_RETURN(w->output_norm, up.Vector("output_norm.weight", c.n_embd));
   if (c.has_output_bias && vocab_parallel) {

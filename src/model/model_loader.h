@@ -7,6 +7,12 @@
 //
 // Every transfer goes through the runtime's stream copies: device memory is never touched by
 // the host (it is not host-dereferenceable on a discrete device).
+//
+// A tensor larger than the device's max single allocation is split by rows into allocations
+// that each fit (PlanRowSplit): a matrix becomes MatrixRef::pieces, each launched as a MATMUL of
+// its own writing its columns of the output; the embedding table becomes embd_pieces, each with
+// a zero row after its own rows, so that a gather from every piece (a token outside a piece
+// reads the zero row) summed gives each token's row. The limit is hidden, never a load failure.
 #pragma once
 
 #include <memory>
@@ -53,6 +59,41 @@ struct MatrixRef {
   DType dtype = DType::kF32;
   uint32_t layout = runtime::kLayoutGguf;
   int64_t rows = 0, cols = 0;
+  // Larger than the device's max single allocation: the rows in allocations of their own, each
+  // piece the rows [begin, begin + rows) of the whole (data is then 0). Empty: data holds all.
+  std::vector<MatrixRef> pieces;
+  int64_t begin = 0;  // of a piece: its first row in the whole matrix
+};
+
+// How a tensor of `rows` rows of `row_bytes` each is cut to fit allocations of `max_alloc`
+// bytes, leaving room for `spare_rows` more rows in each piece (the embedding pieces' zero
+// row): `pieces` as even as possible, each at most `rows_per_piece` rows. One piece: no split.
+struct RowSplit {
+  int64_t pieces = 1;
+  int64_t rows_per_piece = 0;
+};
+RowSplit PlanRowSplit(int64_t rows, int64_t row_bytes, uint64_t max_alloc, int64_t spare_rows = 0);
+
+// A tensor the loader splits, for the load log and `polychip doctor`'s coverage report.
+struct WeightSplit {
+  std::string tensor;
+  uint64_t bytes = 0;
+  int64_t pieces = 0;
+};
+// The matrices of `file` over `max_alloc` bytes and how many allocations each takes (the
+// embedding table's pieces with their zero rows; tensor parallelism not counted).
+std::vector<WeightSplit> PlanWeightSplits(const GgufFile& file, uint64_t max_alloc);
+
+// One piece of an embedding table split by rows: rows [begin, begin + count) of the table, then
+// one zero row, at `data` in the table's layout (`count + 1` rows).
+struct TablePiece {
+  runtime::DevPtr data = 0;
+  int64_t begin = 0;
+  int64_t count = 0;
+  // The piece-local id of `id` (a row of the whole table): its row here, else the zero row.
+  int64_t LocalId(int64_t id) const {
+    return id >= begin && id < begin + count ? id - begin : count;
+  }
 };
 
 struct LayerWeights {
@@ -80,6 +121,9 @@ struct ModelWeights {
   runtime::DevPtr embd = 0;
   DType embd_dtype = DType::kF32;
   uint32_t embd_layout = runtime::kLayoutGguf;
+  // The table split by rows (over the max single allocation; embd is then 0); empty: whole.
+  std::vector<TablePiece> embd_pieces;
+  std::vector<WeightSplit> splits;  // the tensors split at load
   std::vector<LayerWeights> layers;
   runtime::DevPtr output_norm = 0;  // f32 [n_embd]
   MatrixRef output;                 // [n_vocab, n_embd] (token_embd when tied)

@@ -121,6 +121,11 @@ Status TransformerRunner::Init(const GgufFile& file) {
   PC_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
   PC_ASSIGN_OR_RETURN(weights_, LoadWeights(file, c, device_, pool_, *stream_, tp.rank, tp.size,
                                             layer_begin, layer_end));
+  for (const WeightSplit& split : weights_->splits) {
+    spdlog::info("{} ({} bytes) split by rows into {} allocations: {} allows {} bytes at most",
+                 split.tensor, split.bytes, split.pieces, device_->props().name,
+                 device_->props().max_alloc_size);
+  }
   PC_ASSIGN_OR_RETURN(Transformer transformer, Transformer::Create(c, *weights_));
   transformer_ = std::make_unique<Transformer>(std::move(transformer));
   if (tp.size > 1) transformer_->SetTensorParallel(&options_.tensor_parallel);
@@ -131,6 +136,20 @@ Status TransformerRunner::Init(const GgufFile& file) {
   // table entries point to (the window masks what it holds; it is never written).
   const uint64_t kv_block_bytes =
       uint64_t(o.block_size) * c.n_head_kv * c.head_dim * ElementBytes(o.kv_dtype);
+  // A layer's K (or V) is one operand of ATTENTION, so one allocation: no more blocks than the
+  // device's max single allocation holds (the sliding layers' pool keeps a spare block).
+  const uint64_t max_alloc = device_->props().max_alloc_size;
+  if (max_alloc != 0) {
+    const int64_t fit = int64_t(max_alloc / kv_block_bytes);
+    if (num_blocks_ > fit) {
+      spdlog::warn(
+          "KV cache: {} blocks of {} bytes per layer exceed the max single allocation "
+          "of {} ({} bytes): {} blocks ({} tokens) per layer instead",
+          num_blocks_, kv_block_bytes, device_->props().name, max_alloc, fit, fit * o.block_size);
+      num_blocks_ = fit;
+    }
+    if (num_window_blocks_ + 1 > fit) num_window_blocks_ = fit - 1;
+  }
   kv_.dtype = o.kv_dtype;
   kv_.block_size = o.block_size;
   kv_.window_pool = num_window_blocks_ > 0;
@@ -172,15 +191,23 @@ Status TransformerRunner::Init(const GgufFile& file) {
   // The gate buffer also holds a mixture of experts' router logits [T, n_expert].
   PC_ASSIGN_OR_RETURN(buf_.gate, alloc(T * std::max(c.n_ff, c.n_expert)));
   PC_ASSIGN_OR_RETURN(buf_.up, alloc(T * c.n_ff));
+  // The logits buffer is one allocation (MATMUL's output): as many rows as fit.
+  const int64_t logit_width = tp.size > 1 ? weights_->vocab.rows : c.n_vocab;
+  if (max_alloc != 0) {
+    o.max_logit_rows =
+        std::clamp<int64_t>(int64_t(max_alloc / (uint64_t(logit_width) * 4)), 1, o.max_logit_rows);
+  }
   PC_ASSIGN_OR_RETURN(h_, alloc(o.max_logit_rows * c.n_embd));
-  PC_ASSIGN_OR_RETURN(logits_,
-                      alloc(o.max_logit_rows * (tp.size > 1 ? weights_->vocab.rows : c.n_vocab)));
+  PC_ASSIGN_OR_RETURN(logits_, alloc(o.max_logit_rows * logit_width));
 
   // tokens, positions, slots, rows: [T]; query_start [T + 1]; seq_lens [T];
   // block_tables [T, max_blocks_per_seq]; with the window pool, window slots [T] and window
   // block tables [T, max_blocks_per_seq].
+  // With an embedding table split by rows, each piece's local ids [T] follow (64 elements of
+  // slack for their alignment).
   const int64_t meta_elems = 5 * Align64(T) + Align64(T + 1) + Align64(T * max_blocks_per_seq_) +
-                             (kv_.window_pool ? Align64(T) + Align64(T * max_blocks_per_seq_) : 0);
+                             (kv_.window_pool ? Align64(T) + Align64(T * max_blocks_per_seq_) : 0) +
+                             int64_t(weights_->embd_pieces.size()) * Align64(T) + 64;
   meta_bytes_ = uint64_t(meta_elems) * 4;
   PC_ASSIGN_OR_RETURN(meta_, PoolBuffer::Allocate(pool_, meta_bytes_));
   host_meta_.resize(meta_elems);
@@ -342,15 +369,30 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
     for (int64_t i = 0; i < t; ++i) m[o_tokens + i] = int32_t(weights_->vocab.LocalId(m[o_tokens + i]));
   }
 
+  // Each piece of a split embedding table looks tokens up by its own ids.
+  const int64_t o_pieces =
+      Align64(window ? o_wtables + n_seqs * max_blocks : o_tables + n_seqs * max_blocks);
+  const std::vector<TablePiece>& pieces_of_table = weights_->embd_pieces;
+  for (size_t p = 0; p < pieces_of_table.size(); ++p) {
+    int32_t* ids = m + o_pieces + int64_t(p) * Align64(t);
+    for (int64_t i = 0; i < t; ++i) ids[i] = int32_t(pieces_of_table[p].LocalId(m[o_tokens + i]));
+  }
+
   const DevPtr base = meta_.ptr();
   const uint64_t copy_bytes =
-      uint64_t(window ? o_wtables + n_seqs * max_blocks : o_tables + n_seqs * max_blocks) * 4;
+      pieces_of_table.empty()
+          ? uint64_t(window ? o_wtables + n_seqs * max_blocks : o_tables + n_seqs * max_blocks) * 4
+          : uint64_t(o_pieces + int64_t(pieces_of_table.size()) * Align64(t)) * 4;
   PC_RETURN_IF_ERROR(stream_->CopyH2D(base, host_meta_.data(), copy_bytes));
 
   StepInputs in;
   in.n_tokens = n_tokens;
   in.n_seqs = n_seqs;
   in.tokens = base + o_tokens * 4;
+  if (!pieces_of_table.empty()) {
+    in.piece_tokens = base + o_pieces * 4;
+    in.piece_tokens_stride = Align64(t);
+  }
   in.positions = base + o_pos * 4;
   in.slots = base + o_slots * 4;
   in.query_start = base + o_qstart * 4;

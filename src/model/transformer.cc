@@ -27,6 +27,26 @@ StatusOr<Transformer> Transformer::Create(const ModelConfig& config,
 
 Status Transformer::Matmul(Launcher& ops, DevPtr x, const MatrixRef& w,
                            DevPtr bias, DevPtr out, int64_t m, bool accumulate) const {
+  if (!w.pieces.empty()) {
+    // Split by rows (model_loader.h): each piece writes its columns of out [m, w.rows].
+    for (const MatrixRef& piece : w.pieces) {
+      runtime::MatmulArgs a;
+      a.x = x;
+      a.w = piece.data;
+      a.w_dtype = piece.dtype;
+      a.w_layout = piece.layout;
+      a.bias = bias != 0 ? bias + uint64_t(piece.begin) * 4 : 0;
+      a.out = out + uint64_t(piece.begin) * 4;
+      a.m = m;
+      a.n = piece.rows;
+      a.k = piece.cols;
+      a.x_stride = w.cols;
+      a.out_stride = w.rows;
+      a.accumulate = accumulate;
+      PC_RETURN_IF_ERROR(ops.Launch(a));
+    }
+    return Status::Ok();
+  }
   runtime::MatmulArgs a;
   a.x = x;
   a.w = w.data;
@@ -103,7 +123,27 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
   if (vocab_parallel) emb.n_rows = w_->vocab.rows;
   const bool pipeline = pp_ != nullptr && pp_->n_stages > 1;
   if (!pipeline || pp_->first()) {
-    PC_RETURN_IF_ERROR(ops.Launch(emb));
+    if (w_->embd_pieces.empty()) {
+      PC_RETURN_IF_ERROR(ops.Launch(emb));
+    } else {
+      // A table split by rows (model_loader.h): each piece gathers with its own ids (a token
+      // outside it reads its zero row), the first into x, the others through xn, added up.
+      for (size_t i = 0; i < w_->embd_pieces.size(); ++i) {
+        const TablePiece& piece = w_->embd_pieces[i];
+        emb.table = piece.data;
+        emb.n_rows = piece.count + 1;
+        emb.ids = in.piece_tokens + i * uint64_t(in.piece_tokens_stride) * 4;
+        emb.out = i == 0 ? b.x : b.xn;
+        PC_RETURN_IF_ERROR(ops.Launch(emb));
+        if (i == 0) continue;
+        runtime::AddArgs add;
+        add.a = b.x;
+        add.b = b.xn;
+        add.out = b.x;
+        add.n = T * c.n_embd;
+        PC_RETURN_IF_ERROR(ops.Launch(add));
+      }
+    }
     if (vocab_parallel) PC_RETURN_IF_ERROR(ops.AllReduce(*tp_, b.x, T));
     if (c.embd_scale != 1.0f) {  // gemma3: x *= sqrt(n_embd)
       runtime::ScaleArgs scale;

@@ -83,6 +83,10 @@ struct StepInputs {
   int64_t n_tokens = 0;
   int64_t n_seqs = 0;
   runtime::DevPtr tokens = 0;        // [n_tokens]
+  // An embedding table split by rows (ModelWeights::embd_pieces): per piece, each token's
+  // TablePiece::LocalId, [n_pieces, piece_tokens_stride] (elements); else 0.
+  runtime::DevPtr piece_tokens = 0;
+  int64_t piece_tokens_stride = 0;
   runtime::DevPtr positions = 0;     // [n_tokens]
   runtime::DevPtr slots = 0;         // [n_tokens] KV slot of each token
   runtime::DevPtr query_start = 0;   // [n_seqs + 1]

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "runtime/abi_internal.h"
+#include "runtime/device.h"
 #include "runtime/log.h"
 
 namespace polychip::runtime {
@@ -203,6 +204,39 @@ Status Communicator::Barrier() {
   const pc_comm_iface_t* t = TableOf(*plugin_);
   return Timed("barrier",
                [&] { return TakeCommError(t, t->barrier(Handle(comm_), nullptr), "barrier"); });
+}
+
+namespace {
+void* Addr(uint64_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+}  // namespace
+
+Status Communicator::AllReduceOn(const Stream& stream, uint64_t send, uint64_t recv, uint64_t count,
+                                 DType dtype, ReduceOp op) {
+  const pc_comm_iface_t* t = TableOf(*plugin_);
+  return Timed("all_reduce", [&] {
+    return TakeCommError(t,
+                         t->all_reduce(Handle(comm_), Addr(send), Addr(recv), count, PcType(dtype),
+                                       PcOp(op), stream.raw()),
+                         "all_reduce");
+  });
+}
+
+Status Communicator::SendOn(const Stream& stream, uint64_t buf, uint64_t count, DType dtype,
+                            int32_t peer) {
+  const pc_comm_iface_t* t = TableOf(*plugin_);
+  return Timed("send", [&] {
+    return TakeCommError(
+        t, t->send(Handle(comm_), Addr(buf), count, PcType(dtype), peer, stream.raw()), "send");
+  });
+}
+
+Status Communicator::RecvOn(const Stream& stream, uint64_t buf, uint64_t count, DType dtype,
+                            int32_t peer) {
+  const pc_comm_iface_t* t = TableOf(*plugin_);
+  return Timed("recv", [&] {
+    return TakeCommError(
+        t, t->recv(Handle(comm_), Addr(buf), count, PcType(dtype), peer, stream.raw()), "recv");
+  });
 }
 
 void Communicator::Abort() { TableOf(*plugin_)->comm_abort(Handle(comm_)); }

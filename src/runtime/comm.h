@@ -91,6 +91,14 @@ class Communicator {
   Status Send(const void* buf, uint64_t count, DType dtype, int32_t peer);
   Status Recv(void* buf, uint64_t count, DType dtype, int32_t peer);
   Status Barrier();
+  // For a plugin that reads device memory (reads_device_memory()): the same on device
+  // addresses of its device_plugin()'s devices, enqueued on `stream` (a stream of that backend,
+  // holding the buffers): they return once enqueued, later work on the stream sees their
+  // result, and nothing passes through host memory.
+  Status AllReduceOn(const Stream& stream, uint64_t send, uint64_t recv, uint64_t count,
+                     DType dtype, ReduceOp op);
+  Status SendOn(const Stream& stream, uint64_t buf, uint64_t count, DType dtype, int32_t peer);
+  Status RecvOn(const Stream& stream, uint64_t buf, uint64_t count, DType dtype, int32_t peer);
   // Makes pending and later operations fail (here and, through the plugin, on the peers).
   void Abort();
 

@@ -1,12 +1,14 @@
 #include "runtime/device.h"
 
-#include "runtime/log.h"
-
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "runtime/abi_internal.h"
+#include "runtime/log.h"
 #include "runtime/op_fallback.h"
 
 namespace polychip::runtime {
@@ -266,11 +268,33 @@ void Device::MarkImmutable(DevPtr ptr, uint64_t bytes) const {
 
 Status Device::MemoryInfo(uint64_t* free_bytes, uint64_t* total_bytes) const {
   uint64_t f = 0, t = 0;
-  PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->mem_get_info(H(*this), &f, &t),
-                               "mem_get_info"));
+  if (has_memory_query()) {
+    PC_RETURN_IF_ERROR(
+        TakeError(T(*this), T(*this)->mem_get_info(H(*this), &f, &t), "mem_get_info"));
+  } else {
+    // Only this process's share is known: another process on the same device is not seen.
+    t = props_.total_memory;
+    const uint64_t held = held_bytes();
+    f = held < t ? t - held : 0;
+  }
   if (free_bytes != nullptr) *free_bytes = f;
   if (total_bytes != nullptr) *total_bytes = t;
   return Status::Ok();
+}
+
+bool Device::has_memory_query() const {
+  return PC_HAS_MEMBER(T(*this), pc_backend_iface_t, mem_get_info) &&
+         T(*this)->mem_get_info != nullptr;
+}
+
+uint64_t Device::held_bytes() const {
+  std::lock_guard<std::mutex> lock(held_mu_);
+  return held_;
+}
+
+void Device::AccountPluginOwned(int64_t delta_bytes) {
+  std::lock_guard<std::mutex> lock(held_mu_);
+  held_ = static_cast<uint64_t>(static_cast<int64_t>(held_) + delta_bytes);
 }
 
 StatusOr<std::unique_ptr<Stream>> Device::CreateStream(int32_t priority) {
@@ -294,20 +318,35 @@ StatusOr<DevPtr> Device::AllocateRaw(uint64_t bytes) {
   }
   pc_devptr_t p = 0;
   PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->mem_alloc(H(*this), bytes, &p), "mem_alloc"));
+  std::lock_guard<std::mutex> lock(held_mu_);
+  raw_sizes_[p] = bytes;
+  held_ += bytes;
   return p;
 }
 
 Status Device::FreeRaw(DevPtr ptr) {
-  return TakeError(T(*this), T(*this)->mem_free(H(*this), ptr), "mem_free");
+  PC_RETURN_IF_ERROR(TakeError(T(*this), T(*this)->mem_free(H(*this), ptr), "mem_free"));
+  std::lock_guard<std::mutex> lock(held_mu_);
+  if (auto it = raw_sizes_.find(ptr); it != raw_sizes_.end()) {
+    held_ -= it->second;
+    raw_sizes_.erase(it);
+  }
+  return Status::Ok();
 }
 
 Status Device::FreeRawAsync(const Stream& stream, DevPtr ptr) {
   if (!props_.async_free) {
     return FailedPrecondition(props_.name + " has no stream-ordered free (ASYNC_FREE)");
   }
-  return TakeError(T(*this),
-                   T(*this)->mem_free_async(static_cast<pc_stream_t*>(stream.raw()), ptr),
-                   "mem_free_async");
+  PC_RETURN_IF_ERROR(
+      TakeError(T(*this), T(*this)->mem_free_async(static_cast<pc_stream_t*>(stream.raw()), ptr),
+                "mem_free_async"));
+  std::lock_guard<std::mutex> lock(held_mu_);
+  if (auto it = raw_sizes_.find(ptr); it != raw_sizes_.end()) {
+    held_ -= it->second;
+    raw_sizes_.erase(it);
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::unique_ptr<DeviceBuffer>> Device::Allocate(uint64_t bytes) {
@@ -364,8 +403,39 @@ Status Stream::CopyD2D(DevPtr dst, DevPtr src, uint64_t bytes) {
   return TakeError(T(*device_), T(*device_)->memcpy_d2d(S(*this), dst, src, bytes), "memcpy_d2d");
 }
 
+namespace {
+
+// 1 MiB of one byte value, for fills by copy. Static and never written after it is made, so a
+// copy still queued on a stream may read it at any later time.
+const uint8_t* FillPattern(uint8_t value, uint64_t* bytes) {
+  constexpr uint64_t kBytes = 1 << 20;
+  static std::mutex mu;
+  static std::map<uint8_t, std::unique_ptr<uint8_t[]>> patterns;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& p = patterns[value];
+  if (p == nullptr) {
+    p = std::make_unique<uint8_t[]>(kBytes);
+    std::memset(p.get(), value, kBytes);
+  }
+  *bytes = kBytes;
+  return p.get();
+}
+
+}  // namespace
+
 Status Stream::Memset(DevPtr dst, uint8_t value, uint64_t bytes) {
-  return TakeError(T(*device_), T(*device_)->memset(S(*this), dst, value, bytes), "memset");
+  const pc_backend_iface_t* t = T(*device_);
+  if (PC_HAS_MEMBER(t, pc_backend_iface_t, memset) && t->memset != nullptr) {
+    return TakeError(t, t->memset(S(*this), dst, value, bytes), "memset");
+  }
+  uint64_t chunk = 0;
+  const uint8_t* pattern = FillPattern(value, &chunk);
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t n = std::min(chunk, bytes - done);
+    PC_RETURN_IF_ERROR(CopyH2D(dst + done, pattern, n));
+    done += n;
+  }
+  return Status::Ok();
 }
 
 Status Stream::WaitEvent(const Event& event) {
@@ -390,10 +460,19 @@ Event::Event(std::shared_ptr<Device> device, void* handle)
 Event::~Event() { T(*device_)->event_destroy(E(*this)); }
 
 Status Event::Record(const Stream& stream) {
-  return TakeError(T(*device_), T(*device_)->event_record(E(*this), S(stream)), "event_record");
+  PC_RETURN_IF_ERROR(
+      TakeError(T(*device_), T(*device_)->event_record(E(*this), S(stream)), "event_record"));
+  pending_ = true;
+  return Status::Ok();
+}
+
+bool Event::has_query() const {
+  return PC_HAS_MEMBER(T(*device_), pc_backend_iface_t, event_query) &&
+         T(*device_)->event_query != nullptr;
 }
 
 StatusOr<bool> Event::Query() const {
+  if (!has_query()) return !pending_;
   int32_t done = 0;
   PC_RETURN_IF_ERROR(TakeError(T(*device_), T(*device_)->event_query(E(*this), &done),
                                "event_query"));
@@ -401,7 +480,10 @@ StatusOr<bool> Event::Query() const {
 }
 
 Status Event::Synchronize() const {
-  return TakeError(T(*device_), T(*device_)->event_synchronize(E(*this)), "event_synchronize");
+  PC_RETURN_IF_ERROR(
+      TakeError(T(*device_), T(*device_)->event_synchronize(E(*this)), "event_synchronize"));
+  pending_ = false;
+  return Status::Ok();
 }
 
 StatusOr<float> Event::ElapsedMs(const Event& start, const Event& end) {

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -119,7 +121,16 @@ class Device : public std::enable_shared_from_this<Device> {
   int32_t physical_id() const { return physical_; }
   int32_t logical_id() const { return logical_; }
   const DeviceProps& props() const { return props_; }  // as of open time (free_memory stale)
+  // Free and total bytes: the plugin's mem_get_info, or, for a plugin without one (optional
+  // since ABI 1.5: XRE has no memory query), the declared total_memory less what this process
+  // holds on the device through this object (allocations and uploaded weights).
   Status MemoryInfo(uint64_t* free_bytes, uint64_t* total_bytes) const;
+  // Whether MemoryInfo asks the plugin (false: the declared size less our own allocations).
+  bool has_memory_query() const;
+  // Bytes this process holds on the device through this object.
+  uint64_t held_bytes() const;
+  // Device memory the plugin allocated on our behalf (weight_upload): counted in held_bytes.
+  void AccountPluginOwned(int64_t delta_bytes);
 
   // Stream priority is clamped into [priority_low, priority_high] by the plugin.
   StatusOr<std::unique_ptr<Stream>> CreateStream(int32_t priority = 0);
@@ -161,6 +172,9 @@ class Device : public std::enable_shared_from_this<Device> {
   int32_t logical_;
   DeviceProps props_;
   std::shared_ptr<OpFallback> op_fallback_;
+  mutable std::mutex held_mu_;
+  std::map<DevPtr, uint64_t> raw_sizes_;  // live AllocateRaw allocations
+  uint64_t held_ = 0;
 };
 
 class Stream {
@@ -176,6 +190,9 @@ class Stream {
   Status CopyH2D(DevPtr dst, const void* src, uint64_t bytes);
   Status CopyD2H(void* dst, DevPtr src, uint64_t bytes);
   Status CopyD2D(DevPtr dst, DevPtr src, uint64_t bytes);
+  // The plugin's memset, or, for a plugin without one (optional since ABI 1.5: XRE has none),
+  // host-to-device copies from a static host buffer holding `value`, issued on this stream so
+  // that the fill keeps its place in stream order (as InfiniCore's Kunlun runtime does).
   Status Memset(DevPtr dst, uint8_t value, uint64_t bytes);
   // Later work on this stream waits for `event` (which may belong to another stream).
   Status WaitEvent(const Event& event);
@@ -199,7 +216,12 @@ class Event {
   Event& operator=(const Event&) = delete;
 
   Status Record(const Stream& stream);
-  StatusOr<bool> Query() const;  // true if completed or never recorded
+  // true if completed or never recorded. A plugin without event_query (optional since ABI 1.5:
+  // XRE has none) cannot tell without blocking: false ("not known to be complete") from Record
+  // until a Synchronize of this event returned; callers then wait with Synchronize when they
+  // must.
+  StatusOr<bool> Query() const;
+  bool has_query() const;
   Status Synchronize() const;
   // Milliseconds from `start` to `end` (both completed); UNIMPLEMENTED without timing support.
   static StatusOr<float> ElapsedMs(const Event& start, const Event& end);
@@ -211,6 +233,8 @@ class Event {
  private:
   std::shared_ptr<Device> device_;
   void* handle_;
+  // Recorded and not yet seen complete by Synchronize (what Query answers without event_query).
+  mutable bool pending_ = false;
 };
 
 // One direct plugin allocation, freed (synchronously) on destruction.

@@ -150,6 +150,7 @@ StatusOr<std::unique_ptr<DeviceWeight>> DeviceWeight::Upload(
     w->layout_ = out.layout;
     w->bytes_ = out.bytes;
     w->plugin_owned_ = true;
+    device->AccountPluginOwned(static_cast<int64_t>(w->bytes_));
     if (w->layout_ == kLayoutGguf) device->MarkImmutable(w->data_, w->bytes_);
     return w;
   }
@@ -175,6 +176,7 @@ DeviceWeight::~DeviceWeight() {
     wt.bytes = bytes_;
     (void)TakeError(t, t->weight_free(static_cast<pc_device_t*>(device_->raw()), &wt),
                     "weight_free");
+    device_->AccountPluginOwned(-static_cast<int64_t>(bytes_));
   } else {
     (void)device_->FreeRaw(data_);
   }

@@ -259,6 +259,8 @@ void* PluginLibrary::Symbol(const char* name) const {
 Status ValidateBackendTable(const pc_backend_iface_t* t) {
   PC_RETURN_IF_ERROR(CheckHeader(t, "backend"));
   // Host ABI 1.0: every member up to op_launch exists; the counters are optional tail members.
+  // mem_get_info, memset and event_query are optional since 1.5 (Kunlun's XRE has none of
+  // them): the framework then sizes memory from total_memory, fills by copies and waits.
   const size_t need = offsetof(pc_backend_iface_t, op_launch) + sizeof(t->op_launch);
   if (t->struct_size < need) {
     return FailedPrecondition("table struct_size " + std::to_string(t->struct_size) +
@@ -266,16 +268,32 @@ Status ValidateBackendTable(const pc_backend_iface_t* t) {
                               " bytes ABI " + AbiPair(t->abi_major, t->abi_minor) + " requires");
   }
   PC_RETURN_IF_ERROR(CheckRequired({
-      PC_MEMBER(t, name), PC_MEMBER(t, version), PC_MEMBER(t, error_code),
-      PC_MEMBER(t, error_message), PC_MEMBER(t, error_destroy), PC_MEMBER(t, initialize),
-      PC_MEMBER(t, shutdown), PC_MEMBER(t, device_count), PC_MEMBER(t, device_get_props),
-      PC_MEMBER(t, device_open), PC_MEMBER(t, device_close), PC_MEMBER(t, mem_alloc),
-      PC_MEMBER(t, mem_free), PC_MEMBER(t, mem_get_info), PC_MEMBER(t, memcpy_h2d),
-      PC_MEMBER(t, memcpy_d2h), PC_MEMBER(t, memcpy_d2d), PC_MEMBER(t, memset),
-      PC_MEMBER(t, stream_create), PC_MEMBER(t, stream_destroy),
-      PC_MEMBER(t, stream_synchronize), PC_MEMBER(t, event_create), PC_MEMBER(t, event_destroy),
-      PC_MEMBER(t, event_record), PC_MEMBER(t, stream_wait_event), PC_MEMBER(t, event_query),
-      PC_MEMBER(t, event_synchronize), PC_MEMBER(t, op_supports), PC_MEMBER(t, op_launch),
+      PC_MEMBER(t, name),
+      PC_MEMBER(t, version),
+      PC_MEMBER(t, error_code),
+      PC_MEMBER(t, error_message),
+      PC_MEMBER(t, error_destroy),
+      PC_MEMBER(t, initialize),
+      PC_MEMBER(t, shutdown),
+      PC_MEMBER(t, device_count),
+      PC_MEMBER(t, device_get_props),
+      PC_MEMBER(t, device_open),
+      PC_MEMBER(t, device_close),
+      PC_MEMBER(t, mem_alloc),
+      PC_MEMBER(t, mem_free),
+      PC_MEMBER(t, memcpy_h2d),
+      PC_MEMBER(t, memcpy_d2h),
+      PC_MEMBER(t, memcpy_d2d),
+      PC_MEMBER(t, stream_create),
+      PC_MEMBER(t, stream_destroy),
+      PC_MEMBER(t, stream_synchronize),
+      PC_MEMBER(t, event_create),
+      PC_MEMBER(t, event_destroy),
+      PC_MEMBER(t, event_record),
+      PC_MEMBER(t, stream_wait_event),
+      PC_MEMBER(t, event_synchronize),
+      PC_MEMBER(t, op_supports),
+      PC_MEMBER(t, op_launch),
   }));
   if (t->weight_upload != nullptr && t->weight_free == nullptr) {
     return FailedPrecondition("member 'weight_free' is NULL but 'weight_upload' is set");

@@ -35,11 +35,13 @@ std::string TestPlugin(const std::string& file) {
   return std::string(POLYCHIP_TEST_PLUGIN_DIR) + "/" + file;
 }
 
-Report RunKit(const std::string& path, int32_t device = 0, const std::string& filter = "") {
+Report RunKit(const std::string& path, int32_t device = 0, const std::string& filter = "",
+              const PluginParams& params = {}) {
   Options o;
   o.plugin_path = path;
   o.device = device;
   o.filter = filter;
+  o.params = params;
   auto r = Run(o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? *r : Report{};
@@ -96,6 +98,31 @@ TEST(InTreePluginDevices, EmuLastDevice) {
   Report r = RunKit(path, 1, "^(device|memory|stream|op\\.add)");
   EXPECT_TRUE(r.Passed()) << FormatTable(r);
   EXPECT_EQ(OutcomeOf(r, "device.open"), Outcome::kPass);
+}
+
+// emu with Kunlun XRE's capability set (profile=xre): no memset, event query, memory query,
+// timing or priorities. It conforms; the checks of what it lacks are skipped, the ones that need
+// a fill fill by copies, and the table it runs with really lacks the members (ABI 1.5).
+TEST(InTreePluginProfiles, EmuXreConforms) {
+  if (!Built("emu")) GTEST_SKIP() << "no emu plugin in this tree";
+  const std::string path = InTree("emu");
+  Report r = RunKit(path, 0, "", {{"profile", "xre"}});
+  EXPECT_TRUE(r.Passed()) << FormatTable(r);
+  EXPECT_EQ(OutcomeOf(r, "memory.memset"), Outcome::kSkip);
+  EXPECT_EQ(OutcomeOf(r, "stream.timing"), Outcome::kSkip);
+  for (const char* name : {"memory.alloc_free", "memory.max_alloc", "stream.ordering",
+                           "stream.events", "stream.event_synchronize", "stream.priorities"}) {
+    EXPECT_EQ(OutcomeOf(r, name), Outcome::kPass) << name;
+  }
+  EXPECT_NE(r.Find("stream.events")->detail.find("no event_query"), std::string::npos)
+      << r.Find("stream.events")->detail;
+  EXPECT_NE(r.Find("memory.alloc_free")->detail.find("no mem_get_info"), std::string::npos)
+      << r.Find("memory.alloc_free")->detail;
+  EXPECT_NE(r.Find("stream.priorities")->detail.find("[0, 0]"), std::string::npos)
+      << r.Find("stream.priorities")->detail;
+  // A bad profile is refused by initialize.
+  Report bad = RunKit(path, 0, "^lifetime", {{"profile", "xpu"}});
+  EXPECT_FALSE(bad.Passed());
 }
 
 TEST(MinimalPlugin, CorrectOneConforms) {
@@ -173,6 +200,30 @@ TEST(Kit, ShmCommPluginConforms) {
   for (const char* name : {"collective.all_reduce.bf16.sum", "collective.reduce_scatter.f16.sum",
                            "split.overlapping", "init.missing_rank_times_out", "p2p.ring"}) {
     EXPECT_EQ(OutcomeOf(*r, name), Outcome::kPass) << name;
+  }
+}
+
+// emuccl, the device-memory comm plugin of emu, with 2 and 4 ranks (threads, each on its own emu
+// device): every collective on device buffers enqueued on emu streams, plus the checks only a
+// device-memory plugin gets (stream order after an op, the call returning before its peers
+// arrive, a host pointer refused, a fused group).
+TEST(Kit, EmuCclConformsOnEmuDevices) {
+  const std::string path = std::string(POLYCHIP_PLUGIN_DIR) + "/libpolychip_comm_emuccl.so";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no emuccl in this tree";
+  for (int32_t ranks : {2, 4}) {
+    Options o;
+    o.plugin_path = path;
+    o.ranks = ranks;
+    o.params = {{"buffer_bytes", "16384"}};
+    auto r = conformance::Run(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->Passed()) << conformance::FormatTable(*r);
+    for (const char* name :
+         {"device_plugin.open", "collective.all_reduce.f32.sum", "collective.all_gather.bf16",
+          "split.overlapping", "p2p.ring", "device.stream_order", "device.enqueue_returns",
+          "device.host_pointer_refused", "device.group_fusion"}) {
+      EXPECT_EQ(OutcomeOf(*r, name), Outcome::kPass) << ranks << " ranks: " << name;
+    }
   }
 }
 

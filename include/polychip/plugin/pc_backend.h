@@ -21,6 +21,10 @@
  *   [one thread per stream]  calls naming the same stream must not race
  * Ownership: objects the plugin creates (devices, streams, events, allocations, errors) are
  * released through the matching destroy/free member of the same table.
+ *
+ * Optional members may depend on the plugin's parameters (since 1.5): initialize may set or
+ * clear them in the table get_api returned (same address), and the host reads them only after
+ * initialize. Required members never change.
  */
 #ifndef POLYCHIP_PLUGIN_PC_BACKEND_H_
 #define POLYCHIP_PLUGIN_PC_BACKEND_H_
@@ -135,7 +139,9 @@ typedef struct pc_backend_iface {
   /* [optional][stream] Frees once the stream reaches this point. Present only together with
    * PC_DEVICE_FLAG_ASYNC_FREE. */
   pc_error_t* (*mem_free_async)(pc_stream_t* stream, pc_devptr_t ptr);
-  /* [required][sync] Current free and total bytes. */
+  /* [optional since 1.5: may be NULL][sync] Current free and total bytes. Absent (Kunlun's XRE
+   * has no memory query): the host takes props.total_memory as the device's size and counts
+   * free memory as that less what it allocated itself (KV cache sizing). Required before 1.5. */
   pc_error_t* (*mem_get_info)(pc_device_t* device, uint64_t* free_bytes, uint64_t* total_bytes);
 
   /* [required][stream] Host->device copy. `src` must stay valid and unchanged until the copy
@@ -145,7 +151,9 @@ typedef struct pc_backend_iface {
   pc_error_t* (*memcpy_d2h)(pc_stream_t* stream, void* dst, pc_devptr_t src, uint64_t n);
   /* [required][stream] Device->device copy on one device; regions must not overlap. */
   pc_error_t* (*memcpy_d2d)(pc_stream_t* stream, pc_devptr_t dst, pc_devptr_t src, uint64_t n);
-  /* [required][stream] Sets n bytes to `value`. */
+  /* [optional since 1.5: may be NULL][stream] Sets n bytes to `value`. Absent (XRE has no
+   * memset): the host fills with memcpy_h2d from a static host buffer of the value, on the same
+   * stream, so the fill keeps its place in stream order. Required before 1.5. */
   pc_error_t* (*memset)(pc_stream_t* stream, pc_devptr_t dst, uint8_t value, uint64_t n);
 
   /* [optional][sync] Page-locked host memory for faster staging; free with host_free. */
@@ -178,7 +186,10 @@ typedef struct pc_backend_iface {
   /* [required][stream] Work enqueued on `stream` after this waits for the event. The event
    * may belong to another stream of the same device. */
   pc_error_t* (*stream_wait_event)(pc_stream_t* stream, pc_event_t* event);
-  /* [required][sync] *done = 1 if the event completed (or was never recorded), else 0. */
+  /* [optional since 1.5: may be NULL][sync] *done = 1 if the event completed (or was never
+   * recorded), else 0. Absent (XRE has no event query): the host takes a recorded event as not
+   * known to be complete until event_synchronize returned, and waits where it must know (its
+   * memory pool reuses a block freed on another stream only then). Required before 1.5. */
   pc_error_t* (*event_query)(pc_event_t* event, int32_t* done);
   /* [required][sync] Blocks until the event completes. */
   pc_error_t* (*event_synchronize)(pc_event_t* event);

@@ -3,8 +3,8 @@
 //   - Device memory is a private mapping per device; a devptr is an opaque handle
 //     ((device_index + 1) << 48 | offset), never a host pointer. Every access is translated
 //     and checked against the live allocations, so a stray or stale address is an error.
-//   - Alignment 4096, max single allocation 64 MiB, no stream-ordered free (mem_free waits for
-//     the device's work).
+//   - Alignment 4096, max single allocation 64 MiB (parameter max_alloc_bytes), no
+//     stream-ordered free (mem_free waits for the device's work).
 //   - Each stream runs its commands asynchronously on its own worker thread. One executor per
 //     device runs one command at a time and, when several streams have work ready, lets the
 //     highest-priority stream go first.
@@ -13,17 +13,26 @@
 //     initialize): fail_alloc_after_bytes=N makes mem_alloc fail with RESOURCE_EXHAUSTED once the
 //     bytes allocated so far (freed ones included) would pass N; fail_op_launch=[OP:]N makes the
 //     Nth launch (of OP, else of any op) fail on its stream as a device fault would, reported
-//     by the next stream_synchronize; stall_stream_ms=MS[@N] holds the stream (and so the device) of
-//     the Nth op launch (default the 1st) for MS ms before it runs. Each op fault happens once.
+//     by the next stream_synchronize; stall_stream_ms=MS[@N] holds the stream (and so the device)
+//     of the Nth op launch (default the 1st) for MS ms before it runs. Each op fault happens once.
 //   - Per-op counters (ABI 1.3): launches, time each command ran on the executor (the host
 //     clock: the emulated device's clock), bytes and FLOPs (sdk/op_counters.h); parameter
 //     op_counters=off switches them off.
+//   - profile=xre (or POLYCHIP_EMU_PROFILE=xre): only what Kunlun's XRE runtime offers, as its
+//     public wrappers use it (InfiniCore's src/infinirt/kunlun/infinirt_kunlun.cc): no memset,
+//     no event query, no elapsed time between events, no memory query (mem_get_info absent,
+//     props' free_memory is the declared total), no stream priorities (PaddlePaddle's
+//     paddle.device.xpu.create_stream ignores its priority argument), no stream-ordered free.
+//     The members are NULL in the table from initialize on (ABI 1.5 makes them optional) and
+//     the op counters measure no time (XRE cannot time device work). XRE has no device-wide
+//     synchronize, async allocation or graph capture either; the ABI asks for none of them.
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -35,10 +44,11 @@
 #include <thread>
 #include <vector>
 
+#include "emu_private.h"
 #include "polychip/plugin/pc_backend.h"
-#include "polychip/sdk/plugin_util.h"
 #include "polychip/sdk/op_counters.h"
 #include "polychip/sdk/op_list.h"
+#include "polychip/sdk/plugin_util.h"
 #include "polychip/sdk/ref_kernels.h"
 
 using polychip::sdk::Guard;
@@ -47,7 +57,7 @@ using polychip::sdk::MakeError;
 namespace {
 
 constexpr uint64_t kAlignment = 4096;
-constexpr uint64_t kMaxAlloc = 64ull << 20;
+constexpr uint64_t kMaxAlloc = 64ull << 20;  // default of the parameter max_alloc_bytes
 constexpr int kPriorityLow = 0, kPriorityHigh = 2;
 constexpr int kHandleShift = 48;
 constexpr uint64_t kOffsetMask = (1ull << kHandleShift) - 1;
@@ -143,10 +153,13 @@ struct pc_stream {
   std::condition_variable cv;
   // A command either computes (run, under the device executor) or waits for an event (wait,
   // outside the executor so that a waiting stream never blocks the device).
+  // A third kind (host) runs outside the executor too: the collective library's work, which
+  // may wait for other processes (emu_private.h).
   struct Command {
     std::function<const char*()> run;
     pc_event* wait_event = nullptr;
     uint64_t wait_generation = 0;
+    std::function<const char*()> host;
   };
   std::deque<Command> queue;
   int64_t in_flight = 0;  // queued + running
@@ -178,6 +191,13 @@ struct pc_stream {
       std::string what;
       if (c.wait_event) {
         c.wait_event->WaitFor(c.wait_generation);
+      } else if (c.host) {
+        try {
+          why = c.host();
+        } catch (const std::exception& e) {
+          what = e.what();
+          why = what.c_str();
+        }
       } else {
         device->executor.Acquire(priority);
         try {
@@ -209,10 +229,14 @@ struct pc_stream {
 
 namespace {
 
+void SetProfileMembers(bool xre);  // below, beside the table
+
 struct State {
   const pc_host_services_t* host = nullptr;
+  bool xre = false;  // parameter profile=xre: XRE's capability set (see the top of the file)
   int n_devices = 4;
   uint64_t memory_bytes = 4096ull << 20;
+  uint64_t max_alloc = kMaxAlloc;  // parameter max_alloc_bytes
   // Parameter only_ops: the ops this emulated device claims (names as in pc_ops.def), so that
   // op coverage errors and --op-fallback can be exercised without writing a plugin. Empty:
   // every op.
@@ -245,6 +269,7 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     State& s = G();
     s.n_devices = 4;
     s.memory_bytes = 4096ull << 20;
+    s.max_alloc = kMaxAlloc;
     s.only_ops.clear();
     s.count_ops = true;
     s.fail_alloc_after_bytes = 0;
@@ -255,6 +280,17 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     s.stall_launch = 1;
     s.launches = 0;
     s.op_launches = 0;
+    const char* env_profile = std::getenv("POLYCHIP_EMU_PROFILE");
+    std::string profile = env_profile ? env_profile : "";
+    for (size_t i = 0; i < n_params; ++i) {
+      if (params[i].key && std::strcmp(params[i].key, "profile") == 0 && params[i].value)
+        profile = params[i].value;
+    }
+    if (profile != "" && profile != "full" && profile != "xre")
+      return BadArg("parameter profile must be full or xre, got '" + profile + "'");
+    s.xre = profile == "xre";
+    if (s.xre) Log(PC_LOG_INFO, "profile xre: Kunlun XRE's capability set");
+    SetProfileMembers(s.xre);
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       const char* value = params[i].value ? params[i].value : "";
@@ -263,6 +299,8 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         if (!polychip::sdk::ParseInt(value, &v) || v < 1 || v > 16)
           return BadArg(std::string("parameter devices must be 1..16, got '") + value + "'");
         s.n_devices = static_cast<int>(v);
+      } else if (key == "profile") {
+        // read above
       } else if (key == "op_counters") {
         if (std::strcmp(value, "on") != 0 && std::strcmp(value, "off") != 0)
           return BadArg(std::string("parameter op_counters must be on or off, got '") + value +
@@ -272,6 +310,15 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         if (!polychip::sdk::ParseInt(value, &v) || v < 1 || v > (1ll << 24))
           return BadArg(std::string("parameter memory_mb must be positive, got '") + value + "'");
         s.memory_bytes = static_cast<uint64_t>(v) << 20;
+      } else if (key == "max_alloc_bytes") {
+        // Smaller limits make the framework's splitting of large tensors testable on small
+        // models.
+        if (!polychip::sdk::ParseInt(value, &v) || v < int64_t(kAlignment) ||
+            v % int64_t(kAlignment) != 0) {
+          return BadArg(std::string("parameter max_alloc_bytes must be a positive multiple of ") +
+                        std::to_string(kAlignment) + ", got '" + value + "'");
+        }
+        s.max_alloc = static_cast<uint64_t>(v);
       } else if (key == "only_ops") {
         std::stringstream list(value);
         std::string name;
@@ -366,11 +413,13 @@ pc_error_t* DeviceGetProps(int32_t ordinal, pc_device_props_t* props) {
       }
     }
     p.alignment = kAlignment;
-    p.max_alloc_size = std::min(kMaxAlloc, s.memory_bytes);
-    p.flags = PC_DEVICE_FLAG_ASYNC_COPY | PC_DEVICE_FLAG_ASYNC_EXEC |
-              PC_DEVICE_FLAG_STREAM_PRIORITY | PC_DEVICE_FLAG_TIMING;
+    p.max_alloc_size = std::min(s.max_alloc, s.memory_bytes);
+    p.flags = PC_DEVICE_FLAG_ASYNC_COPY | PC_DEVICE_FLAG_ASYNC_EXEC;
+    if (!s.xre) p.flags |= PC_DEVICE_FLAG_STREAM_PRIORITY | PC_DEVICE_FLAG_TIMING;
     p.priority_low = kPriorityLow;
-    p.priority_high = kPriorityHigh;
+    p.priority_high = s.xre ? kPriorityLow : kPriorityHigh;
+    // XRE cannot say how much is free: the declared size is all a plugin can report.
+    if (s.xre) p.free_memory = p.total_memory;
     p.compute_units = 1;
     // The caller's struct may be older (shorter) than ours: copy only what it declared.
     polychip::sdk::CopyToCallerStruct(p, props);
@@ -396,6 +445,7 @@ pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
     d->region = static_cast<uint8_t*>(region);
     d->total = s.memory_bytes;
     d->free[0] = s.memory_bytes;
+    if (s.xre) d->op_counters.set_flags(PC_OP_COUNTERS_BYTES | PC_OP_COUNTERS_FLOPS);
     s.open[ordinal] = d;
     *device = d;
     return nullptr;
@@ -419,9 +469,9 @@ const char* VisibleDevicesEnv() { return nullptr; }
 pc_error_t* MemAlloc(pc_device_t* device, uint64_t size, pc_devptr_t* out) {
   return Guard([&]() -> pc_error_t* {
     if (!device || !out) return BadArg("null argument");
-    if (size > kMaxAlloc) {
+    if (size > G().max_alloc) {
       return BadArg("allocation of " + std::to_string(size) + " bytes exceeds max_alloc_size " +
-                    std::to_string(kMaxAlloc));
+                    std::to_string(G().max_alloc));
     }
     const uint64_t rounded = (std::max<uint64_t>(size, 1) + kAlignment - 1) / kAlignment * kAlignment;
     State& s = G();
@@ -568,7 +618,9 @@ pc_error_t* StreamCreate(pc_device_t* device, int32_t priority, pc_stream_t** ou
     if (!device || !out) return BadArg("null argument");
     auto* s = new pc_stream;
     s->device = device;
-    s->priority = std::clamp<int32_t>(priority, kPriorityLow, kPriorityHigh);
+    // Without priorities (profile xre) every stream is equal, whatever was asked.
+    s->priority =
+        G().xre ? kPriorityLow : std::clamp<int32_t>(priority, kPriorityLow, kPriorityHigh);
     s->worker = std::thread([s] { s->Loop(); });
     *out = s;
     return nullptr;
@@ -756,12 +808,41 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
   });
 }
 
+// ---- the private interface of emuccl (emu_private.h) ------------------------------------
+
+void* PrivateTranslate(pc_stream_t* stream, pc_devptr_t ptr, uint64_t bytes) {
+  if (!stream) return nullptr;
+  return stream->device->Translate(ptr, bytes == 0 ? 1 : bytes);
+}
+
+int32_t PrivateEnqueueHost(pc_stream_t* stream, const char* (*run)(void*), void* ctx,
+                           void (*release)(void*)) {
+  if (!stream || !run) return -1;
+  pc_stream::Command c;
+  c.host = [run, ctx, release]() -> const char* {
+    const char* why = run(ctx);
+    // The text may live in ctx: copy it before release.
+    static thread_local std::string kept;
+    if (why) kept = why;
+    if (release) release(ctx);
+    return why ? kept.c_str() : nullptr;
+  };
+  stream->Enqueue(std::move(c));
+  return 0;
+}
+
+int32_t PrivateDeviceOrdinal(pc_stream_t* stream) { return stream ? stream->device->index : -1; }
+
+const pc_emu_private_t kPrivate = {sizeof(pc_emu_private_t), PrivateTranslate, PrivateEnqueueHost,
+                                   PrivateDeviceOrdinal};
+
 int32_t OpCountersRead(pc_device_t* device, pc_op_counters_t* out, int32_t capacity) {
   if (!device || !G().count_ops) return -1;
   return device->op_counters.Read(out, capacity);
 }
 
-const pc_backend_iface_t kIface = [] {
+// Not const: initialize sets the members a profile leaves out (SetProfileMembers).
+pc_backend_iface_t g_iface = [] {
   pc_backend_iface_t t{};
   t.struct_size = sizeof(t);
   t.abi_major = PC_ABI_MAJOR;
@@ -806,6 +887,15 @@ const pc_backend_iface_t kIface = [] {
   return t;
 }();
 
+// The members XRE lacks are NULL under profile xre, present otherwise. The host reads optional
+// members after initialize (ABI 1.5), so the table may change here.
+void SetProfileMembers(bool xre) {
+  g_iface.memset = xre ? nullptr : Memset;
+  g_iface.event_query = xre ? nullptr : EventQuery;
+  g_iface.mem_get_info = xre ? nullptr : MemGetInfo;
+  g_iface.event_elapsed_ms = xre ? nullptr : EventElapsedMs;
+}
+
 }  // namespace
 
 extern "C" {
@@ -816,12 +906,14 @@ PC_EXPORT void pc_backend_probe(pc_probe_result_t* result) {
   std::snprintf(result->reason, sizeof(result->reason), "emulated accelerator (testing only)");
 }
 
+PC_EXPORT const pc_emu_private_t* pc_emu_private(void) { return &kPrivate; }
+
 PC_EXPORT const pc_backend_iface_t* pc_backend_get_api(uint32_t host_abi_major,
                                                        uint32_t host_abi_minor,
                                                        const pc_host_services_t* host) {
   if (host_abi_major != PC_ABI_MAJOR) return nullptr;
   G().host = host;
-  return &kIface;
+  return &g_iface;
 }
 
 }  // extern "C"

@@ -67,11 +67,9 @@ Verdict AbiRequiredMembers(Harness& h) {
   PCC_NEED(device_close);
   PCC_NEED(mem_alloc);
   PCC_NEED(mem_free);
-  PCC_NEED(mem_get_info);
   PCC_NEED(memcpy_h2d);
   PCC_NEED(memcpy_d2h);
   PCC_NEED(memcpy_d2d);
-  PCC_NEED(memset);
   PCC_NEED(stream_create);
   PCC_NEED(stream_destroy);
   PCC_NEED(stream_synchronize);
@@ -79,7 +77,6 @@ Verdict AbiRequiredMembers(Harness& h) {
   PCC_NEED(event_destroy);
   PCC_NEED(event_record);
   PCC_NEED(stream_wait_event);
-  PCC_NEED(event_query);
   PCC_NEED(event_synchronize);
   PCC_NEED(op_supports);
   PCC_NEED(op_launch);

@@ -16,22 +16,33 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
-#include <sstream>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "polychip/plugin/pc_comm.h"
 #include "runtime/abi_internal.h"
 #include "runtime/conformance/conformance.h"
 #include "runtime/conformance/harness.h"
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 #include "runtime/host_services.h"
+#include "runtime/ops.h"
+#include "runtime/plugin_loader.h"
 
 namespace polychip::runtime::conformance {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A device-memory plugin's rank: a device of the plugin's device_plugin (rank r on device r),
+// a stream its collectives follow, and the buffers of the check running.
+struct RankDevice {
+  std::shared_ptr<Device> device;
+  std::unique_ptr<Stream> stream;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+};
 
 struct World {
   const pc_comm_iface_t* api = nullptr;
@@ -40,7 +51,36 @@ struct World {
   std::vector<pc_comm_t*> comms;  // by rank; with processes only comms[self] is set
   int32_t self = -1;              // >= 0: this process is rank `self` alone
   KvStore* kv = nullptr;          // with processes: where ids and verdicts are exchanged
+  // Device-memory plugins: the device plugin and each rank's device (empty for host memory).
+  std::shared_ptr<Backend> backend;
+  std::vector<RankDevice>* devices = nullptr;
+  bool on_device() const { return devices != nullptr; }
 };
+
+// The stream a rank's collectives take: its device's (device memory), else none.
+void* StreamOf(const World& w, int32_t rank) {
+  return w.on_device() ? (*w.devices)[rank].stream->raw() : nullptr;
+}
+
+// What a collective of `rank` is given for `host`'s bytes: host itself (host memory), or a copy
+// on the rank's device (device memory), uploaded on the rank's stream.
+StatusOr<void*> Put(const World& w, int32_t rank, std::vector<uint8_t>& host) {
+  if (!w.on_device()) return static_cast<void*>(host.data());
+  RankDevice& d = (*w.devices)[rank];
+  PC_ASSIGN_OR_RETURN(auto buffer, d.device->Allocate(std::max<size_t>(host.size(), 1)));
+  PC_RETURN_IF_ERROR(d.stream->CopyH2D(buffer->ptr(), host.data(), host.size()));
+  void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(buffer->ptr()));
+  d.buffers.push_back(std::move(buffer));
+  return p;
+}
+// Brings what a collective wrote at `p` (from Put) back into `host` (device memory: after the
+// rank's stream reached it).
+Status Get(const World& w, int32_t rank, void* p, std::vector<uint8_t>& host) {
+  if (!w.on_device()) return Status::Ok();
+  RankDevice& d = (*w.devices)[rank];
+  PC_RETURN_IF_ERROR(d.stream->CopyD2H(host.data(), reinterpret_cast<uintptr_t>(p), host.size()));
+  return d.stream->Synchronize();
+}
 
 Status Take(const pc_comm_iface_t* api, pc_error_t* e, const std::string& what) {
   if (e == nullptr) return Status::Ok();
@@ -78,12 +118,19 @@ Verdict RunRanks(World& w, const std::function<Verdict(int32_t)>& body, double d
   const int32_t first_rank = w.self >= 0 ? w.self : 0;
   const int32_t end_rank = w.self >= 0 ? w.self + 1 : w.n;
   for (int32_t r = first_rank; r < end_rank; ++r) {
-    futures.push_back(std::async(std::launch::async, [&body, r] {
+    futures.push_back(std::async(std::launch::async, [&body, &w, r] {
+      Verdict v;
       try {
-        return body(r);
+        v = body(r);
       } catch (const std::exception& e) {
-        return Fail(std::string("exception: ") + e.what());
+        v = Fail(std::string("exception: ") + e.what());
       }
+      if (w.on_device()) {  // the check's device buffers, once its stream is done with them
+        RankDevice& d = (*w.devices)[r];
+        (void)d.stream->Synchronize();
+        d.buffers.clear();
+      }
+      return v;
     }));
   }
   const auto deadline = Clock::now() + std::chrono::duration<double>(deadline_s);
@@ -214,10 +261,15 @@ Verdict AllReduce(World& w, DType t, Op op, bool in_place) {
       }
       std::vector<uint8_t> send = Encode(t, Input(w, t, rank, count, count));
       std::vector<uint8_t> recv(send.size(), 0xcd);
-      void* out = in_place ? send.data() : recv.data();
-      PCC_COMM(w.api->all_reduce(w.comms[rank], send.data(), out, count,
-                                 static_cast<pc_dtype_t>(t), PcOp(op), nullptr),
+      PCC_ASSIGN(void* in, Put(w, rank, send));
+      void* out = in;
+      if (!in_place) {
+        PCC_ASSIGN(out, Put(w, rank, recv));
+      }
+      PCC_COMM(w.api->all_reduce(w.comms[rank], in, out, count, static_cast<pc_dtype_t>(t),
+                                 PcOp(op), StreamOf(w, rank)),
                "all_reduce");
+      PCC_TRY(Get(w, rank, out, in_place ? send : recv));
       last = Compare(t, Decode(t, in_place ? send : recv), want,
                      "count " + std::to_string(count));
       if (last.outcome == Outcome::kFail) return last;
@@ -234,11 +286,14 @@ Verdict AllGather(World& w, DType t) {
         const std::vector<double> in = Input(w, t, r, count, count + 1);
         want.insert(want.end(), in.begin(), in.end());
       }
-      const std::vector<uint8_t> send = Encode(t, Input(w, t, rank, count, count + 1));
+      std::vector<uint8_t> send = Encode(t, Input(w, t, rank, count, count + 1));
       std::vector<uint8_t> recv(send.size() * w.n, 0xcd);
-      PCC_COMM(w.api->all_gather(w.comms[rank], send.data(), recv.data(), count,
-                                 static_cast<pc_dtype_t>(t), nullptr),
+      PCC_ASSIGN(void* in, Put(w, rank, send));
+      PCC_ASSIGN(void* out, Put(w, rank, recv));
+      PCC_COMM(w.api->all_gather(w.comms[rank], in, out, count, static_cast<pc_dtype_t>(t),
+                                 StreamOf(w, rank)),
                "all_gather");
+      PCC_TRY(Get(w, rank, out, recv));
       // A gather copies: it must be exact whatever the dtype.
       if (Decode(t, recv) != want) return Fail("count " + std::to_string(count) + ": data differs");
     }
@@ -258,11 +313,14 @@ Verdict ReduceScatter(World& w, DType t) {
           if (r == 0) want.push_back(x); else want[i] += x;
         }
       }
-      const std::vector<uint8_t> send = Encode(t, Input(w, t, rank, count * w.n, count + 2));
+      std::vector<uint8_t> send = Encode(t, Input(w, t, rank, count * w.n, count + 2));
       std::vector<uint8_t> recv(count * SizeOf(t), 0xcd);
-      PCC_COMM(w.api->reduce_scatter(w.comms[rank], send.data(), recv.data(), count,
-                                     static_cast<pc_dtype_t>(t), PC_REDUCE_SUM, nullptr),
+      PCC_ASSIGN(void* in, Put(w, rank, send));
+      PCC_ASSIGN(void* out, Put(w, rank, recv));
+      PCC_COMM(w.api->reduce_scatter(w.comms[rank], in, out, count, static_cast<pc_dtype_t>(t),
+                                     PC_REDUCE_SUM, StreamOf(w, rank)),
                "reduce_scatter");
+      PCC_TRY(Get(w, rank, out, recv));
       last = Compare(t, Decode(t, recv), want, "count " + std::to_string(count));
       if (last.outcome == Outcome::kFail) return last;
     }
@@ -277,9 +335,11 @@ Verdict Broadcast(World& w, DType t) {
         const std::vector<double> want = Input(w, t, root, count, count + 3);
         std::vector<uint8_t> buf = rank == root ? Encode(t, want)
                                                 : std::vector<uint8_t>(count * SizeOf(t), 0xcd);
-        PCC_COMM(w.api->broadcast(w.comms[rank], buf.data(), buf.data(), count,
-                                  static_cast<pc_dtype_t>(t), root, nullptr),
+        PCC_ASSIGN(void* p, Put(w, rank, buf));
+        PCC_COMM(w.api->broadcast(w.comms[rank], p, p, count, static_cast<pc_dtype_t>(t), root,
+                                  StreamOf(w, rank)),
                  "broadcast");
+        PCC_TRY(Get(w, rank, p, buf));
         if (Decode(t, buf) != want) {
           return Fail("root " + std::to_string(root) + ", count " + std::to_string(count) +
                       ": data differs");
@@ -297,15 +357,19 @@ Verdict SendRecvRing(World& w) {
   return RunRanks(w, [&](int32_t rank) -> Verdict {
     const uint64_t count = 70001;
     const int32_t next = (rank + 1) % w.n, prev = (rank + w.n - 1) % w.n;
-    const std::vector<uint8_t> send = Encode(DType::kF32, Input(w, DType::kF32, rank, count, 5));
+    std::vector<uint8_t> send = Encode(DType::kF32, Input(w, DType::kF32, rank, count, 5));
     std::vector<uint8_t> recv(send.size(), 0xcd);
+    PCC_ASSIGN(void* in, Put(w, rank, send));
+    PCC_ASSIGN(void* out, Put(w, rank, recv));
     auto do_send = [&] {
-      return Take(w.api, w.api->send(w.comms[rank], send.data(), count, PC_DTYPE_F32, next,
-                                     nullptr), "send");
+      return Take(w.api,
+                  w.api->send(w.comms[rank], in, count, PC_DTYPE_F32, next, StreamOf(w, rank)),
+                  "send");
     };
     auto do_recv = [&] {
-      return Take(w.api, w.api->recv(w.comms[rank], recv.data(), count, PC_DTYPE_F32, prev,
-                                     nullptr), "recv");
+      return Take(w.api,
+                  w.api->recv(w.comms[rank], out, count, PC_DTYPE_F32, prev, StreamOf(w, rank)),
+                  "recv");
     };
     Status a, b;
     if (w.api->group_start != nullptr && w.api->group_end != nullptr) {
@@ -322,6 +386,7 @@ Verdict SendRecvRing(World& w) {
     }
     PCC_TRY(a);
     PCC_TRY(b);
+    PCC_TRY(Get(w, rank, out, recv));
     if (Decode(DType::kF32, recv) != Input(w, DType::kF32, prev, count, 5)) {
       return Fail("data from rank " + std::to_string(prev) + " differs");
     }
@@ -331,7 +396,10 @@ Verdict SendRecvRing(World& w) {
 
 Verdict Barriers(World& w) {
   return RunRanks(w, [&](int32_t rank) -> Verdict {
-    for (int i = 0; i < 50; ++i) PCC_COMM(w.api->barrier(w.comms[rank], nullptr), "barrier");
+    for (int i = 0; i < 50; ++i) {
+      PCC_COMM(w.api->barrier(w.comms[rank], StreamOf(w, rank)), "barrier");
+    }
+    if (w.on_device()) PCC_TRY((*w.devices)[rank].stream->Synchronize());
     return Pass("50 barriers");
   });
 }
@@ -375,11 +443,21 @@ Verdict Split(World& w) {
                     ", " + std::to_string(want_rb) + "/" + std::to_string(gb.size()) + ")");
       }
       for (int round = 0; round < 3; ++round) {
-        int32_t v = rank * 100 + round, sa = 0, sb = 0;
-        PCC_COMM(w.api->all_reduce(a, &v, &sa, 1, PC_DTYPE_I32, PC_REDUCE_SUM, nullptr),
+        const int32_t value = rank * 100 + round;
+        std::vector<uint8_t> v(4), ra_bytes(4, 0), rb_bytes(4, 0);
+        std::memcpy(v.data(), &value, 4);
+        PCC_ASSIGN(void* in, Put(w, rank, v));
+        PCC_ASSIGN(void* out_a, Put(w, rank, ra_bytes));
+        PCC_ASSIGN(void* out_b, Put(w, rank, rb_bytes));
+        PCC_COMM(w.api->all_reduce(a, in, out_a, 1, PC_DTYPE_I32, PC_REDUCE_SUM, StreamOf(w, rank)),
                  "all_reduce on split a");
-        PCC_COMM(w.api->all_reduce(b, &v, &sb, 1, PC_DTYPE_I32, PC_REDUCE_SUM, nullptr),
+        PCC_COMM(w.api->all_reduce(b, in, out_b, 1, PC_DTYPE_I32, PC_REDUCE_SUM, StreamOf(w, rank)),
                  "all_reduce on split b");
+        PCC_TRY(Get(w, rank, out_a, ra_bytes));
+        PCC_TRY(Get(w, rank, out_b, rb_bytes));
+        int32_t sa = 0, sb = 0;
+        std::memcpy(&sa, ra_bytes.data(), 4);
+        std::memcpy(&sb, rb_bytes.data(), 4);
         int32_t want_a = 0, want_b = 0;
         for (int32_t r : ga) want_a += r * 100 + round;
         for (int32_t r : gb) want_b += r * 100 + round;
@@ -390,9 +468,17 @@ Verdict Split(World& w) {
         }
       }
       if (solo != nullptr) {
-        float x = 2.5f, y = 0;
-        PCC_COMM(w.api->all_reduce(solo, &x, &y, 1, PC_DTYPE_F32, PC_REDUCE_SUM, nullptr),
-                 "all_reduce on a group of one");
+        const float x = 2.5f;
+        std::vector<uint8_t> xb(4), yb(4, 0);
+        std::memcpy(xb.data(), &x, 4);
+        PCC_ASSIGN(void* in, Put(w, rank, xb));
+        PCC_ASSIGN(void* out, Put(w, rank, yb));
+        PCC_COMM(
+            w.api->all_reduce(solo, in, out, 1, PC_DTYPE_F32, PC_REDUCE_SUM, StreamOf(w, rank)),
+            "all_reduce on a group of one");
+        PCC_TRY(Get(w, rank, out, yb));
+        float y = 0;
+        std::memcpy(&y, yb.data(), 4);
         if (y != 2.5f) return Fail("group of one changed the value");
       }
       return Pass("groups of " + std::to_string(ga.size()) + " and " + std::to_string(gb.size()));
@@ -442,11 +528,13 @@ Verdict MissingRank(World& w) {
 // Arguments a plugin must refuse with INVALID_ARGUMENT (locally, without waiting for peers).
 Verdict BadArguments(World& w) {
   return RunRanks(w, [&](int32_t rank) -> Verdict {
-    float x = 0;
-    pc_error_t* e = w.api->broadcast(w.comms[rank], &x, &x, 1, PC_DTYPE_F32, w.n + 5, nullptr);
+    std::vector<uint8_t> xb(4, 0);
+    PCC_ASSIGN(void* x, Put(w, rank, xb));
+    pc_error_t* e =
+        w.api->broadcast(w.comms[rank], x, x, 1, PC_DTYPE_F32, w.n + 5, StreamOf(w, rank));
     const std::string bad_root = CheckCommError(w.api, e, {PC_CODE_INVALID_ARGUMENT});
     if (!bad_root.empty()) return Fail("broadcast with root n+5: " + bad_root);
-    e = w.api->send(w.comms[rank], &x, 1, PC_DTYPE_F32, -1, nullptr);
+    e = w.api->send(w.comms[rank], x, 1, PC_DTYPE_F32, -1, StreamOf(w, rank));
     const std::string bad_peer = CheckCommError(w.api, e, {PC_CODE_INVALID_ARGUMENT});
     if (!bad_peer.empty()) return Fail("send to peer -1: " + bad_peer);
     return Pass();
@@ -471,6 +559,136 @@ Verdict BufferBytes(World& w) {
                                          {PC_CODE_INVALID_ARGUMENT});
   if (!bad.empty()) return Fail("comm_buffer_bytes(0): " + bad);
   return Pass(std::to_string(n) + " bytes for " + std::to_string(w.n + 1) + " ranks");
+}
+
+// ---- device-memory plugins ----------------------------------------------------------------
+
+// A collective enqueued on a stream after an op sees the op's result: x += 1 twenty times with
+// ADD, then all_reduce(x) on the same stream, one synchronize at the end.
+Verdict DeviceStreamOrder(World& w) {
+  if (!w.on_device()) return Skip("host-memory plugin");
+  return RunRanks(w, [&](int32_t rank) -> Verdict {
+    const int64_t m = 4099;
+    const int kAdds = 20;
+    const Stream& stream = *(*w.devices)[rank].stream;
+    std::vector<uint8_t> zeros(m * 4, 0), ones(m * 4);
+    for (int64_t i = 0; i < m; ++i) {
+      const float one = 1.0f;
+      std::memcpy(ones.data() + i * 4, &one, 4);
+    }
+    PCC_ASSIGN(void* x, Put(w, rank, zeros));
+    PCC_ASSIGN(void* one, Put(w, rank, ones));
+    AddArgs add;
+    add.a = add.out = reinterpret_cast<uintptr_t>(x);
+    add.b = reinterpret_cast<uintptr_t>(one);
+    add.n = m;
+    for (int i = 0; i < kAdds; ++i) PCC_TRY(Launch(stream, add));
+    PCC_COMM(w.api->all_reduce(w.comms[rank], x, x, m, PC_DTYPE_F32, PC_REDUCE_SUM, stream.raw()),
+             "all_reduce");
+    PCC_TRY(Get(w, rank, x, zeros));
+    for (int64_t i = 0; i < m; ++i) {
+      float got;
+      std::memcpy(&got, zeros.data() + i * 4, 4);
+      if (got != float(kAdds * w.n)) {
+        return Fail("element " + std::to_string(i) + " is " + std::to_string(got) + ", want " +
+                    std::to_string(kAdds * w.n) + ": the collective did not follow the ADDs");
+      }
+    }
+    return Pass(std::to_string(kAdds) + " ADDs, then all_reduce, one synchronize");
+  });
+}
+
+// The call only enqueues: rank 0's all_reduce returns while the others have not called yet
+// (they wait 400 ms), and the result is right once its stream is synchronized.
+Verdict DeviceEnqueueReturns(World& w) {
+  if (!w.on_device()) return Skip("host-memory plugin");
+  if (w.n < 2) return Skip("needs 2 ranks");
+  return RunRanks(w, [&](int32_t rank) -> Verdict {
+    const int32_t value = rank + 1;
+    std::vector<uint8_t> v(4);
+    std::memcpy(v.data(), &value, 4);
+    PCC_ASSIGN(void* p, Put(w, rank, v));
+    if (rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    const auto t0 = Clock::now();
+    PCC_COMM(
+        w.api->all_reduce(w.comms[rank], p, p, 1, PC_DTYPE_I32, PC_REDUCE_SUM, StreamOf(w, rank)),
+        "all_reduce");
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (rank == 0 && ms > 200) {
+      return Fail("all_reduce blocked the host for " + std::to_string(int(ms)) +
+                  " ms waiting for peers; it must only enqueue on the stream");
+    }
+    PCC_TRY(Get(w, rank, p, v));
+    int32_t sum = 0;
+    std::memcpy(&sum, v.data(), 4);
+    if (sum != w.n * (w.n + 1) / 2) return Fail("sum " + std::to_string(sum));
+    return Pass(rank == 0 ? "returned in " + std::to_string(int(ms)) + " ms" : "");
+  });
+}
+
+// A host pointer (or any address that is not the device's memory) is INVALID_ARGUMENT at the
+// call, never a crash on the stream.
+Verdict DeviceHostPointer(World& w) {
+  if (!w.on_device()) return Skip("host-memory plugin");
+  return RunRanks(w, [&](int32_t rank) -> Verdict {
+    std::vector<float> host(64, 1.0f);
+    pc_error_t* e = w.api->all_reduce(w.comms[rank], host.data(), host.data(), host.size(),
+                                      PC_DTYPE_F32, PC_REDUCE_SUM, StreamOf(w, rank));
+    const std::string bad = CheckCommError(w.api, e, {PC_CODE_INVALID_ARGUMENT});
+    if (!bad.empty()) return Fail("all_reduce on a host pointer: " + bad);
+    e = w.api->send(w.comms[rank], host.data(), host.size(), PC_DTYPE_F32, (rank + 1) % w.n,
+                    StreamOf(w, rank));
+    const std::string bad_send = CheckCommError(w.api, e, {PC_CODE_INVALID_ARGUMENT});
+    if (w.n > 1 && !bad_send.empty()) return Fail("send of a host pointer: " + bad_send);
+    PCC_TRY((*w.devices)[rank].stream->Synchronize());  // nothing was enqueued that fails
+    return Pass("INVALID_ARGUMENT");
+  });
+}
+
+// group_start/group_end fuse: inside one group every rank sends to each other rank and receives
+// from each, in the same order on every rank (which would deadlock on a rendezvous transport
+// without the group), plus an all_reduce.
+Verdict DeviceGroupFusion(World& w) {
+  if (!w.on_device()) return Skip("host-memory plugin");
+  if (w.api->group_start == nullptr) return Skip("no group calls");
+  if (w.n < 2) return Skip("needs 2 ranks");
+  return RunRanks(w, [&](int32_t rank) -> Verdict {
+    const uint64_t count = 1025;
+    std::vector<uint8_t> send = Encode(DType::kF32, Input(w, DType::kF32, rank, count, 11));
+    PCC_ASSIGN(void* in, Put(w, rank, send));
+    std::vector<std::vector<uint8_t>> recv(w.n, std::vector<uint8_t>(count * 4, 0xcd));
+    std::vector<void*> out(w.n, nullptr);
+    for (int32_t p = 0; p < w.n; ++p) {
+      if (p == rank) continue;
+      PCC_ASSIGN(out[p], Put(w, rank, recv[p]));
+    }
+    std::vector<uint8_t> one(4);
+    const int32_t v = 1;
+    std::memcpy(one.data(), &v, 4);
+    PCC_ASSIGN(void* sum, Put(w, rank, one));
+    void* s = StreamOf(w, rank);
+    PCC_COMM(w.api->group_start(), "group_start");
+    for (int32_t p = 0; p < w.n; ++p) {
+      if (p == rank) continue;
+      PCC_COMM(w.api->send(w.comms[rank], in, count, PC_DTYPE_F32, p, s), "send");
+      PCC_COMM(w.api->recv(w.comms[rank], out[p], count, PC_DTYPE_F32, p, s), "recv");
+    }
+    PCC_COMM(w.api->all_reduce(w.comms[rank], sum, sum, 1, PC_DTYPE_I32, PC_REDUCE_SUM, s),
+             "all_reduce");
+    PCC_COMM(w.api->group_end(), "group_end");
+    for (int32_t p = 0; p < w.n; ++p) {
+      if (p == rank) continue;
+      PCC_TRY(Get(w, rank, out[p], recv[p]));
+      if (Decode(DType::kF32, recv[p]) != Input(w, DType::kF32, p, count, 11)) {
+        return Fail("data from rank " + std::to_string(p) + " differs");
+      }
+    }
+    PCC_TRY(Get(w, rank, sum, one));
+    int32_t total = 0;
+    std::memcpy(&total, one.data(), 4);
+    if (total != w.n) return Fail("all_reduce in the group gave " + std::to_string(total));
+    return Pass("all-to-all exchange and an all_reduce in one group");
+  });
 }
 
 struct CommCheck {
@@ -500,6 +718,10 @@ std::vector<CommCheck> AllCommChecks() {
   checks.push_back({"errors.invalid_arguments", BadArguments});
   checks.push_back({"memory.buffer_bytes", BufferBytes});
   checks.push_back({"init.missing_rank_times_out", MissingRank});
+  checks.push_back({"device.stream_order", DeviceStreamOrder});
+  checks.push_back({"device.enqueue_returns", DeviceEnqueueReturns});
+  checks.push_back({"device.host_pointer_refused", DeviceHostPointer});
+  checks.push_back({"device.group_fusion", DeviceGroupFusion});
   return checks;
 }
 
@@ -600,10 +822,35 @@ void RunCommChecks(const Options& options, Report& report) {
   step("load", Pass(std::string("ABI ") + std::to_string(w.api->abi_major) + "." +
                     std::to_string(w.api->abi_minor) + ", memory " +
                     (w.api->memory_kind == PC_COMM_MEMORY_HOST ? "host" : "device")));
-  if (w.api->memory_kind != PC_COMM_MEMORY_HOST) {
-    step("lifetime.initialize",
-         Skip("a device-memory comm plugin is checked with its device plugin (not yet)"));
-    return;
+  // A device-memory plugin is checked on devices of the plugin it names, found beside it: rank
+  // r (threads) or this process's rank on device r.
+  std::vector<RankDevice> devices;
+  if (w.api->memory_kind == PC_COMM_MEMORY_DEVICE) {
+    const std::string dir = std::filesystem::path(options.plugin_path).parent_path().string();
+    const std::string path = (dir.empty() ? "." : dir) + "/libpolychip_backend_" +
+                             std::string(w.api->device_plugin ? w.api->device_plugin : "") + ".so";
+    auto backend = LoadBackendFromPath(path);
+    auto open = [&]() -> Status {
+      PC_RETURN_IF_ERROR(backend.status());
+      PC_ASSIGN_OR_RETURN(int32_t count, (*backend)->DeviceCount());
+      devices.resize(w.n);
+      for (int32_t r = (w.self >= 0 ? w.self : 0); r < (w.self >= 0 ? w.self + 1 : w.n); ++r) {
+        if (r >= count && w.self < 0) {
+          return FailedPrecondition(std::to_string(w.n) + " ranks as threads need as many " +
+                                    "devices; " + path + " has " + std::to_string(count));
+        }
+        PC_ASSIGN_OR_RETURN(devices[r].device, (*backend)->OpenDevice(r % count));
+        PC_ASSIGN_OR_RETURN(devices[r].stream, devices[r].device->CreateStream());
+      }
+      return Status::Ok();
+    };
+    if (Status s = open(); !s.ok()) {
+      step("device_plugin.open", Fail(s.ToString()));
+      return;
+    }
+    step("device_plugin.open", Pass(path));
+    w.backend = *backend;
+    w.devices = &devices;
   }
   std::vector<pc_param_t> params;
   for (const auto& [k, v] : options.params) params.push_back({k.c_str(), v.c_str()});

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <mutex>
 
 namespace polychip::runtime::conformance {
 
@@ -70,6 +72,38 @@ Status Harness::FreeAll() {
 
 Status Harness::Sync(pc_stream_t* s) const {
   return Take(api->stream_synchronize(s ? s : stream), "stream_synchronize");
+}
+
+Status Harness::Fill(pc_devptr_t dst, uint8_t value, uint64_t n, pc_stream_t* s) const {
+  if (s == nullptr) s = stream;
+  if (PC_HAS_MEMBER(api, pc_backend_iface_t, memset) && api->memset != nullptr) {
+    return Take(api->memset(s, dst, value, n), "memset");
+  }
+  // Static patterns, one per value, never written again: a queued copy may read them later.
+  constexpr uint64_t kChunk = 1 << 20;
+  static std::mutex mu;
+  static std::map<uint8_t, std::vector<uint8_t>> patterns;
+  const uint8_t* pattern;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = patterns.try_emplace(value);
+    if (fresh) it->second.assign(kChunk, value);
+    pattern = it->second.data();
+  }
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t len = std::min(kChunk, n - done);
+    PC_RETURN_IF_ERROR(Take(api->memcpy_h2d(s, dst + done, pattern, len), "memcpy_h2d (fill)"));
+    done += len;
+  }
+  return Status::Ok();
+}
+
+Status Harness::MemoryInfo(uint64_t* free_bytes, uint64_t* total_bytes) const {
+  if (PC_HAS_MEMBER(api, pc_backend_iface_t, mem_get_info) && api->mem_get_info != nullptr) {
+    return Take(api->mem_get_info(device, free_bytes, total_bytes), "mem_get_info");
+  }
+  *free_bytes = *total_bytes = props.total_memory;
+  return Status::Ok();
 }
 
 Status Harness::Upload(pc_devptr_t dst, const void* src, uint64_t n) const {

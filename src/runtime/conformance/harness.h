@@ -76,6 +76,12 @@ class Harness {
     PC_RETURN_IF_ERROR(Download(v.data(), src, count * sizeof(T)));
     return v;
   }
+  // Sets n bytes to `value` on stream `s` (default: the default stream), stream-ordered: memset,
+  // or, for a plugin without it (optional since ABI 1.5), copies from a static host pattern, as
+  // the framework fills.
+  Status Fill(pc_devptr_t dst, uint8_t value, uint64_t n, pc_stream_t* s = nullptr) const;
+  // Free and total bytes: mem_get_info, or (absent, ABI 1.5) props.total_memory as both.
+  Status MemoryInfo(uint64_t* free_bytes, uint64_t* total_bytes) const;
   // op_launch then stream_synchronize on the default stream.
   Status Launch(pc_op_t op, const void* args) const;
   // `layout` (ABI 1.2) is asked only of a plugin of 1.2 or later; older ones answer 0 for any
