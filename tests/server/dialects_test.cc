@@ -21,6 +21,8 @@ using ordered = nlohmann::ordered_json;
 // One token per byte; the chat prompt is the messages' text.
 class ByteCodec : public TextCodec {
  public:
+  explicit ByteCodec(std::string family = "chatml") : family_(std::move(family)) {}
+  std::string chat_format() const override { return family_; }
   std::vector<int32_t> Encode(std::string_view text, bool) const override {
     std::vector<int32_t> out;
     for (unsigned char c : text) out.push_back(c + 1);
@@ -41,6 +43,9 @@ class ByteCodec : public TextCodec {
   }
   std::vector<int32_t> EogTokens() const override { return {0}; }
   int64_t vocab_size() const override { return 300; }
+
+ private:
+  std::string family_;
 };
 
 const json kWeatherTool = {{"name", "get_weather"},
@@ -256,7 +261,8 @@ TEST(ResponseStore, KeepsTheNewestAndSaysWhyAnIdIsGone) {
 
 // Drives a dialect's writer through a generation of `pieces` as the server's stream does.
 struct Drive {
-  Drive(ApiKind kind, json body, ResponseStore* store = nullptr) {
+  Drive(ApiKind kind, json body, ResponseStore* store = nullptr, std::string family = "chatml")
+      : codec(std::move(family)) {
     ParseLimits limits;
     limits.context_length = 1024;
     limits.responses = store;
@@ -484,6 +490,62 @@ TEST(ResponsesStream, ToolCallAndLengthLimit) {
   EXPECT_EQ(cut_events.back().name, "response.incomplete");
   EXPECT_EQ(cut_events.back().data["response"]["incomplete_details"]["reason"],
             "max_output_tokens");
+}
+
+// A model that reasons (qwen3's <think>): its reasoning is a thinking block before the text,
+// streamed as thinking_delta and closed with a signature_delta; a Responses reasoning item
+// before the message.
+TEST(AnthropicStream, ReasoningAsAThinkingBlock) {
+  Drive d(ApiKind::kMessages,
+          {{"model", "toy"},
+           {"max_tokens", 64},
+           {"stream", true},
+           {"thinking", {{"type", "enabled"}, {"budget_tokens", 1024}}},
+           {"messages", {{{"role", "user"}, {"content", "hi"}}}}},
+          nullptr, "qwen3");
+  const auto events = d.Run({"<think>", "Let me ", "think.", "</think>", "\n\nHello"});
+  CheckAnthropicShape(events);
+  std::string thinking, text;
+  std::vector<std::string> blocks;
+  bool signed_block = false;
+  for (const auto& e : events) {
+    if (e.name == "content_block_start") blocks.push_back(e.data["content_block"]["type"]);
+    if (e.name != "content_block_delta") continue;
+    const json& delta = e.data["delta"];
+    if (delta["type"] == "thinking_delta") thinking += delta["thinking"];
+    if (delta["type"] == "text_delta") text += delta["text"];
+    if (delta["type"] == "signature_delta") signed_block = true;
+  }
+  EXPECT_EQ(blocks, (std::vector<std::string>{"thinking", "text"}));
+  EXPECT_EQ(thinking, "Let me think.");
+  EXPECT_EQ(text, "Hello");
+  EXPECT_TRUE(signed_block);
+  const json msg = d.job.writer->Final(d.job);
+  ASSERT_EQ(msg["content"].size(), 2u) << msg.dump();
+  EXPECT_EQ(msg["content"][0]["type"], "thinking");
+  EXPECT_EQ(msg["content"][0]["thinking"], "Let me think.");
+  EXPECT_EQ(msg["content"][1]["text"], "Hello");
+}
+
+TEST(ResponsesStream, ReasoningAsAReasoningItem) {
+  Drive d(ApiKind::kResponses, {{"model", "toy"}, {"input", "hi"}, {"stream", true}}, nullptr,
+          "qwen3");
+  const auto events = d.Run({"<think>", "Let me ", "think.", "</think>", "\n\nHello"});
+  CheckResponsesShape(events);
+  std::string reasoning;
+  for (const auto& e : events) {
+    if (e.name == "response.reasoning_text.delta") reasoning += e.data["delta"];
+    if (e.name == "response.reasoning_text.done") EXPECT_EQ(e.data["text"], reasoning);
+  }
+  EXPECT_EQ(reasoning, "Let me think.");
+  const json& output = events.back().data["response"]["output"];
+  ASSERT_EQ(output.size(), 2u) << output.dump();
+  EXPECT_EQ(output[0]["type"], "reasoning");
+  EXPECT_EQ(output[0]["content"][0], json({{"type", "reasoning_text"}, {"text", "Let me think."}}));
+  EXPECT_EQ(output[1]["type"], "message");
+  EXPECT_EQ(output[1]["content"][0]["text"], "Hello");
+  const json final = d.job.writer->Final(d.job);
+  EXPECT_EQ(final["output"][0]["content"], output[0]["content"]);
 }
 
 }  // namespace
