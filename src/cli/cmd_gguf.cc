@@ -2,6 +2,9 @@
 // random-weight model of a real shape with a real tokenizer.
 #include <CLI/CLI.hpp>
 
+#include <fstream>
+#include <iterator>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -137,7 +140,7 @@ int RunCheck(const std::string& path) {
 }
 
 struct SynthArgs {
-  std::string vocab, shape, arch, type = "F16", out;
+  std::string vocab, shape, arch, type = "F16", out, chat_template_file;
   int64_t layers = 0, embd = 0, heads = 0, kv_heads = 0, ff = 0, ctx = 0;
   uint64_t seed = 42;
   float weight_std = 0.02f;
@@ -152,6 +155,11 @@ int RunSynth(const SynthArgs& a) {
   opts.weight_std = a.weight_std;
   opts.threads = a.threads;
   opts.progress = !a.quiet;
+  if (!a.chat_template_file.empty()) {
+    std::ifstream in(a.chat_template_file, std::ios::binary);
+    if (!in) return Error(NotFound("cannot read '" + a.chat_template_file + "'"));
+    opts.chat_template.assign(std::istreambuf_iterator<char>(in), {});
+  }
   auto scheme = model::ParseQuantScheme(a.type);
   if (!scheme.ok()) return Error(scheme.status());
   opts.type = scheme->type;
@@ -225,6 +233,8 @@ std::function<int()> SetupGguf(CLI::App& app) {
                     "mixture (Q4_K_M, Q5_K_M, Q3_K_M, ...)");
   synth->add_option("--out", sa->out, "output GGUF")->required();
   synth->add_option("--seed", sa->seed, "random seed");
+  synth->add_option("--chat-template-file", sa->chat_template_file,
+                    "a Jinja file written as tokenizer.chat_template (default: the vocabulary's)");
   synth->add_option("--weight-std", sa->weight_std,
                     "standard deviation of the random weights (default 0.02; larger gives "
                     "peakier logits, as tests comparing greedy tokens want)");

@@ -33,7 +33,7 @@ struct RunOptions {
   float repeat_penalty = 1.f;
   int64_t seed = -1;
   bool chat = false;
-  std::string chat_format;  // empty: from the model's template
+  ChatTemplateFlags chat_template;
   bool special = false;
   bool ignore_eos = false;
   bool print_tokens = false;
@@ -79,17 +79,22 @@ int Run(const RunOptions& o) {
   const model::Tokenizer& tok = *mf->tokenizer;
 
   std::string prompt = o.prompt;
-  if (o.chat) {
-    // The family is recognised from the GGUF's Jinja template (ChatML when it has none).
-    auto format = model::SelectChatFormat(o.chat_format, tok.vocab().chat_template);
-    if (!format.ok()) return Fail(format.status());
-    const model::ChatMessage message{"user", o.prompt};
-    prompt = model::ApplyChatTemplate(*format, {&message, 1}, /*add_generation_prompt=*/true);
-    std::fprintf(stderr, "chat format: %s\n", std::string(model::ChatFormatName(*format)).c_str());
-  }
   model::EncodeOptions enc;
   enc.add_special = true;
   enc.parse_special = true;  // a prompt may spell control tokens, as llama.cpp's tools allow
+  if (o.chat) {
+    auto chat_options = ResolveChatTemplateFlags(o.chat_template);
+    if (!chat_options.ok()) return Fail(chat_options.status());
+    auto chat_template = model::ChatTemplate::ForModel(tok, *chat_options);
+    if (!chat_template.ok()) return Fail(chat_template.status());
+    model::ChatInput chat;
+    chat.messages.push_back({{"role", "user"}, {"content", o.prompt}});
+    auto rendered = chat_template->Render(chat);
+    if (!rendered.ok()) return Fail(rendered.status());
+    prompt = std::move(*rendered);
+    enc.add_special = !chat_template->StartsWithBos(prompt);
+    std::fprintf(stderr, "chat template: %s\n", chat_template->Describe().c_str());
+  }
   const std::vector<int32_t> prompt_ids = tok.Encode(prompt, enc);
   if (prompt_ids.empty()) return Fail(InvalidArgument("the prompt is empty after tokenization"));
 
@@ -185,8 +190,7 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_option("--seed", o->seed, "random seed (default: random)");
   app.add_option("--stop", o->stop, "stop string (repeatable)");
   app.add_flag("--chat", o->chat, "wrap the prompt in the model's chat template");
-  app.add_option("--chat-format", o->chat_format,
-                 "override the template family: chatml, llama2, llama3, phi3, gemma, ...");
+  AddChatTemplateOptions(app, &o->chat_template);
   app.add_flag("--special", o->special, "print control tokens' text");
   app.add_flag("--ignore-eos", o->ignore_eos, "continue past end-of-generation tokens");
   app.add_flag("--print-tokens", o->print_tokens,

@@ -51,7 +51,7 @@ struct ServeOptions {
   int threads = 0;
   int tp_size = 1;
   int pp_size = 1;
-  std::string chat_template;
+  ChatTemplateFlags chat_template;
   std::string reasoning_parser = "auto";
   std::string kv_cache_dtype = "f16";
   int http_threads = 320;
@@ -169,7 +169,9 @@ int Serve(CLI::App& app, ServeOptions& o) {
                                 {o.tp_size, o.pp_size});
   }
   if (!runner.ok()) return Fail(runner.status());
-  auto codec = server::MakeTokenizerCodec(mf->tokenizer.get(), o.chat_template);
+  auto chat_options = ResolveChatTemplateFlags(o.chat_template);
+  if (!chat_options.ok()) return Fail(chat_options.status());
+  auto codec = server::MakeTokenizerCodec(mf->tokenizer.get(), *chat_options);
   if (!codec.ok()) return Fail(codec.status());
   {
     const server::OutputFormat f = (*codec)->output_format();
@@ -301,7 +303,7 @@ std::function<int()> SetupServe(CLI::App& app) {
   app.add_option("--schedule-policy", o->schedule_policy, "fcfs, lpm or priority");
   app.add_option("--threads", o->threads, "device threads (CPU backend)");
   AddParallelOptions(app, &o->tp_size, &o->pp_size);
-  app.add_option("--chat-template", o->chat_template, "chat format name (default: detected)");
+  AddChatTemplateOptions(app, &o->chat_template);
   app.add_option("--reasoning-parser", o->reasoning_parser,
                  "auto (the chat template's), none, think, gpt-oss, mistral, command-r7b or seed")
       ->check([](const std::string& v) {

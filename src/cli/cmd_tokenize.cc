@@ -1,5 +1,5 @@
 // `polychip tokenize --model-path M --prompt P [--ids-only] [--no-bos] [--parse-special]
-//                    [--chat [--chat-template NAME] [--system S]]`
+//                    [--chat [--chat-template NAME | --chat-template-file F] [--system S]]`
 // Prints the tokens of a prompt with the model's tokenizer, one "id 'piece'" per line (or the
 // ids alone on one line), for debugging prompts and comparing against llama-tokenize.
 #include <CLI/CLI.hpp>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -24,7 +25,7 @@ struct TokenizeArgs {
   bool no_bos = false;
   bool parse_special = false;
   bool chat = false;
-  std::string chat_template;
+  ChatTemplateFlags chat_template;
   std::string system;
 };
 
@@ -68,21 +69,30 @@ int RunTokenize(const TokenizeArgs& args) {
 
   std::string text = args.prompt;
   bool parse_special = args.parse_special;
+  bool add_special = !args.no_bos;
   if (args.chat) {
-    auto format = model::SelectChatFormat(args.chat_template, tok.vocab().chat_template);
-    if (!format.ok()) {
-      std::fprintf(stderr, "error: %s\n", format.status().ToString().c_str());
+    auto chat_options = ResolveChatTemplateFlags(args.chat_template);
+    auto chat_template = chat_options.ok() ? model::ChatTemplate::ForModel(tok, *chat_options)
+                                           : StatusOr<model::ChatTemplate>(chat_options.status());
+    if (!chat_template.ok()) {
+      std::fprintf(stderr, "error: %s\n", chat_template.status().ToString().c_str());
       return 1;
     }
-    std::vector<model::ChatMessage> messages;
-    if (!args.system.empty()) messages.push_back({"system", args.system});
-    messages.push_back({"user", args.prompt});
-    text = model::ApplyChatTemplate(*format, messages, /*add_generation_prompt=*/true);
+    model::ChatInput chat;
+    if (!args.system.empty()) chat.messages.push_back({{"role", "system"}, {"content", args.system}});
+    chat.messages.push_back({{"role", "user"}, {"content", args.prompt}});
+    auto rendered = chat_template->Render(chat);
+    if (!rendered.ok()) {
+      std::fprintf(stderr, "error: %s\n", rendered.status().ToString().c_str());
+      return 1;
+    }
+    text = std::move(*rendered);
     parse_special = true;  // the template's markers are control tokens
-    std::fprintf(stderr, "chat template: %s\n", std::string(model::ChatFormatName(*format)).c_str());
+    add_special = add_special && !chat_template->StartsWithBos(text);
+    std::fprintf(stderr, "chat template: %s\n", chat_template->Describe().c_str());
   }
 
-  const auto ids = tok.Encode(text, {.add_special = !args.no_bos, .parse_special = parse_special});
+  const auto ids = tok.Encode(text, {.add_special = add_special, .parse_special = parse_special});
   if (args.ids_only) {
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
@@ -105,8 +115,7 @@ std::function<int()> SetupTokenize(CLI::App& app) {
   app.add_flag("--parse-special", args->parse_special,
                "match control tokens written in the prompt (e.g. <|im_end|>)");
   app.add_flag("--chat", args->chat, "wrap the prompt as a user message in the chat template");
-  app.add_option("--chat-template", args->chat_template,
-                 "chat template name (chatml, llama2, llama3, ...); default: from the model");
+  AddChatTemplateOptions(app, &args->chat_template);
   app.add_option("--system", args->system, "system message (with --chat)");
   return [args] { return RunTokenize(*args); };
 }

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "model/chat_template.h"
 #include "runtime/dtype.h"
 #include "util/status.h"
 
@@ -18,5 +19,16 @@ void AddParallelOptions(CLI::App& app, int* tp_size, int* pp_size);
 
 // The KV cache element type named on the command line ("f16", "f32", "bf16").
 StatusOr<DType> ParseKvCacheType(const std::string& name);
+
+// --chat-template NAME, --chat-template-file F.jinja, --chat-template-kwargs JSON: the flags
+// that choose how a chat is rendered (the model's own template by default).
+struct ChatTemplateFlags {
+  std::string family;
+  std::string file;
+  std::string kwargs_json;
+};
+void AddChatTemplateOptions(CLI::App& app, ChatTemplateFlags* flags);
+// Errors: kwargs that are not a JSON object.
+StatusOr<model::ChatTemplateOptions> ResolveChatTemplateFlags(const ChatTemplateFlags& flags);
 
 }  // namespace polychip::cli

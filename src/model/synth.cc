@@ -113,6 +113,7 @@ Status SynthesizeModel(const SynthOptions& opts, const std::string& out) {
   for (const auto& [key, value] : vocab->metadata()) {
     if (key.rfind("tokenizer.", 0) == 0) w.SetValue(key, value);
   }
+  if (!opts.chat_template.empty()) w.SetString("tokenizer.chat_template", opts.chat_template);
 
   const int threads = ResolveThreads(opts.threads);
   const std::vector<TensorSpec> specs = ArchTensors(c);

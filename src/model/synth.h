@@ -23,6 +23,9 @@ struct SynthOptions {
   Llama3RopeScaling llama3;  // used when config.has_rope_freqs (llama-3.2-1b: factor 32)
   int threads = 0;
   bool progress = true;
+  // Written as tokenizer.chat_template when not empty, in place of the vocabulary's (tests
+  // give a synthesized model a real model's template).
+  std::string chat_template;
 };
 
 // Writes the model to `out`. Deterministic: the same options give the same bytes, whatever

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "util/status.h"
@@ -66,6 +67,8 @@ struct Vocab {
 
   std::string model_name;     // general.name (a few models get per-token strip rules)
   std::string chat_template;  // tokenizer.chat_template, may be empty
+  // Named variants, tokenizer.chat_template.<name> (e.g. "tool_use"), in file order.
+  std::vector<std::pair<std::string, std::string>> named_chat_templates;
 };
 
 // Reads the `tokenizer.*` keys of a GGUF file.

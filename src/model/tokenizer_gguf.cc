@@ -99,6 +99,13 @@ StatusOr<Vocab> LoadVocabFromGguf(const GgufFile& file) {
                    GgufTypeName(t->type));
     }
   }
+  constexpr std::string_view kNamedPrefix = "tokenizer.chat_template.";
+  for (const auto& [key, value] : file.metadata()) {
+    if (key.starts_with(kNamedPrefix) && value.type == GgufType::kString) {
+      vocab.named_chat_templates.emplace_back(key.substr(kNamedPrefix.size()),
+                                              std::string(value.str));
+    }
+  }
   return vocab;
 }
 

@@ -226,6 +226,42 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
   return std::nullopt;
 }
 
+}  // namespace
+
+std::optional<ApiError> ParseChatInput(const json& body, std::string_view raw_body,
+                                       const TextCodec& codec, const ToolRequest& tools,
+                                       model::ChatInput* out) {
+  std::vector<model::ChatMessage> plain;
+  PC_API_TRY(ParseMessages(body, &plain));  // validates roles and content
+  // The conversation with its keys in the client's order: templates print tool schemas with
+  // tojson, in the order Python would keep.
+  auto ordered = nlohmann::ordered_json::parse(raw_body, nullptr, /*allow_exceptions=*/false);
+  if (ordered.is_discarded() || !ordered.is_object()) {
+    ordered = nlohmann::ordered_json::parse(body.dump());
+  }
+  if (tools.active() && !codec.template_renders_tools()) {
+    // A built-in family (or a template that never mentions tools): the tool list, assistant
+    // tool_calls and tool results become the family's text in plain messages.
+    out->messages = nlohmann::ordered_json::parse(
+        RenderToolMessages(codec.chat_format(), tools, body["messages"]).dump());
+  } else {
+    out->messages = ordered["messages"];
+    if (tools.active()) {
+      if (auto t = ordered.find("tools"); t != ordered.end() && t->is_array()) out->tools = *t;
+    }
+  }
+  if (auto it = ordered.find("chat_template_kwargs"); it != ordered.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    }
+    out->kwargs = *it;
+  }
+  PC_API_TRY(GetBool(body, "add_generation_prompt", &out->add_generation_prompt));
+  return std::nullopt;
+}
+
+namespace {
+
 // Parameters that would change the output and that this server does not implement: a 400
 // naming the parameter, never a silently different answer. Parameters that change nothing
 // (user, metadata, store, service_tier, ...) are accepted.
@@ -429,15 +465,11 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
     auto tools = std::make_shared<ToolRequest>();
     PC_API_TRY(ParseTools(body, limits.raw_body, tools.get()));
     out->chat_format = codec.chat_format();
-    std::vector<model::ChatMessage> messages;
-    if (auto it = body.find("messages"); it != body.end() && it->is_array()) {
-      // Tool lists, assistant tool_calls and tool results as the family's text.
-      json rendered = {{"messages", RenderToolMessages(out->chat_format, *tools, *it)}};
-      PC_API_TRY(ParseMessages(rendered, &messages));
-    } else {
-      PC_API_TRY(ParseMessages(body, &messages));
-    }
-    prompts.push_back(codec.EncodeChat(messages));
+    model::ChatInput chat;
+    PC_API_TRY(ParseChatInput(body, limits.raw_body, codec, *tools, &chat));
+    auto encoded = codec.EncodeChat(chat);
+    if (!encoded.ok()) return Bad("messages", encoded.status().message());
+    prompts.push_back(std::move(*encoded));
     out->output_format = codec.output_format();
     if (limits.reasoning_parser == "none") {
       out->output_format.reasoning = ReasoningFormat::kNone;

@@ -86,6 +86,12 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const nlohmann::json& body
                                         const TextCodec& codec, const ParseLimits& limits,
                                         ApiRequest* out);
 
+// The conversation of a chat body (messages, tools, chat_template_kwargs,
+// add_generation_prompt) as the codec's template takes it; `raw_body` keeps the keys' order.
+std::optional<ApiError> ParseChatInput(const nlohmann::json& body, std::string_view raw_body,
+                                       const TextCodec& codec, const ToolRequest& tools,
+                                       model::ChatInput* out);
+
 // True if `s` is valid UTF-8.
 bool IsValidUtf8(std::string_view s);
 

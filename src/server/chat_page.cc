@@ -29,6 +29,8 @@ constexpr std::string_view kPage = R"html(<!doctype html>
   .msg.user { background: #e4edfc; margin-left: auto; }
   .msg .role { display: block; font-size: 11px; color: var(--muted); text-transform: uppercase; }
   .msg.error { background: #fde8e8; color: #8a1c1c; }
+  .msg details.reasoning { margin: 2px 0 6px; color: var(--muted); font-size: 13px; }
+  .msg details.reasoning summary { cursor: pointer; font-size: 12px; }
   form { display: flex; gap: 8px; padding: 12px 24px; border-top: 1px solid #dde1e6;
          background: var(--card); }
   form textarea { flex: 1; height: 60px; resize: vertical; }
@@ -117,6 +119,7 @@ const apis = {
       if (j.usage) s.tokens = j.usage.completion_tokens;
       return j.choices?.[0]?.delta?.content;
     },
+    think: (j) => j.choices?.[0]?.delta?.reasoning_content,
   },
   messages: {
     path: "/v1/messages",
@@ -128,6 +131,7 @@ const apis = {
       if (j.type === "message_delta") s.tokens = j.usage.output_tokens;
       return j.type === "content_block_delta" ? j.delta.text : undefined;
     },
+    think: (j) => (j.type === "content_block_delta" ? j.delta.thinking : undefined),
   },
   responses: {
     path: "/v1/responses",
@@ -139,6 +143,7 @@ const apis = {
       if (j.response?.usage) s.tokens = j.response.usage.output_tokens;
       return j.type === "response.output_text.delta" ? j.delta : undefined;
     },
+    think: (j) => (j.type === "response.reasoning_text.delta" ? j.delta : undefined),
   },
 };
 
@@ -147,6 +152,17 @@ async function send(text) {
   addMessage("user", text);
   const out = addMessage("assistant", "");
   const api = apis[$("api").value];
+  // A thinking model's reasoning goes in a block of its own above the answer, collapsed
+  // unless opened; it is not sent back in the history.
+  const thinking = document.createElement("details");
+  thinking.className = "reasoning";
+  thinking.hidden = true;
+  const summary = document.createElement("summary");
+  summary.textContent = "reasoning";
+  const thought = document.createElement("div");
+  thinking.append(summary, thought);
+  out.before(thinking);
+  let reasoning = "";
   const system = $("system").value.trim();
   controller = new AbortController();
   $("send").disabled = true;
@@ -179,6 +195,13 @@ async function send(text) {
           const j = JSON.parse(data);
           if (j.error) throw new Error(j.error.message);
           if (j.type === "error") throw new Error(j.message);
+          const think = api.think(j);
+          if (think) {
+            if (!first) first = performance.now();
+            reasoning += think;
+            thought.textContent = reasoning;
+            thinking.hidden = false;
+          }
           const delta = api.read(j, usage);
           if (delta) {
             if (!first) first = performance.now();

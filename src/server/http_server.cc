@@ -22,6 +22,7 @@
 #include "server/job.h"
 #include "server/response_util.h"
 #include "server/response_writer.h"
+#include "server/tools.h"
 
 namespace polychip::server {
 namespace {
@@ -231,6 +232,8 @@ class HttpServer::Impl {
     for (const char* path : {"/tokenize", "/v1/tokenize"}) {
       http_.Post(path, Guard([this](const auto& req, auto& res) { Tokenize(req, res); }, true));
     }
+    http_.Post("/apply-template",
+               Guard([this](const auto& req, auto& res) { ApplyTemplate(req, res); }, true));
     for (const char* path : {"/detokenize", "/v1/detokenize"}) {
       http_.Post(path, Guard([this](const auto& req, auto& res) { Detokenize(req, res); }, true));
     }
@@ -361,10 +364,51 @@ class HttpServer::Impl {
     res.set_content(out, "text/plain; version=0.0.4");
   }
 
+  // A chat body's conversation (messages, tools, chat_template_kwargs, add_generation_prompt)
+  // as the template takes it; false after sending the error.
+  bool ReadChatInput(const httplib::Request& req, httplib::Response& res, const json& body,
+                     model::ChatInput* chat) {
+    ToolRequest tools;
+    std::optional<ApiError> error = ParseTools(body, req.body, &tools);
+    if (!error) error = ParseChatInput(body, req.body, *codec_, tools, chat);
+    if (error) {
+      SendError(res, *error);
+      return false;
+    }
+    return true;
+  }
+
+  // llama-server's /apply-template: the prompt the model would see, not generated from.
+  void ApplyTemplate(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    if (!ParseBody(req, res, &body)) return;
+    if (!body.is_object()) return SendError(res, Error(400, "the body must be a JSON object"));
+    model::ChatInput chat;
+    if (!ReadChatInput(req, res, body, &chat)) return;
+    auto prompt = codec_->RenderChat(chat);
+    if (!prompt.ok()) {
+      return SendError(res, Error(400, prompt.status().message(), "invalid_request_error",
+                                  "messages"));
+    }
+    SendJson(res, 200, {{"prompt", *prompt}});
+  }
+
   void Tokenize(const httplib::Request& req, httplib::Response& res) {
     json body;
     if (!ParseBody(req, res, &body)) return;
     if (!body.is_object()) return SendError(res, Error(400, "the body must be a JSON object"));
+    if (body.contains("messages")) {  // vLLM's chat form: the rendered conversation's tokens
+      model::ChatInput chat;
+      if (!ReadChatInput(req, res, body, &chat)) return;
+      auto tokens = codec_->EncodeChat(chat);
+      if (!tokens.ok()) {
+        return SendError(res, Error(400, tokens.status().message(), "invalid_request_error",
+                                    "messages"));
+      }
+      SendJson(res, 200, {{"tokens", *tokens}, {"count", tokens->size()},
+                          {"max_model_len", engine_->context_length()}});
+      return;
+    }
     std::string text;
     for (const char* key : {"text", "prompt"}) {
       auto it = body.find(key);

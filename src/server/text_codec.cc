@@ -1,5 +1,7 @@
 #include "server/text_codec.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <unordered_set>
 
@@ -10,13 +12,21 @@ namespace {
 
 class TokenizerCodec : public TextCodec {
  public:
-  TokenizerCodec(const model::Tokenizer* tokenizer, model::ChatFormat format)
-      : tokenizer_(tokenizer), format_(format) {
-    // The hand-written families write their own tool prompt, so the calls follow the family;
-    // the reasoning markers are the model's whatever renders the prompt.
-    const std::string& jinja = tokenizer->vocab().chat_template;
-    output_format_ = OutputFormatForChatFamily(model::ChatFormatName(format));
-    if (!jinja.empty()) output_format_.reasoning = DetectReasoningFormat(jinja, nullptr);
+  TokenizerCodec(const model::Tokenizer* tokenizer, model::ChatTemplate chat_template)
+      : tokenizer_(tokenizer), template_(std::move(chat_template)) {
+    // A template that renders tools told the model its own call format; otherwise the server
+    // writes the family's tool prompt, so the calls follow the family. The reasoning markers
+    // are the model's whatever renders the prompt.
+    const std::string& jinja = template_.source();
+    if (template_renders_tools()) {
+      output_format_ = DetectOutputFormat(jinja);
+    } else {
+      output_format_ = OutputFormatForChatFamily(model::ChatFormatName(template_.family()));
+      const std::string& own = tokenizer->vocab().chat_template;
+      if (!jinja.empty() || !own.empty()) {
+        output_format_.reasoning = DetectReasoningFormat(jinja.empty() ? own : jinja, nullptr);
+      }
+    }
     // Control tokens the format is written with are shown in the answer (they are "" by
     // default), so that the parser and a forcing grammar see them.
     const auto eog = tokenizer->eog_ids();
@@ -32,11 +42,17 @@ class TokenizerCodec : public TextCodec {
     opt.add_special = add_special;
     return tokenizer_->Encode(text, opt);
   }
-  std::vector<int32_t> EncodeChat(std::span<const model::ChatMessage> messages) const override {
+  StatusOr<std::string> RenderChat(const model::ChatInput& input) const override {
+    return template_.Render(input);
+  }
+  StatusOr<std::vector<int32_t>> EncodeChat(const model::ChatInput& input) const override {
+    PC_ASSIGN_OR_RETURN(std::string text, template_.Render(input));
     model::EncodeOptions opt;
-    opt.add_special = true;
+    // A template that writes bos_token itself (Llama 3.x, Mistral, Gemma) must not get a
+    // second one from the tokenizer.
+    opt.add_special = !template_.StartsWithBos(text);
     opt.parse_special = true;
-    return tokenizer_->Encode(model::ApplyChatTemplate(format_, messages, true), opt);
+    return tokenizer_->Encode(text, opt);
   }
   std::string Decode(std::span<const int32_t> tokens) const override {
     return tokenizer_->Decode(tokens);
@@ -46,23 +62,31 @@ class TokenizerCodec : public TextCodec {
   }
   std::vector<int32_t> EogTokens() const override { return tokenizer_->eog_ids(); }
   int64_t vocab_size() const override { return tokenizer_->n_vocab(); }
-  std::string chat_format() const override { return std::string(model::ChatFormatName(format_)); }
+  std::string chat_format() const override {
+    return std::string(model::ChatFormatName(template_.family()));
+  }
   OutputFormat output_format() const override { return output_format_; }
+  std::string chat_template_source() const override { return template_.source(); }
+  bool template_renders_tools() const override {
+    return template_.is_jinja() && template_.source().find("tools") != std::string::npos;
+  }
 
  private:
   const model::Tokenizer* tokenizer_;
-  model::ChatFormat format_;
+  model::ChatTemplate template_;
   OutputFormat output_format_;
   std::unordered_set<int32_t> shown_control_;
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<TextCodec>> MakeTokenizerCodec(const model::Tokenizer* tokenizer,
-                                                        const std::string& chat_format) {
-  PC_ASSIGN_OR_RETURN(model::ChatFormat format,
-                      model::SelectChatFormat(chat_format, tokenizer->vocab().chat_template));
-  return std::unique_ptr<TextCodec>(std::make_unique<TokenizerCodec>(tokenizer, format));
+StatusOr<std::unique_ptr<TextCodec>> MakeTokenizerCodec(
+    const model::Tokenizer* tokenizer, const model::ChatTemplateOptions& options) {
+  PC_ASSIGN_OR_RETURN(model::ChatTemplate chat_template,
+                      model::ChatTemplate::ForModel(*tokenizer, options));
+  spdlog::info("chat template: {}", chat_template.Describe());
+  return std::unique_ptr<TextCodec>(
+      std::make_unique<TokenizerCodec>(tokenizer, std::move(chat_template)));
 }
 
 }  // namespace polychip::server
