@@ -25,12 +25,12 @@ void WriteFile(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
 }
 
-// The reference: tests/server/hf_chat_template.py (jinja2 with transformers' settings).
+// The reference: tests/jinja/render_one.py (jinja2 set up as transformers sets it up).
 // nullopt when the template raised.
 std::optional<std::string> Reference(const fs::path& jinja, const ojson& variables) {
   const fs::path vars = BuildDir() / "test-data" / ("hf-vars-" + std::to_string(getpid()) + ".json");
   WriteFile(vars, variables.dump());
-  const auto r = RunCommand("python3 " POLYCHIP_SOURCE_DIR "/tests/server/hf_chat_template.py " +
+  const auto r = RunCommand("python3 " POLYCHIP_SOURCE_DIR "/tests/jinja/render_one.py " +
                             polychip::testing::ShellQuote(jinja.string()) + " " + vars.string());
   fs::remove(vars);
   if (r.exit_code != 0) return std::nullopt;
