@@ -138,10 +138,12 @@ typedef struct polychip_model_params {
   const char* device;
   /* A YAML runtime config (`--config`); NULL: none. */
   const char* config_path;
-  /* Further settings, named like `polychip serve`'s flags: threads, context_length,
-   * max_total_tokens, kv_cache_dtype (f16, bf16, f32), max_running_requests,
-   * chunked_prefill_size, page_size, disable_radix_cache (0/1). An unknown key is
-   * INVALID_ARGUMENT. The backend's own parameters apply when it is first loaded. */
+  /* Further settings: `polychip serve`'s options by their config key, with the flag's checks
+   * and defaults (docs/configuration.md): threads, context_length, max_total_tokens,
+   * mem_fraction_static, kv_cache_dtype (f16, bf16, f32, auto), max_running_requests,
+   * chunked_prefill_size, page_size, disable_radix_cache (true/false, 1/0), ... An unknown key
+   * or a bad value is INVALID_ARGUMENT. The backend's own parameters apply when it is first
+   * loaded. */
   const polychip_param_t* params;
   size_t n_params;
 } polychip_model_params_t;

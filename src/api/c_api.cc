@@ -1,5 +1,5 @@
 // include/polychip/polychip.h over the framework: the same building blocks as `polychip run`
-// and `polychip serve` (model::OpenModelFile, dist::CreateRunner, engine::Engine), behind C
+// and `polychip serve` (model::OpenModelFile, the launch builder, engine::Engine), behind C
 // entry points that never let an exception out.
 #include "polychip/polychip.h"
 
@@ -21,6 +21,8 @@
 #include "dist/parallel.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "launch/launch.h"
+#include "launch/launch_options.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 #include "model/tokenizer.h"
@@ -99,80 +101,42 @@ Status CheckNotNull(const void* p, const char* what) {
   return p ? Status::Ok() : InvalidArgument(std::string(what) + " is NULL");
 }
 
-StatusOr<int64_t> ParseInteger(const std::string& key, const std::string& value) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(value, &used);
-    if (used == value.size()) return static_cast<int64_t>(v);
-  } catch (const std::exception&) {
-  }
-  return InvalidArgument("model parameter " + key + " must be an integer, got '" + value + "'");
-}
-
-// The polychip_model_params_t settings, spelled and defaulted as `polychip serve`'s flags.
-struct ModelSettings {
-  std::string device;
-  std::string config_path;
-  int threads = 0;
-  int64_t context_length = 0;
-  int64_t max_total_tokens = 0;
-  DType kv_dtype = DType::kF16;
-  int32_t max_running_requests = 256;
-  int32_t chunked_prefill_size = 512;
-  int64_t page_size = 16;
-  bool disable_radix_cache = false;
-};
-
-StatusOr<ModelSettings> ReadSettings(const polychip_model_params_t* p) {
-  ModelSettings s;
+// The polychip_model_params_t settings: a launch spec whose params are `polychip serve`'s
+// options by their config key (launch/launch_options.h), with the same checks.
+StatusOr<launch::LaunchSpec> ReadSettings(const polychip_model_params_t* p) {
+  launch::LaunchSpec s;
   if (p == nullptr) return s;
   if (POLYCHIP_HAS_MEMBER(p, polychip_model_params_t, device) && p->device) s.device = p->device;
   if (POLYCHIP_HAS_MEMBER(p, polychip_model_params_t, config_path) && p->config_path) {
     s.config_path = p->config_path;
   }
   if (!POLYCHIP_HAS_MEMBER(p, polychip_model_params_t, n_params) || p->params == nullptr) return s;
+  std::vector<std::string> keys;
+  for (const launch::Option& o : launch::Options()) {
+    if (o.scope & (launch::kScopeModel | launch::kScopeServe)) keys.push_back(o.name);
+  }
   for (const auto& [key, value] : ToParams(p->params, p->n_params)) {
-    if (key == "kv_cache_dtype") {
-      auto type = DTypeFromName(value);
-      if (!type) return InvalidArgument("unknown KV cache type " + value);
-      s.kv_dtype = *type;
-      continue;
+    const launch::Option* o = launch::FindOption(key);
+    if (o == nullptr || o->name == "model-path") {
+      const std::string near = launch::Nearest(key, keys);
+      return InvalidArgument("unknown model parameter '" + key + "'" +
+                             (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+                             "; the keys are polychip serve's options (docs/configuration.md)");
     }
-    PC_ASSIGN_OR_RETURN(int64_t v, ParseInteger(key, value));
-    if (key == "threads") {
-      s.threads = static_cast<int>(v);
-    } else if (key == "context_length") {
-      s.context_length = v;
-    } else if (key == "max_total_tokens") {
-      s.max_total_tokens = v;
-    } else if (key == "max_running_requests") {
-      s.max_running_requests = static_cast<int32_t>(std::max<int64_t>(v, 1));
-    } else if (key == "chunked_prefill_size") {
-      s.chunked_prefill_size = static_cast<int32_t>(v);
-    } else if (key == "page_size") {
-      s.page_size = std::max<int64_t>(v, 1);
-    } else if (key == "disable_radix_cache") {
-      s.disable_radix_cache = v != 0;
-    } else {
-      return InvalidArgument("unknown model parameter '" + key +
-                             "' (known: threads, context_length, max_total_tokens, "
-                             "kv_cache_dtype, max_running_requests, chunked_prefill_size, "
-                             "page_size, disable_radix_cache)");
+    if (Status st = o->set(s, value); !st.ok()) {
+      return InvalidArgument("model parameter " + key + ": " + st.message());
     }
   }
+  PC_RETURN_IF_ERROR(launch::Validate(s));
   return s;
 }
 
 // Loads the backend the settings select (or the best one discovered) with the library's own
 // plugin folder on the search path, so that the runner's device lookup below finds it loaded.
 // Returns the --device value naming it.
-StatusOr<std::string> SelectBackend(const ModelSettings& s) {
-  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
-                      runtime::ResolveRuntimeConfig(s.config_path, s.device));
+StatusOr<std::string> SelectBackend(const launch::LaunchSpec& s) {
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config, launch::RuntimeConfigOf(s));
   for (std::string& dir : LibrarySearchDirs()) config.extra_search_path.push_back(dir);
-  if (s.threads > 0 && config.backend) {
-    config.backend->params.emplace_back("threads", std::to_string(s.threads));
-  }
   PC_ASSIGN_OR_RETURN(runtime::Selection selection,
                       runtime::SelectPlugins(config, /*load_all_if_unset=*/true));
   if (!selection.backend) {
@@ -186,33 +150,24 @@ Status LoadModel(const char* path, const polychip_model_params_t* params,
   PC_RETURN_IF_ERROR(CheckNotNull(path, "path"));
   PC_RETURN_IF_ERROR(CheckNotNull(out, "model"));
   *out = nullptr;
-  PC_ASSIGN_OR_RETURN(ModelSettings s, ReadSettings(params));
+  PC_ASSIGN_OR_RETURN(launch::LaunchSpec spec, ReadSettings(params));
+  PC_RETURN_IF_ERROR(launch::CheckModelPath(path));
   auto m = std::make_unique<polychip_model>();
   PC_ASSIGN_OR_RETURN(m->file, model::OpenModelFile(path));
-  PC_ASSIGN_OR_RETURN(std::string device_flag, SelectBackend(s));
-  model::RunnerOptions ro;
-  ro.context_length = s.context_length;
-  ro.block_size = s.page_size;
-  ro.kv_dtype = s.kv_dtype;
-  ro.max_tokens_per_step = std::max(s.chunked_prefill_size, 64) + s.max_running_requests;
-  const int64_t n_ctx_train = m->file.config.n_ctx_train;
-  const int64_t ctx = s.context_length > 0
-                          ? s.context_length
-                          : std::min<int64_t>(n_ctx_train > 0 ? n_ctx_train : 4096, 4096);
-  ro.kv_tokens = std::max(s.max_total_tokens > 0 ? s.max_total_tokens : 65536, ctx);
+  PC_ASSIGN_OR_RETURN(spec.device, SelectBackend(spec));
   // One rank: several ranks would start copies of the embedding program itself.
-  PC_ASSIGN_OR_RETURN(m->runner, dist::CreateRunner(m->file, s.config_path, device_flag,
-                                                    s.threads, ro, {1, 1}));
+  spec.tp_size = spec.pp_size = 1;
+  PC_ASSIGN_OR_RETURN(auto device,
+                      model::OpenDevice(spec.config_path, spec.device, spec.threads));
+  PC_ASSIGN_OR_RETURN(launch::ResolvedLaunch launch,
+                      launch::Resolve(spec, m->file, device.get()));
+  PC_ASSIGN_OR_RETURN(m->runner, launch::CreateRunner(launch, m->file, std::move(device)));
   m->description = m->file.config.Summary() + " on " + dist::DescribeRunner(*m->runner);
 
-  engine::EngineOptions eo;
-  eo.max_running_requests = s.max_running_requests;
-  eo.chunked_prefill_size = s.chunked_prefill_size;
-  eo.context_length = static_cast<int32_t>(s.context_length);
-  eo.enable_prefix_cache = !s.disable_radix_cache;
   const model::Tokenizer* tok = m->file.tokenizer.get();
   m->engine = std::make_unique<engine::Engine>(
-      m->runner.get(), eo, [tok](int32_t t) { return tok->Piece(t); }, tok->eog_ids());
+      m->runner.get(), launch.engine, [tok](int32_t t) { return tok->Piece(t); },
+      tok->eog_ids());
   m->engine->Start();
   *out = m.release();
   return Status::Ok();

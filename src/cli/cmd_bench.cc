@@ -26,8 +26,9 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "cli/model_options.h"
+#include "cli/launch_flags.h"
 #include "cli/profiling.h"
+#include "launch/launch.h"
 #include "model/quantize.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
@@ -37,14 +38,12 @@ namespace polychip::cli {
 namespace {
 
 struct BenchOptions {
-  std::string model_path;
+  GivenFlags flags;  // the model and where it runs (launch/launch_options.h)
   int n_prompt = 128;
   int n_gen = 64;
   int reps = 3;
-  int threads = 0;
   int batch = 1;
   std::string output = "md";
-  std::string kv_type = "f16";
   bool membw = false;
   int membw_mib = 1024;
 };
@@ -90,15 +89,12 @@ double Stdev(const std::vector<double>& v) {
   return std::sqrt(s / (v.size() - 1));
 }
 
-int Fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
-  return 1;
-}
-
 using Clock = std::chrono::steady_clock;
 
-int Run(const BenchOptions& o) {
-  const int threads = o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency());
+int Run(const BenchOptions& o, const GlobalOptions& globals) {
+  auto spec = BuildSpec(globals, launch::kScopeModel, o.flags, nullptr);
+  if (!spec.ok()) return Fail(spec.status());
+  const int threads = spec->threads > 0 ? spec->threads : int(std::thread::hardware_concurrency());
   if (o.membw) {
     const double bw = MeasureReadBandwidth(threads, size_t(o.membw_mib) << 20);
     if (o.output == "json") {
@@ -109,28 +105,28 @@ int Run(const BenchOptions& o) {
     }
     return 0;
   }
-  if (o.model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+  if (spec->model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+  if (Status s = launch::CheckModelPath(spec->model_path); !s.ok()) return Fail(s);
   if (o.batch < 1 || o.reps < 1 || o.n_prompt < 0 || o.n_gen < 0)
     return Fail(InvalidArgument("--batch, -r must be >= 1; -p, -n >= 0"));
   const auto t0 = Clock::now();
-  auto device = model::OpenDevice(Globals().config_path, Globals().device, o.threads);
-  if (!device.ok()) return Fail(device.status());
-  auto mf = model::OpenModelFile(o.model_path);
+  auto mf = model::OpenModelFile(spec->model_path);
   if (!mf.ok()) return Fail(mf.status());
 
+  // B sequences of n_prompt + n_gen positions, each owning its blocks.
   const int B = o.batch;
-  model::RunnerOptions ro;
-  ro.context_length = o.n_prompt + o.n_gen + 1;
-  const int64_t bs = ro.block_size;
-  const int64_t blocks_per_seq = (ro.context_length + bs - 1) / bs;
-  ro.kv_tokens = blocks_per_seq * bs * B;
-  ro.max_tokens_per_step = std::max<int64_t>({int64_t(o.n_prompt), int64_t(B), 1});
-  auto kv_type = ParseKvCacheType(o.kv_type);
-  if (!kv_type.ok()) return Fail(kv_type.status());
-  ro.kv_dtype = *kv_type;
-  auto runner = model::TransformerRunner::Create(*mf->file, mf->config, *device, ro);
+  const int64_t bs = spec->page_size;
+  spec->context_length = o.n_prompt + o.n_gen + 1;
+  const int64_t blocks_per_seq = (spec->context_length + bs - 1) / bs;
+  spec->max_total_tokens = blocks_per_seq * bs * B;
+  spec->max_running_requests = B;
+  spec->max_tokens_per_step = std::max<int64_t>({int64_t(o.n_prompt), int64_t(B), 1});
+  spec->tp_size = spec->pp_size = 1;
+  auto launch = launch::Resolve(*spec, *mf, nullptr);
+  if (!launch.ok()) return Fail(launch.status());
+  auto runner = launch::CreateRunner(*launch, *mf, nullptr);
   if (!runner.ok()) return Fail(runner.status());
-  model::TransformerRunner& r = **runner;
+  model::TransformerRunner& r = static_cast<model::TransformerRunner&>(**runner);
   const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::fprintf(stderr,
                "bench: %s on %s, %.1f MiB of weights, %llu bytes of KV cache, loaded in %.2f s\n",
@@ -259,7 +255,7 @@ int Run(const BenchOptions& o) {
   if (o.output == "json") {
     nlohmann::json out = nlohmann::json::array();
     for (const Record& rec : records) {
-      out.push_back({{"model_filename", o.model_path},
+      out.push_back({{"model_filename", spec->model_path},
                      {"model_type", model_type},
                      {"model_size", r.weight_bytes()},
                      {"bytes_per_token", bytes_per_token},
@@ -269,7 +265,7 @@ int Run(const BenchOptions& o) {
                      {"n_gen", rec.n_gen},
                      {"n_seqs", rec.n_seqs},
                      {"test", rec.test},
-                     {"type_k", o.kv_type},
+                     {"type_k", spec->kv_cache_dtype},
                      {"load_s", load_s},
                      {"avg_ns", Mean(rec.ns)},
                      {"stddev_ns", Stdev(rec.ns)},
@@ -293,20 +289,18 @@ int Run(const BenchOptions& o) {
   return 0;
 }
 
-std::function<int()> Setup(CLI::App& app) {
+std::function<int()> Setup(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<BenchOptions>();
-  app.add_option("-m,--model-path", o->model_path, "GGUF model file");
+  AddLaunchOptions(app, launch::kScopeModel, &o->flags);
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (default 128; 0 skips pp)");
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (default 64; 0 skips tg)");
   app.add_option("-r,--repetitions", o->reps, "timed repetitions after a warm-up (default 3)");
-  app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
   app.add_option("--batch", o->batch, "sequences decoding together (default 1)");
   app.add_option("-o,--output", o->output, "md (default) or json")
       ->check(CLI::IsMember({"md", "json"}));
-  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type: f16 (default), f32, bf16");
   app.add_flag("--membw", o->membw, "measure the host's read bandwidth instead");
   app.add_option("--membw-mib", o->membw_mib, "buffer size for --membw (default 1024)");
-  return [o] { return Run(*o); };
+  return [o, &globals] { return Run(*o, globals); };
 }
 
 const bool kRegistered =

@@ -349,7 +349,7 @@ int Bench(const BenchOptions& o) {
   return completed == o.num_prompts ? 0 : 1;
 }
 
-std::function<int()> SetupBenchServing(CLI::App& app) {
+std::function<int()> SetupBenchServing(CLI::App& app, const GlobalOptions&) {
   auto o = std::make_shared<BenchOptions>();
   app.add_option("--base-url", o->base_url, "server, http://HOST:PORT");
   app.add_option("--backend", o->backend,

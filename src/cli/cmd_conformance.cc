@@ -48,7 +48,7 @@ bool ParseOrdinal(const std::string& flag, int32_t* ordinal) {
   return true;
 }
 
-int RunConformance(const ConformanceFlags& f) {
+int RunConformance(const ConformanceFlags& f, const GlobalOptions& globals) {
   if (f.list) {
     for (const std::string& name : conf::BackendCheckNames()) std::printf("%s\n", name.c_str());
     for (const std::string& name : conf::CommCheckNames()) std::printf("comm: %s\n", name.c_str());
@@ -72,9 +72,9 @@ int RunConformance(const ConformanceFlags& f) {
     options.kv_dir = std::string("/tmp/polychip-conformance-") + (job != nullptr ? job : "0") +
                      "-" + std::to_string(getppid());
   }
-  if (!ParseOrdinal(Globals().device, &options.device)) {
+  if (!ParseOrdinal(globals.device, &options.device)) {
     std::fprintf(stderr, "polychip conformance: --device wants an ordinal N (or backend:N), got '%s'\n",
-                 Globals().device.c_str());
+                 globals.device.c_str());
     return 2;
   }
   for (const std::string& kv : f.params) {
@@ -98,7 +98,7 @@ int RunConformance(const ConformanceFlags& f) {
   return report->Passed() ? 0 : 1;
 }
 
-std::function<int()> SetupConformance(CLI::App& app) {
+std::function<int()> SetupConformance(CLI::App& app, const GlobalOptions& globals) {
   auto flags = std::make_shared<ConformanceFlags>();
   app.add_option("--plugin", flags->plugin, "path of the plugin .so to check");
   app.add_flag("--json", flags->json, "print the results as JSON");
@@ -113,12 +113,12 @@ std::function<int()> SetupConformance(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--in-process", flags->in_process,
                "run every check in this process (no child processes; for a debugger)");
-  return [flags]() {
+  return [flags, &globals]() {
     if (flags->plugin.empty() && !flags->list) {
       std::fprintf(stderr, "polychip conformance: --plugin <path.so> is required\n");
       return 2;
     }
-    return RunConformance(*flags);
+    return RunConformance(*flags, globals);
   };
 }
 

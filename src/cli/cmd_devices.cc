@@ -14,7 +14,7 @@
 
 #include "api/plugin_listing.h"
 #include "cli/command.h"
-#include "cli/model_options.h"
+#include "cli/launch_flags.h"
 #include "dist/parallel.h"
 #include "runtime/config.h"
 
@@ -23,12 +23,16 @@ namespace {
 
 struct DevicesOptions {
   bool as_json = false;
-  int tp_size = 1;
-  int pp_size = 1;
+  GivenFlags flags;  // the job shape: --tp-size, --pp-size, --nnodes, --comm-tp, ...
 };
 
-int RunDevices(const DevicesOptions& o) {
-  auto config = runtime::ResolveRuntimeConfig(Globals().config_path, Globals().device);
+int RunDevices(const DevicesOptions& o, const GlobalOptions& globals) {
+  auto spec = BuildSpec(globals, launch::kScopeParallel, o.flags, nullptr);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "polychip devices: %s\n", spec.status().ToString().c_str());
+    return 2;
+  }
+  auto config = runtime::ResolveRuntimeConfig(globals.config_path, globals.device);
   if (!config.ok()) {
     std::fprintf(stderr, "polychip devices: %s\n", config.status().ToString().c_str());
     return 2;
@@ -41,8 +45,9 @@ int RunDevices(const DevicesOptions& o) {
     return 1;
   }
   std::vector<std::string> groups;
-  if (o.tp_size * o.pp_size > 1) {
-    auto plan = dist::PlanComms(Globals().config_path, Globals().device, o.tp_size, o.pp_size);
+  if (spec->tp_size * spec->pp_size > 1) {
+    auto plan = dist::PlanComms(globals.config_path, globals.device, spec->tp_size,
+                                spec->pp_size, spec->dist);
     if (!plan.ok()) {
       std::fprintf(stderr, "polychip devices: %s\n", plan.status().ToString().c_str());
       return 2;
@@ -56,19 +61,19 @@ int RunDevices(const DevicesOptions& o) {
   }
   std::cout << api::RenderPluginListing(*listing);
   if (!groups.empty()) {
-    std::cout << "\ncomm per group (tp " << o.tp_size << " x pp " << o.pp_size << " over "
-              << dist::GlobalLaunchFlags().nnodes << " node(s)):\n";
+    std::cout << "\ncomm per group (tp " << spec->tp_size << " x pp " << spec->pp_size
+              << " over " << spec->dist.nnodes << " node(s)):\n";
     for (const std::string& line : groups) std::cout << "  " << line << "\n";
   }
   return 0;
 }
 
-std::function<int()> SetupDevices(CLI::App& app) {
+std::function<int()> SetupDevices(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<DevicesOptions>();
   app.add_flag("--json", o->as_json, "machine-readable output on stdout");
   // The job shape whose per-group comm choice is shown (the flags of run/serve).
-  AddParallelOptions(app, &o->tp_size, &o->pp_size);
-  return [o] { return RunDevices(*o); };
+  AddLaunchOptions(app, launch::kScopeParallel, &o->flags);
+  return [o, &globals] { return RunDevices(*o, globals); };
 }
 
 const bool kRegistered =

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "cli/command.h"
-#include "cli/model_options.h"
+#include "runtime/dtype.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
@@ -36,10 +36,14 @@ struct DoctorOptions {
 };
 
 // The model's op coverage on the selected device: op, dtype, supported / fallback / missing.
-int PrintModelCoverage(std::ostream& out, const DoctorOptions& o) {
+int PrintModelCoverage(std::ostream& out, const DoctorOptions& o,
+                       const GlobalOptions& globals) {
   out << "\nop coverage of " << o.model_path << ":\n";
-  auto kv = ParseKvCacheType(o.kv_type);
-  auto device = model::OpenDevice(Globals().config_path, Globals().device);
+  const std::optional<DType> kv_type = DTypeFromName(o.kv_type);
+  const StatusOr<DType> kv =
+      kv_type ? StatusOr<DType>(*kv_type)
+              : StatusOr<DType>(InvalidArgument("unknown KV cache type " + o.kv_type));
+  auto device = model::OpenDevice(globals.config_path, globals.device);
   auto file = model::GgufFile::Open(o.model_path);
   if (!kv.ok() || !device.ok() || !file.ok()) {
     out << "  FAILED: "
@@ -73,13 +77,13 @@ int PrintModelCoverage(std::ostream& out, const DoctorOptions& o) {
   return status.ok() ? 0 : 1;
 }
 
-int RunDoctor(const DoctorOptions& o) {
+int RunDoctor(const DoctorOptions& o, const GlobalOptions& globals) {
   std::ostream& out = std::cout;
   const char* env_backend = std::getenv("POLYCHIP_DEVICE_BACKEND");
   const char* env_path = std::getenv("POLYCHIP_PLUGIN_PATH");
   out << "POLYCHIP_DEVICE_BACKEND=" << (env_backend ? env_backend : "(unset)") << "\n"
       << "POLYCHIP_PLUGIN_PATH=" << (env_path ? env_path : "(unset)") << "\n";
-  auto config = runtime::ResolveRuntimeConfig(Globals().config_path, Globals().device);
+  auto config = runtime::ResolveRuntimeConfig(globals.config_path, globals.device);
   if (!config.ok()) {
     out << "configuration: " << config.status().ToString() << "\n";
     return 1;
@@ -149,16 +153,16 @@ int RunDoctor(const DoctorOptions& o) {
     out << "\nno usable device backend found\n";
     rc = 1;
   }
-  if (!o.model_path.empty() && PrintModelCoverage(out, o) != 0) rc = 1;
+  if (!o.model_path.empty() && PrintModelCoverage(out, o, globals) != 0) rc = 1;
   return rc;
 }
 
-std::function<int()> SetupDoctor(CLI::App& app) {
+std::function<int()> SetupDoctor(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<DoctorOptions>();
   app.add_option("--model-path,-m", o->model_path,
                  "also print this model's op coverage on the device (--device, --op-fallback)");
   app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type of the coverage (f16)");
-  return [o] { return RunDoctor(*o); };
+  return [o, &globals] { return RunDoctor(*o, globals); };
 }
 
 const bool kRegistered =

@@ -201,7 +201,7 @@ int RunSynth(const SynthArgs& a) {
   return 0;
 }
 
-std::function<int()> SetupGguf(CLI::App& app) {
+std::function<int()> SetupGguf(CLI::App& app, const GlobalOptions&) {
   app.require_subcommand(1);
   auto info_path = std::make_shared<std::string>();
   auto info_all = std::make_shared<bool>(false);

@@ -20,33 +20,27 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "cli/model_options.h"
+#include "cli/launch_flags.h"
 #include "engine/sampler.h"
 #include "dist/parallel.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
+#include "launch/launch.h"
 
 namespace polychip::cli {
 namespace {
 
 struct PplOptions {
-  std::string model_path;
+  GivenFlags flags;  // the model and where it runs (launch/launch_options.h)
   std::string file;
   int64_t ctx = 512;
   int64_t batch = 512;
   int64_t chunks = -1;
-  int threads = 0;
-  std::string kv_type = "f16";
-  int tp_size = 1;
-  int pp_size = 1;
 };
 
-int Fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
-  return 1;
-}
+constexpr uint32_t kScope = launch::kScopeModel | launch::kScopeParallel;
 
-int Run(const PplOptions& o) {
+int Run(const PplOptions& o, const GlobalOptions& globals) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   if (o.ctx < 4) return Fail(InvalidArgument("--ctx must be at least 4"));
@@ -56,24 +50,27 @@ int Run(const PplOptions& o) {
   ss << in.rdbuf();
   const std::string text = ss.str();
 
-  auto mf = model::OpenModelFile(o.model_path);
+  auto spec = BuildSpec(globals, kScope, o.flags, nullptr);
+  if (!spec.ok()) return Fail(spec.status());
+  if (spec->model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+  if (Status s = launch::CheckModelPath(spec->model_path); !s.ok()) return Fail(s);
+  auto mf = model::OpenModelFile(spec->model_path);
   if (!mf.ok()) return Fail(mf.status());
   const model::Tokenizer& tok = *mf->tokenizer;
   if (tok.add_eos()) {
     return Fail(Unimplemented("perplexity of a vocabulary that appends EOS is not defined"));
   }
 
-  model::RunnerOptions ro;
-  ro.context_length = o.ctx;
-  ro.kv_tokens = o.ctx;
-  ro.max_tokens_per_step = std::max<int64_t>(1, std::min(o.batch, o.ctx));
-  auto kv_type = ParseKvCacheType(o.kv_type);
-  if (!kv_type.ok()) return Fail(kv_type.status());
-  ro.kv_dtype = *kv_type;
+  // One chunk of --ctx positions at a time.
+  spec->context_length = o.ctx;
+  spec->max_total_tokens = o.ctx;
+  spec->max_running_requests = 1;
+  spec->max_tokens_per_step = std::max<int64_t>(1, std::min(o.batch, o.ctx));
+  auto launch = launch::Resolve(*spec, *mf, nullptr);
+  if (!launch.ok()) return Fail(launch.status());
   // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
   // never returns.
-  auto runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
-                                   {o.tp_size, o.pp_size});
+  auto runner = launch::CreateRunner(*launch, *mf, nullptr);
   if (!runner.ok()) return Fail(runner.status());
   engine::ModelRunner& r = **runner;
   std::fprintf(stderr, "model: %s on %s, loaded in %.2f s\n", mf->config.Summary().c_str(),
@@ -145,17 +142,14 @@ int Run(const PplOptions& o) {
   return 0;
 }
 
-std::function<int()> Setup(CLI::App& app) {
+std::function<int()> Setup(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<PplOptions>();
-  app.add_option("-m,--model-path", o->model_path, "GGUF model file")->required();
+  AddLaunchOptions(app, kScope, &o->flags);
   app.add_option("-f,--file", o->file, "text file to score")->required();
   app.add_option("-c,--ctx", o->ctx, "tokens per chunk (default 512)");
   app.add_option("-b,--batch", o->batch, "tokens per forward step (default 512)");
   app.add_option("--chunks", o->chunks, "score at most this many chunks (default all)");
-  app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
-  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type: f16 (default), f32, bf16");
-  AddParallelOptions(app, &o->tp_size, &o->pp_size);
-  return [o] { return Run(*o); };
+  return [o, &globals] { return Run(*o, globals); };
 }
 
 const bool kRegistered =

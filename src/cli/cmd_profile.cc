@@ -20,8 +20,9 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "cli/model_options.h"
+#include "cli/launch_flags.h"
 #include "cli/profiling.h"
+#include "launch/launch.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 #include "runtime/op_counters.h"
@@ -30,40 +31,35 @@ namespace polychip::cli {
 namespace {
 
 struct ProfileOptions {
-  std::string model_path;
+  GivenFlags flags;  // the model and where it runs (launch/launch_options.h)
   int n_prompt = 128;
   int n_gen = 16;
-  int threads = 0;
-  std::string kv_type = "f16";
   int membw_mib = 256;
 };
 
-int Fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
-  return 1;
-}
-
 using Clock = std::chrono::steady_clock;
 
-int Run(const ProfileOptions& o) {
-  if (o.model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+int Run(const ProfileOptions& o, const GlobalOptions& globals) {
+  auto spec = BuildSpec(globals, launch::kScopeModel, o.flags, nullptr);
+  if (!spec.ok()) return Fail(spec.status());
+  if (spec->model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
   if (o.n_prompt < 1 || o.n_gen < 1) return Fail(InvalidArgument("-p and -n must be >= 1"));
-  auto device = model::OpenDevice(Globals().config_path, Globals().device, o.threads);
-  if (!device.ok()) return Fail(device.status());
-  auto mf = model::OpenModelFile(o.model_path);
+  if (Status s = launch::CheckModelPath(spec->model_path); !s.ok()) return Fail(s);
+  auto mf = model::OpenModelFile(spec->model_path);
   if (!mf.ok()) return Fail(mf.status());
-  model::RunnerOptions ro;
-  ro.context_length = o.n_prompt + o.n_gen + 1;
-  const int64_t bs = ro.block_size;
-  const int64_t blocks = (ro.context_length + bs - 1) / bs;
-  ro.kv_tokens = blocks * bs;
-  ro.max_tokens_per_step = o.n_prompt;
-  auto kv_type = ParseKvCacheType(o.kv_type);
-  if (!kv_type.ok()) return Fail(kv_type.status());
-  ro.kv_dtype = *kv_type;
-  auto runner = model::TransformerRunner::Create(*mf->file, mf->config, *device, ro);
+  // One sequence of n_prompt + n_gen positions.
+  const int64_t bs = spec->page_size;
+  spec->context_length = o.n_prompt + o.n_gen + 1;
+  const int64_t blocks = (spec->context_length + bs - 1) / bs;
+  spec->max_total_tokens = blocks * bs;
+  spec->max_running_requests = 1;
+  spec->max_tokens_per_step = o.n_prompt;
+  spec->tp_size = spec->pp_size = 1;
+  auto launch = launch::Resolve(*spec, *mf, nullptr);
+  if (!launch.ok()) return Fail(launch.status());
+  auto runner = launch::CreateRunner(*launch, *mf, nullptr);
   if (!runner.ok()) return Fail(runner.status());
-  model::TransformerRunner& r = **runner;
+  model::TransformerRunner& r = static_cast<model::TransformerRunner&>(**runner);
   const runtime::Device& dev = r.device();
   if (!dev.backend()->ReadOpCounters(dev)) {
     return Fail(FailedPrecondition(
@@ -121,7 +117,7 @@ int Run(const ProfileOptions& o) {
       "none: the plugin's device is not host memory and the ABI reports no "
       "peak bandwidth or FLOP/s";
   if (dev.props().host_accessible) {
-    const int threads = o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency());
+    const int threads = spec->threads > 0 ? spec->threads : int(std::thread::hardware_concurrency());
     bandwidth = MeasureReadBandwidth(threads, size_t(o.membw_mib) << 20);
     figure = fmt::format(
         "host read bandwidth {:.2f} GB/s ({} threads streaming {} MiB, best of "
@@ -143,16 +139,13 @@ int Run(const ProfileOptions& o) {
   return 0;
 }
 
-std::function<int()> Setup(CLI::App& app) {
+std::function<int()> Setup(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<ProfileOptions>();
-  app.add_option("-m,--model-path", o->model_path, "GGUF model file")->required();
+  AddLaunchOptions(app, launch::kScopeModel, &o->flags);
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens of the prefill step (default 128)");
   app.add_option("-n,--n-gen", o->n_gen, "decode steps averaged (default 16)");
-  app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
-  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type,
-                 "KV cache type: f16 (default), f32, bf16");
   app.add_option("--membw-mib", o->membw_mib, "buffer of the bandwidth probe (default 256)");
-  return [o] { return Run(*o); };
+  return [o, &globals] { return Run(*o, globals); };
 }
 
 const bool kRegistered = RegisterCommand(

@@ -36,7 +36,7 @@ int RunQuantize(const QuantizeArgs& a) {
   return 0;
 }
 
-std::function<int()> SetupQuantize(CLI::App& app) {
+std::function<int()> SetupQuantize(CLI::App& app, const GlobalOptions&) {
   auto a = std::make_shared<QuantizeArgs>();
   app.add_option("input", a->in, "input GGUF")->required();
   app.add_option("output", a->out, "output GGUF")->required();

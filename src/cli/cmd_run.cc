@@ -12,18 +12,19 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "cli/model_options.h"
+#include "cli/launch_flags.h"
 #include "dist/parallel.h"
 #include "engine/sampler.h"
 #include "model/chat_template.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
+#include "launch/launch.h"
 
 namespace polychip::cli {
 namespace {
 
 struct RunOptions {
-  std::string model_path;
+  GivenFlags flags;  // the model and where it runs (launch/launch_options.h)
   std::string prompt;
   int n_predict = 128;
   float temperature = 0.f;
@@ -37,12 +38,10 @@ struct RunOptions {
   bool special = false;
   bool ignore_eos = false;
   bool print_tokens = false;
-  int threads = 0;
-  std::string kv_type = "f16";
   std::vector<std::string> stop;
-  int tp_size = 1;
-  int pp_size = 1;
 };
+
+constexpr uint32_t kScope = launch::kScopeModel | launch::kScopeParallel;
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -66,15 +65,14 @@ void PrintToken(int32_t token, const std::vector<float>& logits, const std::stri
                hex.empty() ? "-" : hex.c_str());
 }
 
-int Fail(const Status& status) {
-  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
-  return 1;
-}
-
-int Run(const RunOptions& o) {
+int Run(const RunOptions& o, const GlobalOptions& globals) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  auto mf = model::OpenModelFile(o.model_path);
+  auto spec = BuildSpec(globals, kScope, o.flags, nullptr);
+  if (!spec.ok()) return Fail(spec.status());
+  if (spec->model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
+  if (Status s = launch::CheckModelPath(spec->model_path); !s.ok()) return Fail(s);
+  auto mf = model::OpenModelFile(spec->model_path);
   if (!mf.ok()) return Fail(mf.status());
   const model::Tokenizer& tok = *mf->tokenizer;
 
@@ -103,17 +101,16 @@ int Run(const RunOptions& o) {
     std::fprintf(stderr, "warning: %lld positions exceed the training context %lld\n",
                  static_cast<long long>(n_ctx), static_cast<long long>(mf->config.n_ctx_train));
   }
-  model::RunnerOptions ro;
-  ro.context_length = n_ctx;
-  ro.kv_tokens = n_ctx;
-  ro.max_tokens_per_step = std::min<int64_t>(512, int64_t(prompt_ids.size()));
-  auto kv_type = ParseKvCacheType(o.kv_type);
-  if (!kv_type.ok()) return Fail(kv_type.status());
-  ro.kv_dtype = *kv_type;
+  // One sequence of exactly the positions it needs.
+  spec->context_length = n_ctx;
+  spec->max_total_tokens = n_ctx;
+  spec->max_running_requests = 1;
+  spec->max_tokens_per_step = std::min<int64_t>(512, int64_t(prompt_ids.size()));
+  auto launch = launch::Resolve(*spec, *mf, nullptr);
+  if (!launch.ok()) return Fail(launch.status());
   // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
   // never returns.
-  auto runner = dist::CreateRunner(*mf, Globals().config_path, Globals().device, o.threads, ro,
-                                   {o.tp_size, o.pp_size});
+  auto runner = launch::CreateRunner(*launch, *mf, nullptr);
   if (!runner.ok()) return Fail(runner.status());
   engine::ModelRunner& r = **runner;
   const auto t_loaded = Clock::now();
@@ -177,9 +174,9 @@ int Run(const RunOptions& o) {
   return 0;
 }
 
-std::function<int()> Setup(CLI::App& app) {
+std::function<int()> Setup(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<RunOptions>();
-  app.add_option("-m,--model-path", o->model_path, "GGUF model file")->required();
+  AddLaunchOptions(app, kScope, &o->flags);
   app.add_option("-p,--prompt", o->prompt, "prompt text")->required();
   app.add_option("-n,--n-predict", o->n_predict, "tokens to generate (default 128)");
   app.add_option("--temperature,--temp", o->temperature, "0 = greedy (default)");
@@ -195,10 +192,7 @@ std::function<int()> Setup(CLI::App& app) {
   app.add_flag("--ignore-eos", o->ignore_eos, "continue past end-of-generation tokens");
   app.add_flag("--print-tokens", o->print_tokens,
                "print each generated token's id, logit margin and bytes on stderr");
-  app.add_option("-t,--threads", o->threads, "CPU threads for the cpu backend");
-  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type: f16 (default), f32, bf16");
-  AddParallelOptions(app, &o->tp_size, &o->pp_size);
-  return [o] { return Run(*o); };
+  return [o, &globals] { return Run(*o, globals); };
 }
 
 const bool kRegistered = RegisterCommand({"run", "generate text from a prompt", Setup});

@@ -87,7 +87,7 @@ Status Render(const TemplateArgs& args) {
   return Status::Ok();
 }
 
-std::function<int()> SetupTemplate(CLI::App& app) {
+std::function<int()> SetupTemplate(CLI::App& app, const GlobalOptions&) {
   auto args = std::make_shared<TemplateArgs>();
   auto* source = app.add_option_group("source", "where the template comes from");
   source->add_option("--model-path,-m", args->model_path,

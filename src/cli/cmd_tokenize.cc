@@ -106,7 +106,7 @@ int RunTokenize(const TokenizeArgs& args) {
   return 0;
 }
 
-std::function<int()> SetupTokenize(CLI::App& app) {
+std::function<int()> SetupTokenize(CLI::App& app, const GlobalOptions&) {
   auto args = std::make_shared<TokenizeArgs>();
   app.add_option("--model-path,-m", args->model_path, "GGUF model or vocabulary file")->required();
   app.add_option("--prompt,-p", args->prompt, "text to tokenize")->required();

@@ -12,20 +12,19 @@ class App;
 
 namespace polychip::cli {
 
-// Options every subcommand may read (set before the subcommand runs).
+// The options every subcommand has, filled by the parse; main() owns them and hands each
+// command a reference (read when the command runs, after the parse).
 struct GlobalOptions {
   std::string device;       // --device backend:i[,j...]
   std::string config_path;  // --config FILE.yaml
   std::string op_fallback;  // --op-fallback BACKEND
-  int verbosity = 0;        // -v
 };
-GlobalOptions& Globals();
 
 struct Command {
   std::string name;
   std::string help;
   // Adds the subcommand's options to `app` and returns the function that runs it (exit code).
-  std::function<std::function<int()>(CLI::App& app)> setup;
+  std::function<std::function<int()>(CLI::App& app, const GlobalOptions& globals)> setup;
 };
 
 // Called from a static initializer in each cmd_<name>.cc:

@@ -13,11 +13,6 @@
 
 namespace polychip::cli {
 
-GlobalOptions& Globals() {
-  static GlobalOptions options;
-  return options;
-}
-
 std::vector<Command>& Commands() {
   static std::vector<Command> commands;
   return commands;
@@ -56,15 +51,16 @@ int main(int argc, char** argv) {
             [](const Command& a, const Command& b) { return a.name < b.name; });
   std::vector<std::function<int()>> runners(commands.size());
   std::vector<CLI::App*> subs(commands.size());
+  GlobalOptions globals;
   for (size_t i = 0; i < commands.size(); ++i) {
     subs[i] = app.add_subcommand(commands[i].name, commands[i].help);
-    subs[i]->add_option("--device", Globals().device,
+    subs[i]->add_option("--device", globals.device,
                         "devices to use, backend:i[,j...] (logical i -> physical)");
-    subs[i]->add_option("--config", Globals().config_path, "YAML configuration file");
-    subs[i]->add_option("--op-fallback", Globals().op_fallback,
+    subs[i]->add_option("--config", globals.config_path, "YAML configuration file");
+    subs[i]->add_option("--op-fallback", globals.op_fallback,
                         "run the ops the device lacks on this backend (e.g. cpu), operands "
                         "staged through host memory; 'none' turns a config's op_fallback off");
-    runners[i] = commands[i].setup(*subs[i]);
+    runners[i] = commands[i].setup(*subs[i], globals);
   }
   try {
     app.parse(argc, argv);
@@ -72,7 +68,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   // Through the environment, so that tensor/pipeline-parallel ranks (child processes) see it.
-  if (!Globals().op_fallback.empty()) setenv("POLYCHIP_OP_FALLBACK", Globals().op_fallback.c_str(), 1);
+  if (!globals.op_fallback.empty()) setenv("POLYCHIP_OP_FALLBACK", globals.op_fallback.c_str(), 1);
   for (size_t i = 0; i < commands.size(); ++i) {
     if (subs[i]->parsed()) return runners[i]();
   }

@@ -1,11 +1,11 @@
-// Options shared by the commands that run a model (run, perplexity, serve, bench), written once
-// so their spelling, help text and validation stay the same everywhere.
+// The chat template options of the commands that render chats (serve, run, tokenize, template),
+// written once so their spelling, help text and validation stay the same everywhere; serve takes
+// them from the launch table (launch/launch_options.h) to have them as config keys too.
 #pragma once
 
 #include <string>
 
 #include "model/chat_template.h"
-#include "runtime/dtype.h"
 #include "util/status.h"
 
 namespace CLI {
@@ -13,12 +13,6 @@ class App;
 }
 
 namespace polychip::cli {
-
-// --tp-size and --pp-size: ranks = tp x pp, one process per rank (dist/parallel.h).
-void AddParallelOptions(CLI::App& app, int* tp_size, int* pp_size);
-
-// The KV cache element type named on the command line ("f16", "f32", "bf16").
-StatusOr<DType> ParseKvCacheType(const std::string& name);
 
 // --chat-template NAME, --chat-template-file F.jinja, --chat-template-kwargs JSON: the flags
 // that choose how a chat is rendered (the model's own template by default).

@@ -36,20 +36,6 @@ std::string Canonical(const std::string& path) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<model::ReloadableRunner>> CreateReloadableRunner(
-    const model::ModelFile& file, const std::string& config_path, const std::string& device_flag,
-    int threads, const model::RunnerOptions& options, std::shared_ptr<runtime::Device> device) {
-  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
-                      runtime::ResolveRuntimeConfig(config_path, device_flag));
-  if (threads > 0 && config.backend) {
-    config.backend->params.emplace_back("threads", std::to_string(threads));
-  }
-  std::shared_ptr<runtime::Backend> backend = device->backend();
-  device.reset();  // the runner holds it from now on; a reload must be able to close it
-  return model::ReloadableRunner::Create(*file.file, file.config, std::move(config),
-                                         std::move(backend), options);
-}
-
 std::pair<int, json> ServeReloader::Handle(const json& body) {
   auto text = [&](const char* key, std::string* out) {
     if (!body.contains(key) || body[key].is_null()) return true;
@@ -111,6 +97,7 @@ std::pair<int, json> ServeReloader::Reload(runtime::PluginSpec spec) {
                 {"old_unloaded", outcome.old_unloaded},
                 {"conformance_checks", outcome.conformance_checks},
                 {"swap_ms", swap_ms}};
+  no_backend_.store(!outcome.ok && outcome.stage == "restore");
   if (outcome.ok) {
     reply["ok"] = true;
     spdlog::info("hot reload: {} generation {} serving, swap {:.1f} ms, {} requests resumed",
@@ -175,6 +162,13 @@ void ServeReloader::ReloadFromConfig() {
   } else {
     spdlog::error("SIGHUP: reload failed ({}): {}", status, reply.dump());
   }
+}
+
+std::string ServeReloader::Unavailable() const {
+  return no_backend_.load() ? "no backend: the last plugin reload failed and the old plugin could "
+                              "not be loaded again; reload a working plugin "
+                              "(POST /admin/reload_plugin)"
+                            : "";
 }
 
 json ServeReloader::Info() const {

@@ -3,6 +3,7 @@
 // model::ReloadableRunner::Reload run inside Engine::RunWithKvDropped (docs/hot-reload.md).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,15 +20,10 @@
 
 namespace polychip::cli {
 
-// The runner of a single-rank server on `device` (already open: the backend selected at
-// startup), reloadable; `threads` > 0 is passed to every plugin loaded later, as at startup.
-StatusOr<std::unique_ptr<model::ReloadableRunner>> CreateReloadableRunner(
-    const model::ModelFile& file, const std::string& config_path, const std::string& device_flag,
-    int threads, const model::RunnerOptions& options, std::shared_ptr<runtime::Device> device);
-
 class ServeReloader {
  public:
   // `runner` null: a multi-rank server (tp x pp = `ranks` > 1), whose reloads are refused.
+  // `threads` > 0 is passed to every plugin loaded later, as at startup.
   ServeReloader(engine::Engine* engine, model::ReloadableRunner* runner, int ranks,
                 std::string config_path, int threads)
       : engine_(engine), runner_(runner), ranks_(ranks), config_path_(std::move(config_path)),
@@ -45,6 +41,9 @@ class ServeReloader {
   void ReloadFromConfig();
   // The /get_server_info fields: backend, backend_path, backend_version, backend_generation.
   nlohmann::json Info() const;
+  // Why no backend serves (the last reload failed and the old plugin could not be loaded
+  // again), "" while one does: /health's readiness. Never blocks.
+  std::string Unavailable() const;
 
  private:
   std::pair<int, nlohmann::json> Reload(runtime::PluginSpec spec);
@@ -55,6 +54,7 @@ class ServeReloader {
   std::string config_path_;
   int threads_;
   std::mutex mu_;  // one reload at a time
+  std::atomic<bool> no_backend_{false};
 };
 
 }  // namespace polychip::cli

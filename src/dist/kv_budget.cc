@@ -19,18 +19,26 @@ std::string KvBudget::Describe() const {
                   comm.plugin.c_str(), comm.where.c_str());
     comm_part = buf;
   }
-  std::snprintf(buf, sizeof(buf), "KV budget: %.1f MiB free - %s = %.1f MiB x %g = %.1f MiB",
-                mib(free_bytes), comm_part.c_str(),
-                mib(free_bytes - std::min(free_bytes, comm.bytes)), fraction, mib(kv_bytes));
+  std::string weights_part;
+  if (weight_bytes > 0) {
+    std::snprintf(buf, sizeof(buf), " - %.1f MiB weights", mib(weight_bytes));
+    weights_part = buf;
+  }
+  const uint64_t taken = comm.bytes + weight_bytes;
+  std::snprintf(buf, sizeof(buf), "KV budget: %.1f MiB free - %s%s = %.1f MiB x %g = %.1f MiB",
+                mib(free_bytes), comm_part.c_str(), weights_part.c_str(),
+                mib(free_bytes - std::min(free_bytes, taken)), fraction, mib(kv_bytes));
   return buf;
 }
 
-KvBudget ComputeKvBudget(uint64_t free_bytes, double fraction, const CommBuffers& comm) {
+KvBudget ComputeKvBudget(uint64_t free_bytes, double fraction, const CommBuffers& comm,
+                         uint64_t weight_bytes) {
   KvBudget b;
   b.free_bytes = free_bytes;
   b.comm = comm;
+  b.weight_bytes = weight_bytes;
   b.fraction = fraction;
-  const uint64_t usable = free_bytes - std::min(free_bytes, comm.bytes);
+  const uint64_t usable = free_bytes - std::min(free_bytes, comm.bytes + weight_bytes);
   b.kv_bytes = static_cast<uint64_t>(std::max(0.0, fraction) * static_cast<double>(usable));
   return b;
 }

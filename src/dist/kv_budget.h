@@ -26,14 +26,17 @@ struct CommBuffers {
 struct KvBudget {
   uint64_t free_bytes = 0;
   CommBuffers comm;
+  uint64_t weight_bytes = 0;  // weights still to be uploaded to the device
   double fraction = 0;
-  uint64_t kv_bytes = 0;  // fraction * (free_bytes - comm.bytes), 0 when comm takes it all
+  // fraction * (free_bytes - comm.bytes - weight_bytes), 0 when they take it all
+  uint64_t kv_bytes = 0;
   // "KV budget: 1000.0 MiB free - 16.0 MiB comm buffers (shm, host memory, which is cpu's)
-  // = 984.0 MiB x 0.8 = 787.2 MiB"
+  // - 100.0 MiB weights = 884.0 MiB x 0.8 = 707.2 MiB"
   std::string Describe() const;
 };
 
-KvBudget ComputeKvBudget(uint64_t free_bytes, double fraction, const CommBuffers& comm);
+KvBudget ComputeKvBudget(uint64_t free_bytes, double fraction, const CommBuffers& comm,
+                         uint64_t weight_bytes = 0);
 
 // Whether a comm plugin's buffers are in `device`'s memory (see the file comment).
 bool CommBuffersOnDevice(bool plugin_reads_device, const std::string& plugin_device_backend,

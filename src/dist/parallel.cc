@@ -152,12 +152,11 @@ struct World {
 
 // The rank's store and the bootstrap timeout (the flag overrides the caller's default).
 int64_t BootstrapTimeout(const ParallelOptions& parallel) {
-  const LaunchFlags& f = GlobalLaunchFlags();
+  const LaunchFlags& f = parallel.launch;
   return f.dist_timeout_ms > 0 ? f.dist_timeout_ms : parallel.timeout_ms;
 }
 
-std::string TokenFromFlags() {
-  const LaunchFlags& f = GlobalLaunchFlags();
+std::string TokenFromFlags(const LaunchFlags& f) {
   if (!f.dist_token.empty()) return f.dist_token;
   const char* env = std::getenv(kTokenEnv);
   return env != nullptr ? env : "";
@@ -231,7 +230,7 @@ StatusOr<int32_t> LocalRankCount(const std::string& device_flag, int32_t nnodes,
 // starts them.
 StatusOr<World> StartNode(const std::string& device_flag, int32_t n_ranks,
                           const ParallelOptions& parallel) {
-  const LaunchFlags& f = GlobalLaunchFlags();
+  const LaunchFlags& f = parallel.launch;
   const int64_t timeout = BootstrapTimeout(parallel);
   World w;
   w.size = n_ranks;
@@ -242,7 +241,7 @@ StatusOr<World> StartNode(const std::string& device_flag, int32_t n_ranks,
                            std::to_string(w.n_nodes - 1));
   }
   PC_ASSIGN_OR_RETURN(const int32_t n_local, LocalRankCount(device_flag, w.n_nodes, n_ranks));
-  std::string token = TokenFromFlags();
+  std::string token = TokenFromFlags(parallel.launch);
   StoreAddress address;
   if (w.n_nodes == 1) {
     // One host: loopback at a free port, with a fresh token (the ranks get it from us).
@@ -329,11 +328,11 @@ StatusOr<World> FollowerWorld(const ParallelOptions& parallel) {
   w.local_rank = std::atoi(local);
   PC_ASSIGN_OR_RETURN(StoreAddress address, ParseStoreAddress(store));
   PC_ASSIGN_OR_RETURN(std::unique_ptr<TcpKvStore> kv,
-                      TcpKvStore::Connect(address, TokenFromFlags(), BootstrapTimeout(parallel),
+                      TcpKvStore::Connect(address, TokenFromFlags(parallel.launch), BootstrapTimeout(parallel),
                                           "rank " + std::to_string(w.rank)));
   w.kv = std::move(kv);
   w.store = address;
-  w.token = TokenFromFlags();
+  w.token = TokenFromFlags(parallel.launch);
   return w;
 }
 
@@ -387,14 +386,14 @@ StatusOr<World> MpirunWorld(World w, const std::string& config_path,
                       Communicator::Create(mpi, own, "world", w.size, w.rank, timeout));
   char message[2048] = {};  // "HOST[,HOST...]:PORT\nTOKEN"
   if (w.rank == 0) {
-    const LaunchFlags& f = GlobalLaunchFlags();
+    const LaunchFlags& f = parallel.launch;
     StoreAddress address;
     if (!f.dist_init_addr.empty()) {
       PC_ASSIGN_OR_RETURN(address, ParseStoreAddress(f.dist_init_addr));
     } else {
       address.hosts = LocalAddresses();
     }
-    std::string token = TokenFromFlags();
+    std::string token = TokenFromFlags(parallel.launch);
     if (token.empty()) token = RandomToken();
     PC_ASSIGN_OR_RETURN(w.server, TcpStoreServer::Start("", address.port, token));
     address.port = w.server->port();
@@ -527,7 +526,8 @@ std::string Join(const std::vector<int32_t>& v) {
 }
 
 GroupComm ChooseGroupComm(const std::string& group, std::vector<int32_t> ranks,
-                          const Topology& topo, const runtime::RuntimeConfig& config) {
+                          const Topology& topo, const runtime::RuntimeConfig& config,
+                          const LaunchFlags& f) {
   GroupComm g;
   g.group = group;
   g.ranks = std::move(ranks);
@@ -535,7 +535,6 @@ GroupComm ChooseGroupComm(const std::string& group, std::vector<int32_t> ranks,
     const std::string& h = topo.rank_hosts[r];
     if (std::find(g.hosts.begin(), g.hosts.end(), h) == g.hosts.end()) g.hosts.push_back(h);
   }
-  const LaunchFlags& f = GlobalLaunchFlags();
   const std::string& flag = group == "tp" ? f.comm_tp : group == "pp" ? f.comm_pp : f.comm_world;
   if (!flag.empty()) {
     g.spec = runtime::PluginSpec{flag, "", {}};
@@ -629,20 +628,21 @@ struct JobComms {
 };
 
 JobComms ChooseJobComms(const Topology& topo, int32_t tp, int32_t pp,
-                        const runtime::RuntimeConfig& config) {
+                        const runtime::RuntimeConfig& config,
+                        const LaunchFlags& flags) {
   JobComms j;
   std::vector<int32_t> all(topo.rank_hosts.size());
   for (int32_t r = 0; r < int32_t(all.size()); ++r) all[r] = r;
-  j.world = ChooseGroupComm("world", all, topo, config);
+  j.world = ChooseGroupComm("world", all, topo, config, flags);
   for (int32_t s = 0; s < pp && tp > 1; ++s) {
     std::vector<int32_t> ranks;
     for (int32_t t = 0; t < tp; ++t) ranks.push_back(s * tp + t);
-    j.tp.push_back(ChooseGroupComm("tp", ranks, topo, config));
+    j.tp.push_back(ChooseGroupComm("tp", ranks, topo, config, flags));
   }
   for (int32_t t = 0; t < tp && pp > 1; ++t) {
     std::vector<int32_t> ranks;
     for (int32_t s = 0; s < pp; ++s) ranks.push_back(s * tp + t);
-    j.pp.push_back(ChooseGroupComm("pp", ranks, topo, config));
+    j.pp.push_back(ChooseGroupComm("pp", ranks, topo, config, flags));
   }
   return j;
 }
@@ -959,25 +959,20 @@ Status FollowSteps(Groups& g, model::TransformerRunner& runner) {
 
 }  // namespace
 
-LaunchFlags& GlobalLaunchFlags() {
-  static LaunchFlags* flags = new LaunchFlags();
-  return *flags;
-}
-
-bool IsFollowerRank() {
+bool IsFollowerRank(const LaunchFlags& flags) {
   if (std::getenv(kRankEnv) != nullptr) return true;
-  if (GlobalLaunchFlags().nnodes > 1 && GlobalLaunchFlags().node_rank != 0) return true;
+  if (flags.nnodes > 1 && flags.node_rank != 0) return true;
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   return mpi_rank != nullptr && std::atoi(mpi_rank) != 0;
 }
 
 StatusOr<std::vector<std::string>> PlanComms(const std::string& config_path,
                                              const std::string& device_flag, int32_t tp,
-                                             int32_t pp) {
+                                             int32_t pp, const LaunchFlags& flags) {
   tp = std::max(1, tp);
   pp = std::max(1, pp);
   const int32_t n_ranks = tp * pp;
-  const int32_t nnodes = std::max(1, GlobalLaunchFlags().nnodes);
+  const int32_t nnodes = std::max(1, flags.nnodes);
   if (n_ranks % nnodes != 0) {
     return InvalidArgument(std::to_string(n_ranks) + " ranks (--tp-size x --pp-size) do not " +
                            "spread evenly over --nnodes " + std::to_string(nnodes));
@@ -989,7 +984,7 @@ StatusOr<std::vector<std::string>> PlanComms(const std::string& config_path,
   for (int32_t r = 0; r < n_ranks; ++r) {
     topo.rank_hosts.push_back("node" + std::to_string(r / (n_ranks / nnodes)));
   }
-  JobComms comms = ChooseJobComms(topo, tp, pp, config);
+  JobComms comms = ChooseJobComms(topo, tp, pp, config, flags);
   CheckReach(comms, config, /*log=*/false);
   std::vector<std::string> lines = comms.Describe();
   for (GroupComm* g : comms.All()) {
@@ -1027,7 +1022,7 @@ std::string DescribeRunner(const engine::ModelRunner& runner) {
 StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     const model::ModelFile& file, const std::string& config_path, const std::string& device_flag,
     int threads, const model::RunnerOptions& options, const ParallelOptions& parallel) {
-  const bool follower = IsFollowerRank();
+  const bool follower = IsFollowerRank(parallel.launch);
   const int32_t tp = std::max(1, parallel.tp_size), pp = std::max(1, parallel.pp_size);
   const int32_t n_ranks = tp * pp;
   if (n_ranks == 1 && !follower) {
@@ -1043,7 +1038,7 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
     return InvalidArgument("--pp-size " + std::to_string(pp) + " exceeds the model's " +
                            std::to_string(file.config.n_layer) + " layers");
   }
-  const LaunchFlags& flags = GlobalLaunchFlags();
+  const LaunchFlags& flags = parallel.launch;
   if (flags.nnodes <= 1) PC_RETURN_IF_ERROR(RankDeviceFlag(device_flag, 0, n_ranks).status());
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
                       runtime::ResolveRuntimeConfig(config_path, device_flag));
@@ -1078,7 +1073,7 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
   const int32_t stage = world.rank / tp, tp_rank = world.rank % tp;
   Topology topo{{}, world.mpirun};
   for (const RankInfo& r : world.ranks) topo.rank_hosts.push_back(r.host);
-  JobComms comms = ChooseJobComms(topo, tp, pp, config);
+  JobComms comms = ChooseJobComms(topo, tp, pp, config, flags);
   if (world.rank == 0) CheckReach(comms, config, /*log=*/true);
   auto g = std::make_unique<Groups>();
   g->tp = tp;

@@ -43,14 +43,8 @@
 
 namespace polychip::dist {
 
-struct ParallelOptions {
-  int32_t tp_size = 1;
-  int32_t pp_size = 1;  // pipeline stages; ranks = tp_size * pp_size, rank r in stage r / tp_size
-  int64_t timeout_ms = 60000;  // communicator creation (all ranks started and attached)
-};
-
-// The multi-node launch flags (SGLang's spelling) and the per-group comm pins, set by the
-// command line (cli/model_options.cc) before CreateRunner.
+// The multi-node launch flags (SGLang's spelling) and the per-group comm pins, as the launch
+// builder (launch/launch.h) resolved them from the command line or the config file.
 struct LaunchFlags {
   int32_t nnodes = 1;
   int32_t node_rank = 0;
@@ -59,11 +53,17 @@ struct LaunchFlags {
   int64_t dist_timeout_ms = 0; // > 0: overrides ParallelOptions::timeout_ms for bootstrap
   std::string comm_world, comm_tp, comm_pp;  // --comm-world/--comm-tp/--comm-pp pins
 };
-LaunchFlags& GlobalLaunchFlags();
+
+struct ParallelOptions {
+  int32_t tp_size = 1;
+  int32_t pp_size = 1;  // pipeline stages; ranks = tp_size * pp_size, rank r in stage r / tp_size
+  int64_t timeout_ms = 60000;  // communicator creation (all ranks started and attached)
+  LaunchFlags launch;
+};
 
 // True in a process started by rank 0 as one of the other ranks, under mpirun in a rank other
 // than 0, and on a node other than node 0.
-bool IsFollowerRank();
+bool IsFollowerRank(const LaunchFlags& flags);
 
 // The model runner of this rank for `file`. With one rank it is a plain TransformerRunner on
 // the device selected by config_path / device_flag. Otherwise, on rank 0: a runner that
@@ -82,11 +82,11 @@ StatusOr<std::shared_ptr<runtime::CommPlugin>> LoadComm(const std::string& confi
 // The comm plugin each group of a tp x pp job would get and why, as CreateRunner logs it, with
 // each plugin's reach and a warning line per group that spans hosts on a plugin that cannot
 // cross them; for `polychip devices`, which starts nothing. The ranks spread evenly over
-// GlobalLaunchFlags().nnodes hosts named node0, node1, ... (node 0's ranks first); the pins
+// flags.nnodes hosts named node0, node1, ... (node 0's ranks first); the pins
 // (--comm-tp, config comm:) apply as at start-up.
 StatusOr<std::vector<std::string>> PlanComms(const std::string& config_path,
                                              const std::string& device_flag, int32_t tp,
-                                             int32_t pp);
+                                             int32_t pp, const LaunchFlags& flags);
 
 // A one-line description of a runner made by CreateRunner (device, weights, ranks), for logs.
 std::string DescribeRunner(const engine::ModelRunner& runner);

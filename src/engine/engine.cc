@@ -797,4 +797,51 @@ void Engine::RenderMetrics(std::string* out) const {
                      out);
 }
 
+void Engine::RenderVllmMetrics(const std::string& model_name, std::string* out) const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  const std::string labels = "model_name=\"" + PromLabelValue(model_name) + "\"";
+  auto one = [&](const char* name, const char* type, const char* help, double value) {
+    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+            name + "{" + labels + "} " + std::to_string(value) + "\n";
+  };
+  const EngineStats& s = stats_;
+  const double usage =
+      s.kv_blocks_total ? static_cast<double>(s.kv_blocks_held) / s.kv_blocks_total : 0.0;
+  one("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+      s.running);
+  one("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+      s.queued);
+  one("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
+  // The name before vLLM 0.10, still read by older dashboards.
+  one("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage);
+  one("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions.",
+      static_cast<double>(s.preemptions));
+  one("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+      static_cast<double>(s.prompt_tokens));
+  one("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+      static_cast<double>(s.generation_tokens));
+  one("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in number of tokens.",
+      static_cast<double>(s.prefix.hit_tokens));
+  *out += "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+          "# TYPE vllm:request_success_total counter\n"
+          "vllm:request_success_total{" + labels + "} " +
+          std::to_string(static_cast<double>(s.requests_finished)) + "\n";
+  // No LoRA adapters are served: the gauge exists with empty lists, as vLLM's does without any
+  // (the Gateway API inference extension's endpoint picker reads it).
+  *out += "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+          "# TYPE vllm:lora_requests_info gauge\n"
+          "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\","
+          "waiting_lora_adapters=\"\"} 1\n";
+  ttft_.Render("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+               out, labels);
+  itl_.Render("vllm:time_per_output_token_seconds",
+              "Histogram of time per output token in seconds.", out, labels);
+  itl_.Render("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+              out, labels);
+  e2e_.Render("vllm:e2e_request_latency_seconds",
+              "Histogram of end to end request latency in seconds.", out, labels);
+  queue_time_.Render("vllm:request_queue_time_seconds",
+                     "Histogram of time spent in WAITING phase for request.", out, labels);
+}
+
 }  // namespace polychip::engine

@@ -112,6 +112,10 @@ class Engine {
   EngineStats Stats() const;
   // Appends the engine's Prometheus lines (histograms and counters) to `out`.
   void RenderMetrics(std::string* out) const;
+  // The same figures under vLLM's names (vllm:num_requests_running, vllm:kv_cache_usage_perc,
+  // vllm:time_to_first_token_seconds, ...), labelled model_name="<model_name>", as the
+  // dashboards and routers written for vLLM read them (docs/metrics.md).
+  void RenderVllmMetrics(const std::string& model_name, std::string* out) const;
 
   int64_t context_length() const { return context_length_; }
   int64_t max_sequence_tokens() const { return max_seq_tokens_; }

@@ -30,8 +30,10 @@ class Histogram {
   uint64_t count() const { return count_; }
   double sum() const { return sum_; }
 
-  // Appends the `_bucket`, `_sum` and `_count` lines of metric `name`.
-  void Render(const std::string& name, const std::string& help, std::string* out) const;
+  // Appends the `_bucket`, `_sum` and `_count` lines of metric `name`; `labels` (e.g.
+  // `model_name="m"`, already escaped) go on every line.
+  void Render(const std::string& name, const std::string& help, std::string* out,
+              const std::string& labels = "") const;
 
  private:
   std::vector<double> bounds_;
@@ -39,5 +41,8 @@ class Histogram {
   double sum_ = 0;
   uint64_t count_ = 0;
 };
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string PromLabelValue(const std::string& value);
 
 }  // namespace polychip::engine

@@ -204,8 +204,13 @@ class HttpServer::Impl {
                res.set_content(std::string(ChatPageHtml()), "text/html; charset=utf-8");
              }, false));
     // On the event thread: /health answers even when every worker is busy.
-    http_.Get("/health", Guard([](const auto&, auto& res) { SendJson(res, 200, json::object()); },
-                               false),
+    // Readiness: 503 while no backend can serve (a failed hot reload left none) and while
+    // draining (BeforeBody answers that); liveness is any answer at all (docs/deployment.md).
+    http_.Get("/health", Guard([this](const auto&, auto& res) {
+                const std::string why = options_.unavailable ? options_.unavailable() : "";
+                if (why.empty()) return SendJson(res, 200, json::object());
+                SendJson(res, 503, {{"status", "unavailable"}, {"reason", why}});
+              }, false),
               HttpTransport::RunOn::kEventThread);
     // /health_generate runs the model and /metrics tells the load: behind the key like the
     // rest (an open /health_generate let anyone generate at full speed).
@@ -335,8 +340,12 @@ class HttpServer::Impl {
   }
 
   void Metrics(httplib::Response& res) {
+    if (!options_.enable_metrics) {
+      return SendError(res, Error(404, "metrics are off (--enable-metrics false)"));
+    }
     std::string out;
     engine_->RenderMetrics(&out);
+    if (options_.vllm_metrics) engine_->RenderVllmMetrics(options_.model_name, &out);
     if (options_.device_memory) {
       const DeviceMemory m = options_.device_memory();
       out += fmt::format(

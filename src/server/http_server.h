@@ -55,6 +55,11 @@ struct ServerOptions {
   // How a chat answer's reasoning is found: "auto" (the chat template's format), "none" (it
   // stays in the content) or a format's name (ReasoningFormatName).
   std::string reasoning_parser = "auto";
+  // Why no backend can serve now (a failed hot reload left none), "" when one can; /health
+  // answers 503 with it. Called on the event thread: must not block. May be empty.
+  std::function<std::string()> unavailable;
+  bool enable_metrics = true;  // false: /metrics answers 404
+  bool vllm_metrics = true;    // /metrics also carries the vllm: families (docs/metrics.md)
 };
 
 class HttpServer {

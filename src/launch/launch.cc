@@ -1,0 +1,236 @@
+#include "launch/launch.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "dist/kv_budget.h"
+#include "model/hot_reload.h"
+#include "runtime/dtype.h"
+
+namespace polychip::launch {
+namespace {
+
+// Without a device to ask, or when it cannot say, the KV cache gets this many tokens.
+constexpr int64_t kFallbackKvTokens = 65536;
+// A model file that names no trained context is served at this many positions at most.
+constexpr int64_t kUnknownTrainedContext = 4096;
+
+std::string MiB(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", bytes / 1048576.0);
+  return buf;
+}
+
+// The bytes of the weights `model` uploads to one rank's device (an even share of tp x pp).
+uint64_t WeightBytes(const model::ModelFile& model, int ranks) {
+  uint64_t total = 0;
+  for (const model::GgufTensor& t : model.file->tensors()) total += t.n_bytes;
+  return total / std::max(1, ranks);
+}
+
+}  // namespace
+
+std::string KvSizing::Describe() const {
+  std::string s = "context " + std::to_string(context_length) + " (" + context_why +
+                  "); KV cache " + std::to_string(kv_tokens) + " tokens x " +
+                  std::to_string(token_bytes) +
+                  " bytes = " + MiB(uint64_t(kv_tokens) * token_bytes) + ", room for " +
+                  std::to_string(concurrency()) + " sequence" + (concurrency() == 1 ? "" : "s") +
+                  " of the full context at once";
+  if (!budget.empty()) s += "; " + budget;
+  return s;
+}
+
+StatusOr<runtime::RuntimeConfig> RuntimeConfigOf(const LaunchSpec& spec) {
+  PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
+                      runtime::ResolveRuntimeConfig(spec.config_path, spec.device));
+  if (spec.threads > 0 && config.backend) {
+    config.backend->params.emplace_back("threads", std::to_string(spec.threads));
+  }
+  return config;
+}
+
+Status Validate(const LaunchSpec& spec) {
+  if (!DTypeFromName(spec.kv_cache_dtype)) {
+    return InvalidArgument("unknown KV cache type '" + spec.kv_cache_dtype +
+                           "' (f16, bf16, f32 or auto)");
+  }
+  if (spec.pooling != "mean" && spec.pooling != "last") {
+    return InvalidArgument("--pooling must be mean or last, not '" + spec.pooling + "'");
+  }
+  PC_RETURN_IF_ERROR(engine::ParseSchedulePolicy(spec.schedule_policy).status());
+  if (spec.page_size < 1) return InvalidArgument("--page-size must be at least 1");
+  if (spec.max_running_requests < 1) {
+    return InvalidArgument("--max-running-requests must be at least 1");
+  }
+  if (spec.tp_size < 1 || spec.pp_size < 1) {
+    return InvalidArgument("--tp-size and --pp-size must be at least 1");
+  }
+  if (spec.mem_fraction_static > 1) {
+    return InvalidArgument("--mem-fraction-static must be in [0, 1]");
+  }
+  return Status::Ok();
+}
+
+uint64_t KvTokenBytes(const model::ModelConfig& cfg, DType kv_dtype, double swa_ratio, int tp_size,
+                      int pp_size) {
+  // A token of the main pool costs every layer's K and V, less the sliding layers' share
+  // beyond the window pool's ratio (where that pool is used).
+  const double per_layer = double(cfg.n_head_kv) *
+                           (cfg.head_dim + std::max(cfg.head_dim_v, cfg.head_dim)) *
+                           RowBytes(kv_dtype, 1);
+  const double ratio = std::clamp(swa_ratio, 0.0, 1.0);
+  const int64_t sliding = ratio > 0 ? cfg.NumSlidingLayers() : 0;
+  const double all = per_layer * (double(cfg.n_layer - sliding) + ratio * double(sliding));
+  // Each rank holds its heads of its stage's layers.
+  return std::max<uint64_t>(1, uint64_t(all / std::max(1, tp_size * pp_size)));
+}
+
+StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile& model,
+                                 const runtime::Device* device) {
+  PC_RETURN_IF_ERROR(Validate(spec));
+  ResolvedLaunch r;
+  r.spec = spec;
+  PC_ASSIGN_OR_RETURN(r.runtime, RuntimeConfigOf(spec));
+  r.parallel.tp_size = spec.tp_size;
+  r.parallel.pp_size = spec.pp_size;
+  r.parallel.launch = spec.dist;
+  const DType kv_dtype = *DTypeFromName(spec.kv_cache_dtype);
+  const model::ModelConfig& cfg = model.config;
+  const int ranks = spec.tp_size * spec.pp_size;
+
+  KvSizing& kv = r.kv;
+  kv.token_bytes =
+      KvTokenBytes(cfg, kv_dtype, spec.swa_full_tokens_ratio, spec.tp_size, spec.pp_size);
+  const int64_t trained = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kUnknownTrainedContext;
+  // The most the cache could ever be used for: every running request at the full context.
+  const int64_t want_ctx = spec.context_length > 0 ? spec.context_length : trained;
+  const int64_t cap = int64_t(spec.max_running_requests) * want_ctx;
+  if (spec.max_total_tokens > 0) {
+    kv.kv_tokens = spec.max_total_tokens;
+    kv.budget = "KV size given (--max-total-tokens)";
+  } else if (device != nullptr) {
+    uint64_t free_bytes = 0, total_bytes = 0;
+    PC_RETURN_IF_ERROR(device->MemoryInfo(&free_bytes, &total_bytes));
+    PC_ASSIGN_OR_RETURN(dist::CommBuffers comm,
+                        dist::RunCommBuffers(spec.config_path, spec.device, r.parallel, *device));
+    const double fraction = spec.mem_fraction_static >= 0     ? spec.mem_fraction_static
+                            : device->props().host_accessible ? kHostMemFraction
+                                                              : kDeviceMemFraction;
+    const dist::KvBudget budget =
+        dist::ComputeKvBudget(free_bytes, fraction, comm, WeightBytes(model, ranks));
+    kv.budget_bytes = budget.kv_bytes;
+    kv.budget = budget.Describe();
+    kv.kv_tokens = int64_t(budget.kv_bytes / kv.token_bytes);
+    if (kv.kv_tokens > cap) {
+      kv.kv_tokens = cap;
+      kv.budget += ", of which " + std::to_string(spec.max_running_requests) + " requests x " +
+                   std::to_string(want_ctx) + " tokens can be used";
+    }
+    if (kv.kv_tokens < spec.page_size) {
+      return ResourceExhausted(kv.budget + ": no room for a KV cache on " + device->props().name +
+                               "; lower --context-length, give "
+                               "--max-total-tokens, or raise --mem-fraction-static");
+    }
+  } else {
+    kv.kv_tokens = std::min(kFallbackKvTokens, cap);
+    kv.budget = "no device to size it from: a fixed " + std::to_string(kv.kv_tokens) + " tokens";
+  }
+  if (spec.context_length > 0) {
+    kv.context_length = spec.context_length;
+    kv.context_why = "--context-length";
+  } else if (kv.kv_tokens >= trained) {
+    kv.context_length = trained;
+    kv.context_why =
+        cfg.n_ctx_train > 0 ? "the model's trained context" : "the model names no trained context";
+  } else {
+    kv.context_length = kv.kv_tokens / spec.page_size * spec.page_size;
+    kv.context_why = "the model's trained " + std::to_string(trained) +
+                     " bounded by the KV cache; raise --mem-fraction-static or "
+                     "--max-total-tokens for more";
+  }
+  // One sequence of the full context always fits.
+  kv.kv_tokens = std::max(kv.kv_tokens, kv.context_length);
+
+  model::RunnerOptions& ro = r.runner;
+  ro.context_length = kv.context_length;
+  ro.kv_tokens = kv.kv_tokens;
+  ro.block_size = spec.page_size;
+  ro.kv_dtype = kv_dtype;
+  ro.swa_full_tokens_ratio = spec.swa_full_tokens_ratio;
+  ro.max_tokens_per_step = spec.max_tokens_per_step > 0 ? spec.max_tokens_per_step
+                                                        : std::max(spec.chunked_prefill_size, 64) +
+                                                              int64_t(spec.max_running_requests);
+  // The config's memory.arena_mb where it sets one, else the runner's own default.
+  if (r.runtime.arena_bytes != runtime::RuntimeConfig{}.arena_bytes) {
+    ro.arena_bytes = r.runtime.arena_bytes;
+  }
+
+  engine::EngineOptions& eo = r.engine;
+  eo.max_running_requests = spec.max_running_requests;
+  eo.max_queued_requests = spec.max_queued_requests;
+  eo.chunked_prefill_size = spec.chunked_prefill_size;
+  eo.max_itl_ms = spec.max_itl_ms;
+  eo.context_length = static_cast<int32_t>(kv.context_length);
+  eo.enable_prefix_cache = !spec.disable_radix_cache;
+  eo.policy = *engine::ParseSchedulePolicy(spec.schedule_policy);
+  return r;
+}
+
+StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
+    const ResolvedLaunch& launch, const model::ModelFile& model,
+    std::shared_ptr<runtime::Device> device) {
+  const LaunchSpec& s = launch.spec;
+  if (s.tp_size * s.pp_size == 1 && !dist::IsFollowerRank(s.dist)) {
+    if (!device) {
+      PC_ASSIGN_OR_RETURN(device, model::OpenDevice(s.config_path, s.device, s.threads));
+    }
+    PC_ASSIGN_OR_RETURN(auto runner, model::TransformerRunner::Create(*model.file, model.config,
+                                                                      device, launch.runner));
+    return std::unique_ptr<engine::ModelRunner>(std::move(runner));
+  }
+  return dist::CreateRunner(model, s.config_path, s.device, s.threads, launch.runner,
+                            launch.parallel);
+}
+
+StatusOr<std::unique_ptr<model::ReloadableRunner>> CreateReloadableRunner(
+    const ResolvedLaunch& launch, const model::ModelFile& model,
+    std::shared_ptr<runtime::Device> device) {
+  std::shared_ptr<runtime::Backend> backend = device->backend();
+  device.reset();  // the runner holds it from now on; a reload must be able to close it
+  return model::ReloadableRunner::Create(*model.file, model.config, launch.runtime,
+                                         std::move(backend), launch.runner);
+}
+
+Status CheckModelPath(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string how =
+      ": GGUF only: convert a Hugging Face model with llama.cpp's "
+      "convert_hf_to_gguf.py (python convert_hf_to_gguf.py MODEL_DIR --outfile model.gguf), "
+      "or download a .gguf file";
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    return InvalidArgument(path + " is a folder" + how);
+  }
+  if (!fs::exists(path, ec)) {
+    // "org/name" with no such file: a Hugging Face model id.
+    const size_t slash = path.find('/');
+    if (slash != std::string::npos && slash > 0 && path.find('/', slash + 1) == std::string::npos &&
+        path.front() != '.' && path.size() > slash + 1 && path.find(".gguf") == std::string::npos) {
+      return NotFound(path + " is not a file (a Hugging Face model id?)" + how);
+    }
+    return NotFound("model file " + path + " not found");
+  }
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  if (in.read(magic, 4) && std::string(magic, 4) != "GGUF") {
+    return InvalidArgument(path + " is not a GGUF file (no GGUF magic)" + how);
+  }
+  return Status::Ok();
+}
+
+}  // namespace polychip::launch
