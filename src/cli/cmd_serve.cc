@@ -115,15 +115,6 @@ int Serve(const GlobalOptions& globals, const ServeCli& cli) {
         spec.reasoning_parser == "auto" ? server::ReasoningFormatName(f.reasoning)
                                         : std::string_view(spec.reasoning_parser));
   }
-  {
-    const server::OutputFormat f = (*codec)->output_format();
-    spdlog::info(
-        "polychip serve: tool calls in the {} format{}, reasoning {}",
-        server::ToolFormatName(f.tools),
-        f.tools == server::ToolFormat::kGeneric ? " (the template names no known one)" : "",
-        o.reasoning_parser == "auto" ? server::ReasoningFormatName(f.reasoning)
-                                     : std::string_view(o.reasoning_parser));
-  }
 
   const server::TextCodec* text = codec->get();
   engine::Engine engine(
