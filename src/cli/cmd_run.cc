@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/launch_flags.h"
+#include "cli/model_options.h"
 #include "dist/parallel.h"
 #include "engine/sampler.h"
 #include "model/chat_template.h"
