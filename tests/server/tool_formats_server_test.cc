@@ -29,10 +29,17 @@ class ByteCodec : public TextCodec {
     for (unsigned char c : text) out.push_back(c + 1);
     return out;
   }
-  std::vector<int32_t> EncodeChat(std::span<const model::ChatMessage> messages) const override {
+  StatusOr<std::string> RenderChat(const model::ChatInput& input) const override {
+    auto messages = model::NormalizeChatMessages(input.messages);
+    if (!messages.ok()) return messages.status();
     std::string s;
-    for (const auto& m : messages) s += m.role + ": " + m.content + "\n";
-    return Encode(s + "assistant: ", true);
+    for (const auto& m : *messages) {
+      auto content = m.find("content");
+      s += m.value("role", "") + ": ";
+      if (content != m.end() && content->is_string()) s += content->get<std::string>();
+      s += "\n";
+    }
+    return s + "assistant: ";
   }
   std::string Decode(std::span<const int32_t> tokens) const override {
     std::string s;
