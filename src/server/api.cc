@@ -239,7 +239,7 @@ std::optional<ApiError> ParseChatInput(const json& body, std::string_view raw_bo
   if (ordered.is_discarded() || !ordered.is_object()) {
     ordered = nlohmann::ordered_json::parse(body.dump());
   }
-  if (tools.active() && !codec.template_renders_tools()) {
+  if (!codec.template_renders_tools()) {
     // A built-in family (or a template that never mentions tools): the tool list, assistant
     // tool_calls and tool results become the family's text in plain messages.
     out->messages = nlohmann::ordered_json::parse(

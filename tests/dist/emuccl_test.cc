@@ -107,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, EmucclLayouts,
 TEST(Emuccl, RefusedForAnotherBackend) {
   if (!HaveEmuccl()) GTEST_SKIP() << "emuccl not built";
   if (!std::filesystem::exists(kPluginDir + "/libpolychip_backend_cpu.so")) GTEST_SKIP();
-  const CommandResult r = Polychip("--config " + Config("emuccl") + " --device cpu:0 --tp-size 2");
+  const CommandResult r = Polychip("--config " + Config("emuccl") + " --device cpu:0,0 --tp-size 2");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("reads the device memory of backend 'emu'"), std::string::npos) << r.err;
 }

@@ -103,8 +103,8 @@ TEST(GgufCliTest, BadFilesFailWithOneLine) {
   std::string arch = (TempDir() / "cli-arch.gguf").string();
   ASSERT_TRUE(w.Write(arch).ok());
   ExpectCleanFailure(RunCli("gguf check " + arch),
-                     "unsupported architecture mamba (supported: llama, qwen2, qwen3, phi3, "
-                     "qwen3moe, gemma3)");
+                     "unsupported architecture mamba (supported: llama, qwen2, qwen3, phi3, qwen3moe, "
+                     "gemma3, mistral3)");
   ExpectCleanFailure(RunCli("gguf info /nonexistent/model.gguf"), "cannot open");
   ExpectCleanFailure(RunCli("gguf synth --vocab " + truncated + " --shape tiny --out " +
                          (TempDir() / "y.gguf").string()),
