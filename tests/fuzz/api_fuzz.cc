@@ -25,7 +25,7 @@ using namespace polychip;
 
 struct Fixture {
   Fixture() : tokenizer(fuzz::FuzzTokenizer()) {
-    auto made = server::MakeTokenizerCodec(&tokenizer, "");
+    auto made = server::MakeTokenizerCodec(&tokenizer, model::ChatTemplateOptions{});
     if (!made.ok()) std::abort();
     codec = std::move(made).value();
     std::vector<std::string> pieces(codec->vocab_size());
