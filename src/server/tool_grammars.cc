@@ -41,7 +41,11 @@ StatusOr<std::string> XmlParams(const ToolSpec& t, const std::string& prefix, st
   }
   std::string seq;
   size_t k = 0;
-  for (const auto& [key, schema] : props.items()) {
+  for (const auto& item : props.items()) {
+    // Named, not a structured binding: the lambda below captures it (C++20 forbids capturing
+    // a binding; clang refuses it).
+    const std::string& key = item.key();
+    const auto& schema = item.value();
     const std::string p = fmt::format("{}p{}-", prefix, k++);
     std::string value;
     bool is_string = false;
