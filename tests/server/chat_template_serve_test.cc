@@ -16,11 +16,6 @@ using ojson = nlohmann::ordered_json;
 
 fs::path TemplatesDir() { return LlamaCppDir() / "models" / "templates"; }
 
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 void WriteFile(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
 }
