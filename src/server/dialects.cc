@@ -50,7 +50,10 @@ std::optional<ApiError> CheckFields(const nlohmann::ordered_json& obj, const std
                                     std::initializer_list<std::string_view> accepted,
                                     std::initializer_list<std::string_view> refused) {
   if (!obj.is_object()) return std::nullopt;
-  for (const auto& [key, value] : obj.items()) {
+  for (const auto& item : obj.items()) {
+    // Named, not a structured binding: the lambda below captures it (clang refuses that).
+    const std::string& key = item.key();
+    const auto& value = item.value();
     const std::string path = where.empty() ? key : where + "." + key;
     auto in = [&](std::initializer_list<std::string_view> list) {
       for (std::string_view k : list) {
