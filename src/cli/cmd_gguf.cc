@@ -2,8 +2,6 @@
 // random-weight model of a real shape with a real tokenizer.
 #include <CLI/CLI.hpp>
 
-#include <fstream>
-#include <iterator>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +15,7 @@
 #include "model/model_shapes.h"
 #include "model/quantize.h"
 #include "model/synth.h"
+#include "util/file.h"
 
 namespace polychip::cli {
 namespace {
@@ -156,9 +155,9 @@ int RunSynth(const SynthArgs& a) {
   opts.threads = a.threads;
   opts.progress = !a.quiet;
   if (!a.chat_template_file.empty()) {
-    std::ifstream in(a.chat_template_file, std::ios::binary);
-    if (!in) return Error(NotFound("cannot read '" + a.chat_template_file + "'"));
-    opts.chat_template.assign(std::istreambuf_iterator<char>(in), {});
+    auto text = ReadFileToString(a.chat_template_file, "chat template file");
+    if (!text.ok()) return Error(text.status());
+    opts.chat_template = std::move(*text);
   }
   auto scheme = model::ParseQuantScheme(a.type);
   if (!scheme.ok()) return Error(scheme.status());

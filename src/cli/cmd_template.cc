@@ -5,8 +5,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "cli/command.h"
@@ -14,6 +12,7 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "util/file.h"
 
 namespace polychip::cli {
 namespace {
@@ -32,11 +31,8 @@ struct TemplateArgs {
 };
 
 StatusOr<ojson> ReadJsonFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(std::string("cannot read the ") + what + " file '" + path + "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  ojson j = ojson::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  PC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, std::string(what) + " file"));
+  ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument(path + " is not valid JSON");
   return j;
 }
@@ -53,12 +49,9 @@ Status Render(const TemplateArgs& args) {
     PC_ASSIGN_OR_RETURN(model::ChatFormat format, model::ChatFormatFromName(args.family));
     chat_template = model::ChatTemplate::FromFamily(format);
   } else {
-    std::ifstream in(args.template_file, std::ios::binary);
-    if (!in) return NotFound("cannot read the template file '" + args.template_file + "'");
-    std::stringstream text;
-    text << in.rdbuf();
-    PC_ASSIGN_OR_RETURN(chat_template, model::ChatTemplate::FromJinja(
-                                           text.str(), args.bos, args.eos, args.template_file));
+    PC_ASSIGN_OR_RETURN(std::string text, ReadFileToString(args.template_file, "template file"));
+    PC_ASSIGN_OR_RETURN(chat_template, model::ChatTemplate::FromJinja(text, args.bos, args.eos,
+                                                                      args.template_file));
     chat_template.set_default_kwargs(options.default_kwargs);
   }
   model::ChatInput input;

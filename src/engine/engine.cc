@@ -751,11 +751,21 @@ EngineStats Engine::Stats() const {
   return stats_;
 }
 
+namespace {
+
+// One metric family of a single sample in Prometheus' text format; `labels` without braces.
+void AppendMetric(const char* name, const char* type, const char* help, const std::string& labels,
+                  double value, std::string* out) {
+  *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+          name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(value) + "\n";
+}
+
+}  // namespace
+
 void Engine::RenderMetrics(std::string* out) const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   auto gauge = [&](const char* name, const char* type, const char* help, double value) {
-    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
-            name + " " + std::to_string(value) + "\n";
+    AppendMetric(name, type, help, "", value, out);
   };
   const EngineStats& s = stats_;
   gauge("polychip_num_running_reqs", "gauge", "Requests in the running batch.", s.running);
@@ -801,8 +811,7 @@ void Engine::RenderVllmMetrics(const std::string& model_name, std::string* out) 
   std::lock_guard<std::mutex> lock(stats_mu_);
   const std::string labels = "model_name=\"" + PromLabelValue(model_name) + "\"";
   auto one = [&](const char* name, const char* type, const char* help, double value) {
-    *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
-            name + "{" + labels + "} " + std::to_string(value) + "\n";
+    AppendMetric(name, type, help, labels, value, out);
   };
   const EngineStats& s = stats_;
   const double usage =
@@ -822,10 +831,8 @@ void Engine::RenderVllmMetrics(const std::string& model_name, std::string* out) 
       static_cast<double>(s.generation_tokens));
   one("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in number of tokens.",
       static_cast<double>(s.prefix.hit_tokens));
-  *out += "# HELP vllm:request_success_total Count of successfully processed requests.\n"
-          "# TYPE vllm:request_success_total counter\n"
-          "vllm:request_success_total{" + labels + "} " +
-          std::to_string(static_cast<double>(s.requests_finished)) + "\n";
+  one("vllm:request_success_total", "counter", "Count of successfully processed requests.",
+      static_cast<double>(s.requests_finished));
   // No LoRA adapters are served: the gauge exists with empty lists, as vLLM's does without any
   // (the Gateway API inference extension's endpoint picker reads it).
   *out += "# HELP vllm:lora_requests_info Running stats on lora requests.\n"

@@ -2,12 +2,10 @@
 // the hand-written families (chat_template.cc) where a file has none.
 #include <spdlog/spdlog.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "jinja/jinja.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "util/file.h"
 
 namespace polychip::model {
 
@@ -71,13 +69,9 @@ StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
     const std::string bos = TokenTextOrEmpty(tokenizer, tokenizer.bos());
     const std::string eos = TokenTextOrEmpty(tokenizer, tokenizer.eos());
     if (!options.template_file.empty()) {
-      std::ifstream in(options.template_file, std::ios::binary);
-      if (!in) {
-        return NotFound("cannot read the chat template file '" + options.template_file + "'");
-      }
-      std::stringstream text;
-      text << in.rdbuf();
-      PC_ASSIGN_OR_RETURN(result, FromJinja(text.str(), bos, eos, options.template_file));
+      PC_ASSIGN_OR_RETURN(std::string text,
+                          ReadFileToString(options.template_file, "chat template file"));
+      PC_ASSIGN_OR_RETURN(result, FromJinja(text, bos, eos, options.template_file));
     } else if (!vocab.chat_template.empty()) {
       std::string_view tool_use;
       for (const auto& [name, text] : vocab.named_chat_templates) {

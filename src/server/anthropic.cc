@@ -19,41 +19,20 @@ namespace {
 using nlohmann::json;
 using ordered = nlohmann::ordered_json;
 
-#define PC_DIALECT_TRY(expr)               \
-  do {                                     \
-    if (auto pc_e_ = (expr)) return pc_e_; \
-  } while (0)
-
-ApiError Bad(const std::string& param, const std::string& message) {
-  return Error(400, message, "invalid_request_error", param);
-}
-
-// The string member `key`, or "" when absent or not a string.
-std::string Str(const ordered& obj, const char* key) {
-  if (!obj.is_object()) return "";
-  auto it = obj.find(key);
-  return it != obj.end() && it->is_string() ? it->get<std::string>() : "";
-}
-
-bool Present(const ordered& obj, const char* key) {
-  auto it = obj.find(key);
-  return it != obj.end() && !it->is_null();
-}
-
 // A string, or an array of text blocks, as one text.
 std::optional<ApiError> TextOf(const ordered& v, const std::string& param, std::string* out) {
   if (v.is_string()) {
     *out = v.get<std::string>();
     return std::nullopt;
   }
-  if (!v.is_array()) return Bad(param, "'" + param + "' must be a string or an array of blocks");
+  if (!v.is_array()) return BadRequest(param, "'" + param + "' must be a string or an array of blocks");
   for (size_t j = 0; j < v.size(); ++j) {
     const ordered& b = v[j];
     const std::string at = param + "." + std::to_string(j);
-    if (Str(b, "type") != "text" || !b.contains("text") || !b["text"].is_string()) {
-      return Bad(at, "'" + at + "': only text blocks are supported here");
+    if (StringMember(b, "type") != "text" || !b.contains("text") || !b["text"].is_string()) {
+      return BadRequest(at, "'" + at + "': only text blocks are supported here");
     }
-    PC_DIALECT_TRY(CheckFields(b, at, {"type", "text", "cache_control", "citations"}, {}));
+    PC_API_TRY(CheckFields(b, at, {"type", "text", "cache_control", "citations"}, {}));
     *out += b["text"].get<std::string>();
   }
   return std::nullopt;
@@ -64,20 +43,20 @@ std::optional<ApiError> TextOf(const ordered& v, const std::string& param, std::
 // its tool_calls. Thinking handed back is dropped, as chat templates drop earlier reasoning.
 std::optional<ApiError> AddMessage(const ordered& m, size_t k, ordered* out) {
   const std::string param = "messages." + std::to_string(k);
-  if (!m.is_object()) return Bad(param, "'" + param + "' must be an object");
-  PC_DIALECT_TRY(CheckFields(m, param, {"role", "content"}, {}));
-  const std::string role = Str(m, "role");
+  if (!m.is_object()) return BadRequest(param, "'" + param + "' must be an object");
+  PC_API_TRY(CheckFields(m, param, {"role", "content"}, {}));
+  const std::string role = StringMember(m, "role");
   if (role != "user" && role != "assistant") {
-    return Bad(param + ".role", "'" + param + ".role' must be 'user' or 'assistant'");
+    return BadRequest(param + ".role", "'" + param + ".role' must be 'user' or 'assistant'");
   }
-  if (!Present(m, "content")) return Bad(param + ".content", "'content' is required");
+  if (!HasValue(m, "content")) return BadRequest(param + ".content", "'content' is required");
   const ordered& content = m["content"];
   if (content.is_string()) {
     out->push_back({{"role", role}, {"content", content}});
     return std::nullopt;
   }
   if (!content.is_array()) {
-    return Bad(param + ".content", "'content' must be a string or an array of blocks");
+    return BadRequest(param + ".content", "'content' must be a string or an array of blocks");
   }
   std::string text;
   ordered calls = ordered::array();
@@ -85,19 +64,19 @@ std::optional<ApiError> AddMessage(const ordered& m, size_t k, ordered* out) {
   for (size_t j = 0; j < content.size(); ++j) {
     const ordered& b = content[j];
     const std::string at = param + ".content." + std::to_string(j);
-    const std::string type = Str(b, "type");
+    const std::string type = StringMember(b, "type");
     if (type == "text") {
       std::string t;
-      PC_DIALECT_TRY(TextOf(ordered::array({b}), param + ".content", &t));
+      PC_API_TRY(TextOf(ordered::array({b}), param + ".content", &t));
       text += t;
     } else if (type == "tool_result" && role == "user") {
-      PC_DIALECT_TRY(
+      PC_API_TRY(
           CheckFields(b, at, {"type", "tool_use_id", "content", "is_error", "cache_control"}, {}));
       if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) {
-        return Bad(at + ".tool_use_id", "'tool_use_id' must be a string");
+        return BadRequest(at + ".tool_use_id", "'tool_use_id' must be a string");
       }
       std::string result;
-      if (Present(b, "content")) PC_DIALECT_TRY(TextOf(b["content"], at + ".content", &result));
+      if (HasValue(b, "content")) PC_API_TRY(TextOf(b["content"], at + ".content", &result));
       if (!text.empty()) {  // text before a result: keep the order
         out->push_back({{"role", "user"}, {"content", text}});
         text.clear();
@@ -105,13 +84,13 @@ std::optional<ApiError> AddMessage(const ordered& m, size_t k, ordered* out) {
       out->push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
       any_result = true;
     } else if (type == "tool_use" && role == "assistant") {
-      PC_DIALECT_TRY(CheckFields(b, at, {"type", "id", "name", "input", "cache_control"}, {}));
+      PC_API_TRY(CheckFields(b, at, {"type", "id", "name", "input", "cache_control"}, {}));
       if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") ||
           !b["name"].is_string()) {
-        return Bad(at, "'" + at + "': a tool_use block needs a string 'id' and 'name'");
+        return BadRequest(at, "'" + at + "': a tool_use block needs a string 'id' and 'name'");
       }
       const ordered input = b.contains("input") ? b["input"] : ordered::object();
-      if (!input.is_object()) return Bad(at + ".input", "'input' must be an object");
+      if (!input.is_object()) return BadRequest(at + ".input", "'input' must be an object");
       calls.push_back({{"id", b["id"]},
                        {"type", "function"},
                        {"function", {{"name", b["name"]}, {"arguments", input.dump()}}}});
@@ -119,9 +98,9 @@ std::optional<ApiError> AddMessage(const ordered& m, size_t k, ordered* out) {
       continue;
     } else if (type == "image" || type == "document" || type == "search_result" ||
                type == "container_upload") {
-      return Bad(at, "'" + at + "': " + type + " blocks are not supported by this server");
+      return BadRequest(at, "'" + at + "': " + type + " blocks are not supported by this server");
     } else {
-      return Bad(at,
+      return BadRequest(at,
                  "'" + at + "': a " + role + " message cannot hold a block of type '" + type + "'");
     }
   }
@@ -136,27 +115,27 @@ std::optional<ApiError> AddMessage(const ordered& m, size_t k, ordered* out) {
 }
 
 std::optional<ApiError> AddTools(const ordered& body, ordered* chat) {
-  if (Present(body, "tools")) {
+  if (HasValue(body, "tools")) {
     const ordered& tools = body["tools"];
-    if (!tools.is_array()) return Bad("tools", "'tools' must be an array");
+    if (!tools.is_array()) return BadRequest("tools", "'tools' must be an array");
     ordered list = ordered::array();
     for (size_t i = 0; i < tools.size(); ++i) {
       const ordered& t = tools[i];
       const std::string at = "tools." + std::to_string(i);
-      if (!t.is_object()) return Bad(at, "'" + at + "' must be an object");
-      const std::string type = Str(t, "type");
-      if (Present(t, "type") && type != "custom") {
-        return Bad(at + ".type", "server tool '" + type +
+      if (!t.is_object()) return BadRequest(at, "'" + at + "' must be an object");
+      const std::string type = StringMember(t, "type");
+      if (HasValue(t, "type") && type != "custom") {
+        return BadRequest(at + ".type", "server tool '" + type +
                                      "' is not supported by this server "
                                      "(client tools only: name, description, input_schema)");
       }
-      PC_DIALECT_TRY(CheckFields(
+      PC_API_TRY(CheckFields(
           t, at, {"type", "name", "description", "input_schema", "cache_control", "strict"}, {}));
       if (!t.contains("name") || !t["name"].is_string()) {
-        return Bad(at + ".name", "'" + at + ".name' must be a string");
+        return BadRequest(at + ".name", "'" + at + ".name' must be a string");
       }
       if (!t.contains("input_schema") || !t["input_schema"].is_object()) {
-        return Bad(at + ".input_schema", "'" + at + ".input_schema' must be a JSON Schema object");
+        return BadRequest(at + ".input_schema", "'" + at + ".input_schema' must be a JSON Schema object");
       }
       ordered fn = {{"name", t["name"]}};
       if (t.contains("description") && t["description"].is_string()) {
@@ -167,12 +146,12 @@ std::optional<ApiError> AddTools(const ordered& body, ordered* chat) {
     }
     chat->emplace("tools", std::move(list));
   }
-  if (Present(body, "tool_choice")) {
+  if (HasValue(body, "tool_choice")) {
     const ordered& tc = body["tool_choice"];
-    if (!tc.is_object()) return Bad("tool_choice", "'tool_choice' must be an object");
-    PC_DIALECT_TRY(
+    if (!tc.is_object()) return BadRequest("tool_choice", "'tool_choice' must be an object");
+    PC_API_TRY(
         CheckFields(tc, "tool_choice", {"type", "name", "disable_parallel_tool_use"}, {}));
-    const std::string type = Str(tc, "type");
+    const std::string type = StringMember(tc, "type");
     if (type == "auto") {
       (*chat)["tool_choice"] = "auto";
     } else if (type == "any") {
@@ -181,15 +160,15 @@ std::optional<ApiError> AddTools(const ordered& body, ordered* chat) {
       (*chat)["tool_choice"] = "none";
     } else if (type == "tool") {
       if (!tc.contains("name") || !tc["name"].is_string()) {
-        return Bad("tool_choice.name", "'tool_choice' of type 'tool' needs a 'name'");
+        return BadRequest("tool_choice.name", "'tool_choice' of type 'tool' needs a 'name'");
       }
       (*chat)["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
-      return Bad("tool_choice.type", "'tool_choice.type' must be auto, any, tool or none");
+      return BadRequest("tool_choice.type", "'tool_choice.type' must be auto, any, tool or none");
     }
-    if (Present(tc, "disable_parallel_tool_use")) {
+    if (HasValue(tc, "disable_parallel_tool_use")) {
       if (!tc["disable_parallel_tool_use"].is_boolean()) {
-        return Bad("tool_choice.disable_parallel_tool_use",
+        return BadRequest("tool_choice.disable_parallel_tool_use",
                    "'disable_parallel_tool_use' must be a boolean");
       }
       (*chat)["parallel_tool_calls"] = !tc["disable_parallel_tool_use"].get<bool>();
@@ -202,8 +181,8 @@ std::optional<ApiError> AddTools(const ordered& body, ordered* chat) {
 
 std::optional<ApiError> MessagesToChat(const ordered& body, const ParseLimits& limits,
                                        DialectRequest* out) {
-  if (!body.is_object()) return Bad("", "the request body must be a JSON object");
-  PC_DIALECT_TRY(
+  if (!body.is_object()) return BadRequest("", "the request body must be a JSON object");
+  PC_API_TRY(
       CheckFields(body, "",
                   {"model", "messages", "max_tokens", "system", "metadata", "stop_sequences",
                    "stream", "temperature", "top_k", "top_p", "tools", "tool_choice", "thinking",
@@ -214,85 +193,85 @@ std::optional<ApiError> MessagesToChat(const ordered& body, const ParseLimits& l
   ordered chat = ordered::object();
   // Anthropic requires a model; this server serves one, and takes its absence as that one, as
   // the chat route does.
-  if (Present(body, "model")) {
-    if (!body["model"].is_string()) return Bad("model", "'model' must be a string");
+  if (HasValue(body, "model")) {
+    if (!body["model"].is_string()) return BadRequest("model", "'model' must be a string");
     chat["model"] = body["model"];
   }
-  if (Present(body, "max_tokens")) {
+  if (HasValue(body, "max_tokens")) {
     const ordered& mt = body["max_tokens"];
     if (!mt.is_number_integer() || mt.get<int64_t>() < 1) {
-      return Bad("max_tokens", "'max_tokens' must be an integer of at least 1");
+      return BadRequest("max_tokens", "'max_tokens' must be an integer of at least 1");
     }
     if (limits.context_length > 0 && mt.get<int64_t>() > limits.context_length) {
-      return Bad("max_tokens", "'max_tokens' is " + mt.dump() +
+      return BadRequest("max_tokens", "'max_tokens' is " + mt.dump() +
                                    ", more than this server's "
                                    "context length (" +
                                    std::to_string(limits.context_length) + " tokens)");
     }
     chat["max_tokens"] = mt;
   } else if (!limits.count_only) {
-    return Bad("max_tokens", "'max_tokens' is required");
+    return BadRequest("max_tokens", "'max_tokens' is required");
   }
-  if (Present(body, "stream")) chat["stream"] = body["stream"];
-  if (Present(body, "temperature")) {
+  if (HasValue(body, "stream")) chat["stream"] = body["stream"];
+  if (HasValue(body, "temperature")) {
     const ordered& t = body["temperature"];
     if (!t.is_number() || t.get<double>() < 0 || t.get<double>() > 1) {
-      return Bad("temperature", "'temperature' must be a number in [0, 1]");
+      return BadRequest("temperature", "'temperature' must be a number in [0, 1]");
     }
     chat["temperature"] = t;
   }
   for (const char* key : {"top_p", "top_k", "ignore_eos", "seed"}) {
-    if (Present(body, key)) chat[key] = body[key];
+    if (HasValue(body, key)) chat[key] = body[key];
   }
-  if (Present(body, "stop_sequences")) {
+  if (HasValue(body, "stop_sequences")) {
     const ordered& stop = body["stop_sequences"];
-    if (!stop.is_array()) return Bad("stop_sequences", "'stop_sequences' must be an array");
+    if (!stop.is_array()) return BadRequest("stop_sequences", "'stop_sequences' must be an array");
     for (const auto& s : stop) {
-      if (!s.is_string()) return Bad("stop_sequences", "'stop_sequences' must hold strings");
+      if (!s.is_string()) return BadRequest("stop_sequences", "'stop_sequences' must hold strings");
     }
     chat["stop"] = stop;
     out->state["stop_sequences"] = json::parse(stop.dump());
   }
-  if (Present(body, "metadata") && !body["metadata"].is_object()) {
-    return Bad("metadata", "'metadata' must be an object");
+  if (HasValue(body, "metadata") && !body["metadata"].is_object()) {
+    return BadRequest("metadata", "'metadata' must be an object");
   }
-  if (Present(body, "thinking")) {
+  if (HasValue(body, "thinking")) {
     const ordered& th = body["thinking"];
-    const std::string type = Str(th, "type");
+    const std::string type = StringMember(th, "type");
     if (type != "enabled" && type != "disabled" && type != "adaptive") {
-      return Bad("thinking.type", "'thinking.type' must be enabled, disabled or adaptive");
+      return BadRequest("thinking.type", "'thinking.type' must be enabled, disabled or adaptive");
     }
-    PC_DIALECT_TRY(CheckFields(th, "thinking", {"type", "budget_tokens", "display"}, {}));
+    PC_API_TRY(CheckFields(th, "thinking", {"type", "budget_tokens", "display"}, {}));
   }
-  if (Present(body, "output_config")) {
+  if (HasValue(body, "output_config")) {
     const ordered& oc = body["output_config"];
-    PC_DIALECT_TRY(CheckFields(oc, "output_config", {"format"}, {"effort"}));
-    if (Present(oc, "format")) {
+    PC_API_TRY(CheckFields(oc, "output_config", {"format"}, {"effort"}));
+    if (HasValue(oc, "format")) {
       const ordered& f = oc["format"];
-      PC_DIALECT_TRY(CheckFields(f, "output_config.format", {"type", "schema"}, {}));
-      if (Str(f, "type") != "json_schema" || !f.contains("schema") || !f["schema"].is_object()) {
-        return Bad("output_config.format",
+      PC_API_TRY(CheckFields(f, "output_config.format", {"type", "schema"}, {}));
+      if (StringMember(f, "type") != "json_schema" || !f.contains("schema") || !f["schema"].is_object()) {
+        return BadRequest("output_config.format",
                    "'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}");
       }
       chat["response_format"] = {{"type", "json_schema"},
                                  {"json_schema", {{"name", "output"}, {"schema", f["schema"]}}}};
     }
   }
-  PC_DIALECT_TRY(AddTools(body, &chat));
+  PC_API_TRY(AddTools(body, &chat));
 
   ordered messages = ordered::array();
-  if (Present(body, "system")) {
+  if (HasValue(body, "system")) {
     std::string system;
-    PC_DIALECT_TRY(TextOf(body["system"], "system", &system));
+    PC_API_TRY(TextOf(body["system"], "system", &system));
     messages.push_back({{"role", "system"}, {"content", system}});
   }
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
-    return Bad("messages", "'messages' must be a non-empty array");
+    return BadRequest("messages", "'messages' must be a non-empty array");
   }
   const ordered& list = body["messages"];
-  for (size_t k = 0; k < list.size(); ++k) PC_DIALECT_TRY(AddMessage(list[k], k, &messages));
-  if (Str(list.back(), "role") == "assistant") {
-    return Bad("messages",
+  for (size_t k = 0; k < list.size(); ++k) PC_API_TRY(AddMessage(list[k], k, &messages));
+  if (StringMember(list.back(), "role") == "assistant") {
+    return BadRequest("messages",
                "a final assistant message (a prefill to continue) is not supported by "
                "this server: the last message must be the user's");
   }

@@ -13,23 +13,16 @@ namespace {
 
 using nlohmann::json;
 
-ApiError Bad(std::string param, std::string message) {
-  ApiError e;
-  e.param = std::move(param);
-  e.message = std::move(message);
-  return e;
-}
-
 // Field readers: an absent or null field leaves *out unchanged; a wrong type or an out-of-range
 // value is a 400 naming the field.
 std::optional<ApiError> GetNumber(const json& j, const char* key, double lo, double hi,
                                   double* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return Bad(key, std::string("'") + key + "' must be a number");
+  if (!it->is_number()) return BadRequest(key, std::string("'") + key + "' must be a number");
   const double v = it->get<double>();
   if (!(v >= lo && v <= hi)) {
-    return Bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) +
+    return BadRequest(key, std::string("'") + key + "' must be between " + std::to_string(lo) +
                         " and " + std::to_string(hi) + ", got " + it->dump());
   }
   *out = v;
@@ -48,13 +41,13 @@ std::optional<ApiError> GetInt(const json& j, const char* key, int64_t lo, int64
                                int64_t* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number_integer()) return Bad(key, std::string("'") + key + "' must be an integer");
+  if (!it->is_number_integer()) return BadRequest(key, std::string("'") + key + "' must be an integer");
   const int64_t v = it->is_number_unsigned()
                         ? static_cast<int64_t>(std::min<uint64_t>(
                               it->get<uint64_t>(), std::numeric_limits<int64_t>::max()))
                         : it->get<int64_t>();
   if (v < lo || v > hi) {
-    return Bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+    return BadRequest(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
                         std::to_string(hi) + ", got " + std::to_string(v));
   }
   *out = v;
@@ -64,7 +57,7 @@ std::optional<ApiError> GetInt(const json& j, const char* key, int64_t lo, int64
 std::optional<ApiError> GetBool(const json& j, const char* key, bool* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) return Bad(key, std::string("'") + key + "' must be a boolean");
+  if (!it->is_boolean()) return BadRequest(key, std::string("'") + key + "' must be a boolean");
   *out = it->get<bool>();
   return std::nullopt;
 }
@@ -72,24 +65,24 @@ std::optional<ApiError> GetBool(const json& j, const char* key, bool* out) {
 std::optional<ApiError> GetString(const json& j, const char* key, std::string* out) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) return Bad(key, std::string("'") + key + "' must be a string");
+  if (!it->is_string()) return BadRequest(key, std::string("'") + key + "' must be a string");
   *out = it->get<std::string>();
   return std::nullopt;
 }
 
 std::optional<ApiError> GetTokenIds(const json& v, const char* key, int64_t vocab,
                                     std::vector<int32_t>* out, int64_t max_len = 0) {
-  if (!v.is_array()) return Bad(key, std::string("'") + key + "' must be an array of token ids");
+  if (!v.is_array()) return BadRequest(key, std::string("'") + key + "' must be an array of token ids");
   // Before a copy: a prompt longer than the context can never run.
   if (max_len > 0 && static_cast<int64_t>(v.size()) > max_len) {
-    return Bad(key, std::string("'") + key + "' has " + std::to_string(v.size()) +
+    return BadRequest(key, std::string("'") + key + "' has " + std::to_string(v.size()) +
                         " tokens, more than the context length " + std::to_string(max_len));
   }
   for (const auto& t : v) {
-    if (!t.is_number_integer()) return Bad(key, std::string("'") + key + "' must hold integers");
+    if (!t.is_number_integer()) return BadRequest(key, std::string("'") + key + "' must hold integers");
     const int64_t id = t.get<int64_t>();
     if (id < 0 || id >= vocab) {
-      return Bad(key, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+      return BadRequest(key, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                           std::to_string(vocab) + ")");
     }
     out->push_back(static_cast<int32_t>(id));
@@ -101,14 +94,9 @@ std::optional<ApiError> GetTokenIds(const json& v, const char* key, int64_t voca
 constexpr size_t kMaxInputsPerRequest = 256;
 
 ApiError TooManyInputs(size_t prompts, int n) {
-  return Bad("n", std::to_string(prompts) + " prompts x n = " + std::to_string(n) + " is more " +
+  return BadRequest("n", std::to_string(prompts) + " prompts x n = " + std::to_string(n) + " is more " +
                        "than " + std::to_string(kMaxInputsPerRequest) + " generations in one request");
 }
-
-#define PC_API_TRY(expr)              \
-  do {                                \
-    if (auto pc_e_ = (expr)) return pc_e_; \
-  } while (0)
 
 // The sampling fields shared by the OpenAI bodies and SGLang's sampling_params.
 std::optional<ApiError> ParseSampling(const json& j, bool sglang, const ParseLimits& limits,
@@ -116,7 +104,7 @@ std::optional<ApiError> ParseSampling(const json& j, bool sglang, const ParseLim
   p->temperature = 1.f;  // OpenAI's and SGLang's default
   PC_API_TRY(GetFloat(j, "temperature", 0, 100, &p->temperature));
   PC_API_TRY(GetFloat(j, "top_p", 0, 1, &p->top_p));
-  if (p->top_p <= 0) return Bad("top_p", "'top_p' must be in (0, 1]");
+  if (p->top_p <= 0) return BadRequest("top_p", "'top_p' must be in (0, 1]");
   int64_t top_k = 0;
   PC_API_TRY(GetInt(j, "top_k", -1, 1 << 30, &top_k));
   p->top_k = static_cast<int32_t>(top_k);
@@ -133,13 +121,13 @@ std::optional<ApiError> ParseSampling(const json& j, bool sglang, const ParseLim
   for (const char* key : {"max_tokens", "max_completion_tokens", "max_new_tokens"}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
-    if (!it->is_number_integer()) return Bad(key, std::string("'") + key + "' must be an integer");
+    if (!it->is_number_integer()) return BadRequest(key, std::string("'") + key + "' must be an integer");
     const int64_t v = it->get<int64_t>();
     if (v < 1) {
-      return Bad(key, std::string("'") + key + "' must be at least 1, got " + it->dump());
+      return BadRequest(key, std::string("'") + key + "' must be at least 1, got " + it->dump());
     }
     if (v > max_allowed) {
-      return Bad(key, std::string("'") + key + "' is " + std::to_string(v) +
+      return BadRequest(key, std::string("'") + key + "' is " + std::to_string(v) +
                           ", more than this server's context length (" +
                           std::to_string(max_allowed) + " tokens)");
     }
@@ -157,24 +145,24 @@ std::optional<ApiError> ParseSampling(const json& j, bool sglang, const ParseLim
       p->stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
       for (const auto& s : *it) {
-        if (!s.is_string()) return Bad("stop", "'stop' must be a string or an array of strings");
+        if (!s.is_string()) return BadRequest("stop", "'stop' must be a string or an array of strings");
         p->stop.push_back(s.get<std::string>());
       }
     } else {
-      return Bad("stop", "'stop' must be a string or an array of strings");
+      return BadRequest("stop", "'stop' must be a string or an array of strings");
     }
-    if (p->stop.size() > 16) return Bad("stop", "at most 16 stop strings");
+    if (p->stop.size() > 16) return BadRequest("stop", "at most 16 stop strings");
   }
   if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null()) {
-    if (!it->is_object()) return Bad("logit_bias", "'logit_bias' must map token ids to numbers");
+    if (!it->is_object()) return BadRequest("logit_bias", "'logit_bias' must map token ids to numbers");
     for (const auto& [key, bias] : it->items()) {
       char* end = nullptr;
       const long id = std::strtol(key.c_str(), &end, 10);
       if (key.empty() || *end != '\0' || id < 0 || id > std::numeric_limits<int32_t>::max()) {
-        return Bad("logit_bias", "'logit_bias' keys must be token ids, got '" + key + "'");
+        return BadRequest("logit_bias", "'logit_bias' keys must be token ids, got '" + key + "'");
       }
       if (!bias.is_number() || bias.get<double>() < -100 || bias.get<double>() > 100) {
-        return Bad("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+        return BadRequest("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
       }
       p->logit_bias.push_back({static_cast<int32_t>(id), bias.get<float>()});
     }
@@ -188,22 +176,22 @@ std::optional<ApiError> ParseSampling(const json& j, bool sglang, const ParseLim
 
 std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatMessage>* out) {
   auto it = body.find("messages");
-  if (it == body.end()) return Bad("messages", "'messages' is required");
+  if (it == body.end()) return BadRequest("messages", "'messages' is required");
   if (!it->is_array() || it->empty()) {
-    return Bad("messages", "'messages' must be a non-empty array");
+    return BadRequest("messages", "'messages' must be a non-empty array");
   }
   for (const auto& m : *it) {
-    if (!m.is_object()) return Bad("messages", "each message must be an object");
+    if (!m.is_object()) return BadRequest("messages", "each message must be an object");
     model::ChatMessage msg;
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) {
-      return Bad("messages", "each message needs a string 'role'");
+      return BadRequest("messages", "each message needs a string 'role'");
     }
     msg.role = role->get<std::string>();
     if (msg.role == "developer") msg.role = "system";
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
         msg.role != "tool" && msg.role != "ipython") {
-      return Bad("messages", "unknown role '" + msg.role + "'");
+      return BadRequest("messages", "unknown role '" + msg.role + "'");
     }
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
@@ -214,12 +202,12 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
       for (const auto& part : *content) {
         if (!part.is_object() || part.value("type", "") != "text" ||
             !part.contains("text") || !part["text"].is_string()) {
-          return Bad("messages", "only text content parts are supported");
+          return BadRequest("messages", "only text content parts are supported");
         }
         msg.content += part["text"].get<std::string>();
       }
     } else {
-      return Bad("messages", "'content' must be a string or an array of text parts");
+      return BadRequest("messages", "'content' must be a string or an array of text parts");
     }
     out->push_back(std::move(msg));
   }
@@ -229,30 +217,31 @@ std::optional<ApiError> ParseMessages(const json& body, std::vector<model::ChatM
 }  // namespace
 
 std::optional<ApiError> ParseChatInput(const json& body, std::string_view raw_body,
-                                       const TextCodec& codec, const ToolRequest& tools,
+                                       const TextCodec& codec, ToolRequest* tools,
                                        model::ChatInput* out) {
-  std::vector<model::ChatMessage> plain;
-  PC_API_TRY(ParseMessages(body, &plain));  // validates roles and content
-  // The conversation with its keys in the client's order: templates print tool schemas with
-  // tojson, in the order Python would keep.
+  // The body with its keys in the client's order, read once: tool schemas keep their order
+  // for the forcing grammar, and templates print them with tojson in the order Python keeps.
   auto ordered = nlohmann::ordered_json::parse(raw_body, nullptr, /*allow_exceptions=*/false);
   if (ordered.is_discarded() || !ordered.is_object()) {
     ordered = nlohmann::ordered_json::parse(body.dump());
   }
+  PC_API_TRY(ParseTools(body, ordered, tools));
+  std::vector<model::ChatMessage> plain;
+  PC_API_TRY(ParseMessages(body, &plain));  // validates roles and content
   if (!codec.template_renders_tools()) {
     // A built-in family (or a template that never mentions tools): the tool list, assistant
     // tool_calls and tool results become the family's text in plain messages.
     out->messages = nlohmann::ordered_json::parse(
-        RenderToolMessages(codec.chat_format(), tools, body["messages"]).dump());
+        RenderToolMessages(codec.chat_format(), *tools, body["messages"]).dump());
   } else {
     out->messages = ordered["messages"];
-    if (tools.active()) {
+    if (tools->active()) {
       if (auto t = ordered.find("tools"); t != ordered.end() && t->is_array()) out->tools = *t;
     }
   }
   if (auto it = ordered.find("chat_template_kwargs"); it != ordered.end() && !it->is_null()) {
     if (!it->is_object()) {
-      return Bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      return BadRequest("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     }
     out->kwargs = *it;
   }
@@ -273,21 +262,21 @@ std::optional<ApiError> RejectUnimplemented(ApiKind kind, const json& body) {
   for (const char* key : {"functions", "function_call", "audio",
                           "prediction", "web_search_options", "reasoning_effort"}) {
     if (present(key)) {
-      return Bad(key, std::string("'") + key + "' is not supported by this server");
+      return BadRequest(key, std::string("'") + key + "' is not supported by this server");
     }
   }
   if (present("modalities")) {
     const json& m = body["modalities"];
     if (!(m.is_array() && m.size() == 1 && m[0] == "text")) {
-      return Bad("modalities", "only the 'text' modality is supported");
+      return BadRequest("modalities", "only the 'text' modality is supported");
     }
   }
   if (kind == ApiKind::kCompletion) {
     if (present("suffix") && !(body["suffix"].is_string() && body["suffix"].get<std::string>().empty())) {
-      return Bad("suffix", "'suffix' (insertion) is not supported by this server");
+      return BadRequest("suffix", "'suffix' (insertion) is not supported by this server");
     }
     if (present("best_of") && !(body["best_of"].is_number_integer() && body["best_of"].get<int64_t>() == 1)) {
-      return Bad("best_of", "'best_of' other than 1 is not supported by this server");
+      return BadRequest("best_of", "'best_of' other than 1 is not supported by this server");
     }
   }
   return std::nullopt;
@@ -322,7 +311,7 @@ std::optional<ApiError> ParseConstraint(ApiKind kind, const json& body, const js
   if (kind != ApiKind::kGenerate) {
     if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
       if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string()) {
-        return Bad("response_format", "'response_format' must be an object with a 'type'");
+        return BadRequest("response_format", "'response_format' must be an object with a 'type'");
       }
       const std::string type = (*it)["type"].get<std::string>();
       if (type == "json_object") {
@@ -330,11 +319,11 @@ std::optional<ApiError> ParseConstraint(ApiKind kind, const json& body, const js
       } else if (type == "json_schema") {
         auto js = it->find("json_schema");
         if (js == it->end() || !js->is_object()) {
-          return Bad("response_format", "'response_format.json_schema' must be an object");
+          return BadRequest("response_format", "'response_format.json_schema' must be an object");
         }
         auto schema = js->find("schema");
         if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
-          return Bad("response_format",
+          return BadRequest("response_format",
                      "'response_format.json_schema.schema' must be a JSON Schema object");
         }
         found.push_back({grammar::ConstraintKind::kJsonSchema,
@@ -342,18 +331,18 @@ std::optional<ApiError> ParseConstraint(ApiKind kind, const json& body, const js
                                            *schema),
                          "response_format"});
       } else if (type != "text") {
-        return Bad("response_format", "unknown response_format type '" + type +
+        return BadRequest("response_format", "unknown response_format type '" + type +
                                           "' (text, json_object or json_schema)");
       }
     }
     if (auto it = body.find("json_schema"); it != body.end() && !it->is_null()) {
-      if (!it->is_object()) return Bad("json_schema", "'json_schema' must be an object");
+      if (!it->is_object()) return BadRequest("json_schema", "'json_schema' must be an object");
       found.push_back({grammar::ConstraintKind::kJsonSchema,
                        OrderedSchemaText(limits, {"json_schema"}, *it), "json_schema"});
     }
   } else if (auto it = sp.find("json_schema"); it != sp.end() && !it->is_null()) {
     if (!it->is_string()) {
-      return Bad("sampling_params.json_schema", "'json_schema' must be a string (a JSON schema)");
+      return BadRequest("sampling_params.json_schema", "'json_schema' must be a string (a JSON schema)");
     }
     found.push_back({grammar::ConstraintKind::kJsonSchema, it->get<std::string>(),
                      "sampling_params.json_schema"});
@@ -363,18 +352,18 @@ std::optional<ApiError> ParseConstraint(ApiKind kind, const json& body, const js
                                std::pair{"grammar", grammar::ConstraintKind::kEbnf}}) {
     auto it = src.find(key);
     if (it == src.end() || it->is_null()) continue;
-    if (!it->is_string()) return Bad(prefix + key, "'" + std::string(key) + "' must be a string");
+    if (!it->is_string()) return BadRequest(prefix + key, "'" + std::string(key) + "' must be a string");
     found.push_back({ck, it->get<std::string>(), prefix + key});
   }
   if (found.empty()) return std::nullopt;
   if (found.size() > 1) {
-    return Bad(found[1].param, "only one of response_format, json_schema, regex, ebnf and "
+    return BadRequest(found[1].param, "only one of response_format, json_schema, regex, ebnf and "
                                "grammar may be given");
   }
   grammar::GrammarCache* cache = limits.grammars ? limits.grammars() : nullptr;
-  if (!cache) return Bad(found[0].param, "structured outputs are not available on this server");
+  if (!cache) return BadRequest(found[0].param, "structured outputs are not available on this server");
   auto g = cache->Get(found[0].kind, found[0].text);
-  if (!g.ok()) return Bad(found[0].param, g.status().message());
+  if (!g.ok()) return BadRequest(found[0].param, g.status().message());
   p->grammar = *g;
   return std::nullopt;
 }
@@ -440,7 +429,7 @@ bool IsValidUtf8(std::string_view s) {
 
 std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const TextCodec& codec,
                                         const ParseLimits& limits, ApiRequest* out) {
-  if (!body.is_object()) return Bad("", "the request body must be a JSON object");
+  if (!body.is_object()) return BadRequest("", "the request body must be a JSON object");
   if (kind == ApiKind::kMessages || kind == ApiKind::kResponses) {
     return ParseDialectRequest(kind, body, codec, limits, out);
   }
@@ -450,7 +439,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
   PC_API_TRY(GetString(body, "model", &out->model));
   PC_API_TRY(GetBool(body, "stream", &out->stream));
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return Bad("stream_options", "'stream_options' must be an object");
+    if (!it->is_object()) return BadRequest("stream_options", "'stream_options' must be an object");
     PC_API_TRY(GetBool(*it, "include_usage", &out->include_usage));
   }
   int64_t n = 1;
@@ -463,12 +452,11 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
   const int64_t vocab = codec.vocab_size();
   if (kind == ApiKind::kChat) {
     auto tools = std::make_shared<ToolRequest>();
-    PC_API_TRY(ParseTools(body, limits.raw_body, tools.get()));
     out->chat_format = codec.chat_format();
     model::ChatInput chat;
-    PC_API_TRY(ParseChatInput(body, limits.raw_body, codec, *tools, &chat));
+    PC_API_TRY(ParseChatInput(body, limits.raw_body, codec, tools.get(), &chat));
     auto encoded = codec.EncodeChat(chat);
-    if (!encoded.ok()) return Bad("messages", encoded.status().message());
+    if (!encoded.ok()) return BadRequest("messages", encoded.status().message());
     prompts.push_back(std::move(*encoded));
     out->output_format = codec.output_format();
     if (limits.reasoning_parser == "none") {
@@ -482,15 +470,15 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
     PC_API_TRY(ParseConstraint(kind, body, json::object(), limits, &params));
     if (tools->active()) {
       auto forced = ToolCallGrammar(out->output_format, *tools, out->starts_in_reasoning);
-      if (!forced.ok()) return Bad("tools", forced.status().message());
+      if (!forced.ok()) return BadRequest("tools", forced.status().message());
       if (forced->has_value()) {
         if (params.grammar) {
-          return Bad("tool_choice", "a forced tool call cannot be combined with response_format");
+          return BadRequest("tool_choice", "a forced tool call cannot be combined with response_format");
         }
         grammar::GrammarCache* cache = limits.grammars ? limits.grammars() : nullptr;
-        if (!cache) return Bad("tool_choice", "constrained tool calls are not available here");
+        if (!cache) return BadRequest("tool_choice", "constrained tool calls are not available here");
         auto g = cache->Get(grammar::ConstraintKind::kEbnf, **forced);
-        if (!g.ok()) return Bad("tools", g.status().message());
+        if (!g.ok()) return BadRequest("tools", g.status().message());
         params.grammar = *g;
       }
       out->tools = tools;
@@ -501,7 +489,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
     if (out->chat_logprobs) out->logprobs = static_cast<int>(top);
   } else if (kind == ApiKind::kCompletion) {
     auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) return Bad("prompt", "'prompt' is required");
+    if (it == body.end() || it->is_null()) return BadRequest("prompt", "'prompt' is required");
     if (it->is_string()) {
       out->prompt_texts.push_back(it->get<std::string>());
       prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
@@ -522,7 +510,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
         }
       }
     } else {
-      return Bad("prompt", "'prompt' must be a string, an array of strings or of token ids");
+      return BadRequest("prompt", "'prompt' must be a string, an array of strings or of token ids");
     }
     PC_API_TRY(ParseSampling(body, false, limits, /*default_max_tokens=*/16, &params));
     PC_API_TRY(ParseConstraint(kind, body, json::object(), limits, &params));
@@ -535,21 +523,21 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
     auto text = body.find("text");
     auto ids = body.find("input_ids");
     if (text != body.end() && !text->is_null() && ids != body.end() && !ids->is_null()) {
-      return Bad("input_ids", "give one of 'text' or 'input_ids', not both");
+      return BadRequest("input_ids", "give one of 'text' or 'input_ids', not both");
     }
     if (text != body.end() && !text->is_null()) {
-      if (!text->is_string()) return Bad("text", "'text' must be a string");
+      if (!text->is_string()) return BadRequest("text", "'text' must be a string");
       out->prompt_texts.push_back(text->get<std::string>());
       prompts.push_back(codec.Encode(out->prompt_texts.back(), true));
     } else if (ids != body.end() && !ids->is_null()) {
       prompts.emplace_back();
       PC_API_TRY(GetTokenIds(*ids, "input_ids", vocab, &prompts.back(), limits.context_length));
     } else {
-      return Bad("text", "one of 'text' or 'input_ids' is required");
+      return BadRequest("text", "one of 'text' or 'input_ids' is required");
     }
     json sp = json::object();
     if (auto it = body.find("sampling_params"); it != body.end() && !it->is_null()) {
-      if (!it->is_object()) return Bad("sampling_params", "'sampling_params' must be an object");
+      if (!it->is_object()) return BadRequest("sampling_params", "'sampling_params' must be an object");
       sp = *it;
     }
     PC_API_TRY(ParseSampling(sp, sglang, limits, /*default_max_tokens=*/128, &params));
@@ -568,13 +556,13 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
   if (prompts.size() * out->n > kMaxInputsPerRequest) return TooManyInputs(prompts.size(), out->n);
   for (const auto& prompt : prompts) {
     if (limits.context_length > 0 && static_cast<int64_t>(prompt.size()) > limits.context_length) {
-      return Bad("prompt", "the prompt has " + std::to_string(prompt.size()) +
+      return BadRequest("prompt", "the prompt has " + std::to_string(prompt.size()) +
                                " tokens, more than the context length " +
                                std::to_string(limits.context_length));
     }
   }
   for (size_t p = 0; p < prompts.size(); ++p) {
-    if (prompts[p].empty()) return Bad("prompt", "the prompt is empty");
+    if (prompts[p].empty()) return BadRequest("prompt", "the prompt is empty");
     for (int i = 0; i < out->n; ++i) {
       engine::GenerateInput in;
       in.prompt = prompts[p];

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +30,20 @@ struct ApiError {
   std::string param;  // the offending field, or ""
   nlohmann::json ToJson() const;
 };
+
+// A 400 invalid_request_error naming the offending field.
+inline ApiError BadRequest(std::string param, std::string message) {
+  ApiError e;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  return e;
+}
+
+// Returns from a parser when `expr` (a std::optional<ApiError>) holds an error.
+#define PC_API_TRY(expr)                   \
+  do {                                     \
+    if (auto pc_e_ = (expr)) return pc_e_; \
+  } while (0)
 
 // kMessages (Anthropic) and kResponses (OpenAI Responses) are translated into chat requests
 // (server/dialects.h) and answered by their own writers.
@@ -87,9 +102,10 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const nlohmann::json& body
                                         ApiRequest* out);
 
 // The conversation of a chat body (messages, tools, chat_template_kwargs,
-// add_generation_prompt) as the codec's template takes it; `raw_body` keeps the keys' order.
+// add_generation_prompt) as the codec's template takes it, and its `tools` / `tool_choice`;
+// `raw_body` keeps the keys' order.
 std::optional<ApiError> ParseChatInput(const nlohmann::json& body, std::string_view raw_body,
-                                       const TextCodec& codec, const ToolRequest& tools,
+                                       const TextCodec& codec, ToolRequest* tools,
                                        model::ChatInput* out);
 
 // True if `s` is valid UTF-8.

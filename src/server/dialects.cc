@@ -46,6 +46,17 @@ std::optional<ApiError> ParseDialectRequest(ApiKind kind, const json& body, cons
   return std::nullopt;
 }
 
+std::string StringMember(const nlohmann::ordered_json& obj, const char* key) {
+  if (!obj.is_object()) return "";
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+bool HasValue(const nlohmann::ordered_json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it != obj.end() && !it->is_null();
+}
+
 std::optional<ApiError> CheckFields(const nlohmann::ordered_json& obj, const std::string& where,
                                     std::initializer_list<std::string_view> accepted,
                                     std::initializer_list<std::string_view> refused) {

@@ -32,6 +32,12 @@ std::optional<ApiError> MessagesToChat(const nlohmann::ordered_json& body,
 std::optional<ApiError> ResponsesToChat(const nlohmann::ordered_json& body,
                                         const ParseLimits& limits, DialectRequest* out);
 
+// The string member `key` of `obj`, or "" when `obj` is not an object or the member is absent
+// or not a string.
+std::string StringMember(const nlohmann::ordered_json& obj, const char* key);
+// Whether `obj` has member `key` and it is not null.
+bool HasValue(const nlohmann::ordered_json& obj, const char* key);
+
 // A 400 for a member of `obj` that is in `refused` (known, but this server cannot honour it) or
 // in neither list (unknown, as both APIs refuse them). `where`: the object's path, "" at the top.
 std::optional<ApiError> CheckFields(const nlohmann::ordered_json& obj, const std::string& where,

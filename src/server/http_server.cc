@@ -378,9 +378,7 @@ class HttpServer::Impl {
   bool ReadChatInput(const httplib::Request& req, httplib::Response& res, const json& body,
                      model::ChatInput* chat) {
     ToolRequest tools;
-    std::optional<ApiError> error = ParseTools(body, req.body, &tools);
-    if (!error) error = ParseChatInput(body, req.body, *codec_, tools, chat);
-    if (error) {
+    if (auto error = ParseChatInput(body, req.body, *codec_, &tools, chat)) {
       SendError(res, *error);
       return false;
     }

@@ -21,26 +21,6 @@ namespace {
 using nlohmann::json;
 using ordered = nlohmann::ordered_json;
 
-#define PC_DIALECT_TRY(expr)               \
-  do {                                     \
-    if (auto pc_e_ = (expr)) return pc_e_; \
-  } while (0)
-
-ApiError Bad(const std::string& param, const std::string& message) {
-  return Error(400, message, "invalid_request_error", param);
-}
-
-std::string Str(const ordered& obj, const char* key) {
-  if (!obj.is_object()) return "";
-  auto it = obj.find(key);
-  return it != obj.end() && it->is_string() ? it->get<std::string>() : "";
-}
-
-bool Present(const ordered& obj, const char* key) {
-  auto it = obj.find(key);
-  return it != obj.end() && !it->is_null();
-}
-
 json Plain(const ordered& v) { return json::parse(v.dump()); }
 
 // A message item's content: a string, or input_text / output_text parts.
@@ -50,20 +30,20 @@ std::optional<ApiError> ContentText(const ordered& content, const std::string& p
     *out = content.get<std::string>();
     return std::nullopt;
   }
-  if (!content.is_array()) return Bad(param, "'" + param + "' must be a string or an array");
+  if (!content.is_array()) return BadRequest(param, "'" + param + "' must be a string or an array");
   for (size_t j = 0; j < content.size(); ++j) {
     const ordered& part = content[j];
     const std::string at = param + "." + std::to_string(j);
-    const std::string type = Str(part, "type");
+    const std::string type = StringMember(part, "type");
     if (type == "input_text" || type == "output_text" || type == "text") {
       if (!part.contains("text") || !part["text"].is_string()) {
-        return Bad(at + ".text", "'" + at + ".text' must be a string");
+        return BadRequest(at + ".text", "'" + at + ".text' must be a string");
       }
       *out += part["text"].get<std::string>();
     } else if (type == "refusal") {
-      *out += Str(part, "refusal");
+      *out += StringMember(part, "refusal");
     } else {
-      return Bad(at, "'" + at + "': content of type '" + type +
+      return BadRequest(at, "'" + at + "': content of type '" + type +
                          "' is not supported by this server (text only)");
     }
   }
@@ -78,29 +58,29 @@ std::optional<ApiError> AddInput(const ordered& input, ordered* messages) {
     messages->push_back({{"role", "user"}, {"content", input}});
     return std::nullopt;
   }
-  if (!input.is_array()) return Bad("input", "'input' must be a string or an array of items");
+  if (!input.is_array()) return BadRequest("input", "'input' must be a string or an array of items");
   for (size_t k = 0; k < input.size(); ++k) {
     const ordered& item = input[k];
     const std::string at = "input." + std::to_string(k);
-    if (!item.is_object()) return Bad(at, "'" + at + "' must be an object");
-    const std::string type = Present(item, "type") ? Str(item, "type") : "message";
+    if (!item.is_object()) return BadRequest(at, "'" + at + "' must be an object");
+    const std::string type = HasValue(item, "type") ? StringMember(item, "type") : "message";
     if (type == "message") {
-      PC_DIALECT_TRY(CheckFields(item, at, {"type", "role", "content", "id", "status"}, {}));
-      std::string role = Str(item, "role");
+      PC_API_TRY(CheckFields(item, at, {"type", "role", "content", "id", "status"}, {}));
+      std::string role = StringMember(item, "role");
       if (role == "developer") role = "system";
       if (role != "user" && role != "assistant" && role != "system") {
-        return Bad(at + ".role", "'" + at + ".role' must be user, assistant, system or developer");
+        return BadRequest(at + ".role", "'" + at + ".role' must be user, assistant, system or developer");
       }
-      if (!item.contains("content")) return Bad(at + ".content", "'content' is required");
+      if (!item.contains("content")) return BadRequest(at + ".content", "'content' is required");
       std::string text;
-      PC_DIALECT_TRY(ContentText(item["content"], at + ".content", &text));
+      PC_API_TRY(ContentText(item["content"], at + ".content", &text));
       messages->push_back({{"role", role}, {"content", text}});
     } else if (type == "function_call") {
-      PC_DIALECT_TRY(
+      PC_API_TRY(
           CheckFields(item, at, {"type", "call_id", "name", "arguments", "id", "status"}, {}));
-      if (Str(item, "call_id").empty() || Str(item, "name").empty() ||
+      if (StringMember(item, "call_id").empty() || StringMember(item, "name").empty() ||
           !item.contains("arguments") || !item["arguments"].is_string()) {
-        return Bad(at, "'" + at +
+        return BadRequest(at, "'" + at +
                            "': a function_call needs 'call_id', 'name' and 'arguments' "
                            "(strings)");
       }
@@ -108,7 +88,7 @@ std::optional<ApiError> AddInput(const ordered& input, ordered* messages) {
                       {"type", "function"},
                       {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}};
       ordered* last = messages->empty() ? nullptr : &messages->back();
-      if (last && Str(*last, "role") == "assistant") {
+      if (last && StringMember(*last, "role") == "assistant") {
         if (!last->contains("tool_calls")) (*last)["tool_calls"] = ordered::array();
         (*last)["tool_calls"].push_back(std::move(call));
       } else {
@@ -116,18 +96,18 @@ std::optional<ApiError> AddInput(const ordered& input, ordered* messages) {
             {{"role", "assistant"}, {"content", ""}, {"tool_calls", ordered::array({call})}});
       }
     } else if (type == "function_call_output") {
-      PC_DIALECT_TRY(CheckFields(item, at, {"type", "call_id", "output", "id", "status"}, {}));
-      if (Str(item, "call_id").empty() || !item.contains("output")) {
-        return Bad(at, "'" + at + "': a function_call_output needs 'call_id' and 'output'");
+      PC_API_TRY(CheckFields(item, at, {"type", "call_id", "output", "id", "status"}, {}));
+      if (StringMember(item, "call_id").empty() || !item.contains("output")) {
+        return BadRequest(at, "'" + at + "': a function_call_output needs 'call_id' and 'output'");
       }
       std::string output;
-      PC_DIALECT_TRY(ContentText(item["output"], at + ".output", &output));
+      PC_API_TRY(ContentText(item["output"], at + ".output", &output));
       messages->push_back(
           {{"role", "tool"}, {"tool_call_id", item["call_id"]}, {"content", output}});
     } else if (type == "reasoning") {
       continue;
     } else {
-      return Bad(at + ".type", "input items of type '" + type +
+      return BadRequest(at + ".type", "input items of type '" + type +
                                    "' are not supported by this server (message, function_call, "
                                    "function_call_output, reasoning)");
     }
@@ -136,73 +116,73 @@ std::optional<ApiError> AddInput(const ordered& input, ordered* messages) {
 }
 
 std::optional<ApiError> AddTools(const ordered& body, ordered* chat) {
-  if (Present(body, "tools")) {
+  if (HasValue(body, "tools")) {
     const ordered& tools = body["tools"];
-    if (!tools.is_array()) return Bad("tools", "'tools' must be an array");
+    if (!tools.is_array()) return BadRequest("tools", "'tools' must be an array");
     ordered list = ordered::array();
     for (size_t i = 0; i < tools.size(); ++i) {
       const ordered& t = tools[i];
       const std::string at = "tools." + std::to_string(i);
-      if (Str(t, "type") != "function") {
-        return Bad(at + ".type", "tools of type '" + Str(t, "type") +
+      if (StringMember(t, "type") != "function") {
+        return BadRequest(at + ".type", "tools of type '" + StringMember(t, "type") +
                                      "' are not supported by this server (function tools only)");
       }
-      PC_DIALECT_TRY(
+      PC_API_TRY(
           CheckFields(t, at, {"type", "name", "description", "parameters", "strict"}, {}));
-      if (Str(t, "name").empty()) return Bad(at + ".name", "'" + at + ".name' must be a string");
+      if (StringMember(t, "name").empty()) return BadRequest(at + ".name", "'" + at + ".name' must be a string");
       ordered fn = {{"name", t["name"]}};
       if (t.contains("description") && t["description"].is_string()) {
         fn["description"] = t["description"];
       }
-      if (Present(t, "parameters")) fn["parameters"] = t["parameters"];
+      if (HasValue(t, "parameters")) fn["parameters"] = t["parameters"];
       list.push_back({{"type", "function"}, {"function", fn}});
     }
     (*chat)["tools"] = std::move(list);
   }
-  if (Present(body, "tool_choice")) {
+  if (HasValue(body, "tool_choice")) {
     const ordered& tc = body["tool_choice"];
     if (tc.is_string()) {
       (*chat)["tool_choice"] = tc;  // auto, none, required: the chat parser checks
-    } else if (Str(tc, "type") == "function") {
-      PC_DIALECT_TRY(CheckFields(tc, "tool_choice", {"type", "name"}, {}));
-      if (Str(tc, "name").empty()) {
-        return Bad("tool_choice.name", "'tool_choice.name' must name a function");
+    } else if (StringMember(tc, "type") == "function") {
+      PC_API_TRY(CheckFields(tc, "tool_choice", {"type", "name"}, {}));
+      if (StringMember(tc, "name").empty()) {
+        return BadRequest("tool_choice.name", "'tool_choice.name' must name a function");
       }
       (*chat)["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
-      return Bad("tool_choice",
+      return BadRequest("tool_choice",
                  "'tool_choice' must be auto, none, required or "
                  "{\"type\": \"function\", \"name\": ...}");
     }
   }
-  if (Present(body, "parallel_tool_calls")) {
+  if (HasValue(body, "parallel_tool_calls")) {
     (*chat)["parallel_tool_calls"] = body["parallel_tool_calls"];
   }
   return std::nullopt;
 }
 
 std::optional<ApiError> AddTextFormat(const ordered& body, ordered* chat) {
-  if (!Present(body, "text")) return std::nullopt;
+  if (!HasValue(body, "text")) return std::nullopt;
   const ordered& text = body["text"];
-  PC_DIALECT_TRY(CheckFields(text, "text", {"format", "verbosity"}, {}));
-  if (!Present(text, "format")) return std::nullopt;
+  PC_API_TRY(CheckFields(text, "text", {"format", "verbosity"}, {}));
+  if (!HasValue(text, "format")) return std::nullopt;
   const ordered& f = text["format"];
-  const std::string type = Str(f, "type");
+  const std::string type = StringMember(f, "type");
   if (type == "text") return std::nullopt;
   if (type == "json_object") {
-    PC_DIALECT_TRY(CheckFields(f, "text.format", {"type"}, {}));
+    PC_API_TRY(CheckFields(f, "text.format", {"type"}, {}));
     (*chat)["response_format"] = {{"type", "json_object"}};
   } else if (type == "json_schema") {
-    PC_DIALECT_TRY(
+    PC_API_TRY(
         CheckFields(f, "text.format", {"type", "name", "schema", "strict", "description"}, {}));
     if (!f.contains("schema") || !f["schema"].is_object()) {
-      return Bad("text.format.schema", "'text.format.schema' must be a JSON Schema object");
+      return BadRequest("text.format.schema", "'text.format.schema' must be a JSON Schema object");
     }
-    ordered js = {{"name", Str(f, "name").empty() ? "output" : Str(f, "name")},
+    ordered js = {{"name", StringMember(f, "name").empty() ? "output" : StringMember(f, "name")},
                   {"schema", f["schema"]}};
     (*chat)["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
   } else {
-    return Bad("text.format.type", "'text.format.type' must be text, json_object or json_schema");
+    return BadRequest("text.format.type", "'text.format.type' must be text, json_object or json_schema");
   }
   return std::nullopt;
 }
@@ -211,8 +191,8 @@ std::optional<ApiError> AddTextFormat(const ordered& body, ordered* chat) {
 
 std::optional<ApiError> ResponsesToChat(const ordered& body, const ParseLimits& limits,
                                         DialectRequest* out) {
-  if (!body.is_object()) return Bad("", "the request body must be a JSON object");
-  PC_DIALECT_TRY(CheckFields(
+  if (!body.is_object()) return BadRequest("", "the request body must be a JSON object");
+  PC_API_TRY(CheckFields(
       body, "",
       {"model", "input", "instructions", "previous_response_id", "tools", "tool_choice",
        "parallel_tool_calls", "text", "max_output_tokens", "temperature", "top_p", "reasoning",
@@ -221,56 +201,56 @@ std::optional<ApiError> ResponsesToChat(const ordered& body, const ParseLimits& 
        // polychip's own, as on the chat route (bench-serving sends ignore_eos)
        "ignore_eos", "seed"},
       {"top_logprobs", "max_tool_calls", "prompt", "conversation"}));
-  if (Present(body, "background") && body["background"] != false) {
-    return Bad("background", "'background' responses are not supported by this server");
+  if (HasValue(body, "background") && body["background"] != false) {
+    return BadRequest("background", "'background' responses are not supported by this server");
   }
   // OpenAI's ranges (the chat parser allows wider ones for other clients).
-  if (Present(body, "temperature") &&
+  if (HasValue(body, "temperature") &&
       !(body["temperature"].is_number() && body["temperature"].get<double>() >= 0 &&
         body["temperature"].get<double>() <= 2)) {
-    return Bad("temperature", "'temperature' must be a number in [0, 2]");
+    return BadRequest("temperature", "'temperature' must be a number in [0, 2]");
   }
   ordered chat = ordered::object();
   for (const char* key : {"model", "stream", "temperature", "top_p", "ignore_eos", "seed"}) {
-    if (Present(body, key)) chat[key] = body[key];
+    if (HasValue(body, key)) chat[key] = body[key];
   }
-  if (Present(body, "max_output_tokens")) chat["max_tokens"] = body["max_output_tokens"];
-  PC_DIALECT_TRY(AddTools(body, &chat));
-  PC_DIALECT_TRY(AddTextFormat(body, &chat));
-  if (Present(body, "reasoning")) {
-    PC_DIALECT_TRY(
+  if (HasValue(body, "max_output_tokens")) chat["max_tokens"] = body["max_output_tokens"];
+  PC_API_TRY(AddTools(body, &chat));
+  PC_API_TRY(AddTextFormat(body, &chat));
+  if (HasValue(body, "reasoning")) {
+    PC_API_TRY(
         CheckFields(body["reasoning"], "reasoning", {"effort", "summary", "generate_summary"}, {}));
   }
   bool store = true;
-  if (Present(body, "store")) {
-    if (!body["store"].is_boolean()) return Bad("store", "'store' must be a boolean");
+  if (HasValue(body, "store")) {
+    if (!body["store"].is_boolean()) return BadRequest("store", "'store' must be a boolean");
     store = body["store"].get<bool>();
   }
 
   // The conversation: the previous response's, then this input. Instructions are not carried
   // over from a previous response (as OpenAI does): they lead this request only.
   ordered conversation = ordered::array();
-  if (Present(body, "previous_response_id")) {
+  if (HasValue(body, "previous_response_id")) {
     if (!body["previous_response_id"].is_string()) {
-      return Bad("previous_response_id", "'previous_response_id' must be a string");
+      return BadRequest("previous_response_id", "'previous_response_id' must be a string");
     }
     const std::string prev = body["previous_response_id"].get<std::string>();
     std::optional<ResponseStore::Entry> entry;
     if (limits.responses) entry = limits.responses->Get(prev);
     if (!entry) {
-      return Bad("previous_response_id", limits.responses ? limits.responses->Missing(prev)
+      return BadRequest("previous_response_id", limits.responses ? limits.responses->Missing(prev)
                                                           : "this server does not store responses");
     }
     conversation = ordered::parse(entry->conversation.dump());
   }
-  if (!Present(body, "input")) return Bad("input", "'input' is required");
-  PC_DIALECT_TRY(AddInput(body["input"], &conversation));
-  if (conversation.empty()) return Bad("input", "'input' holds no message");
+  if (!HasValue(body, "input")) return BadRequest("input", "'input' is required");
+  PC_API_TRY(AddInput(body["input"], &conversation));
+  if (conversation.empty()) return BadRequest("input", "'input' holds no message");
 
   ordered messages = ordered::array();
-  if (Present(body, "instructions")) {
+  if (HasValue(body, "instructions")) {
     if (!body["instructions"].is_string()) {
-      return Bad("instructions", "'instructions' must be a string");
+      return BadRequest("instructions", "'instructions' must be a string");
     }
     messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
   }
@@ -293,7 +273,7 @@ std::optional<ApiError> ResponsesToChat(const ordered& body, const ParseLimits& 
                {"truncation", "disabled"},
                {"user", nullptr}};
   for (auto& [key, value] : echo.items()) {
-    if (Present(body, key.c_str())) value = Plain(body[key]);
+    if (HasValue(body, key.c_str())) value = Plain(body[key]);
   }
   out->state = {{"echo", std::move(echo)}, {"conversation", Plain(conversation)}, {"store", store}};
   out->chat = std::move(chat);

@@ -13,19 +13,20 @@ namespace {
 class TokenizerCodec : public TextCodec {
  public:
   TokenizerCodec(const model::Tokenizer* tokenizer, model::ChatTemplate chat_template)
-      : tokenizer_(tokenizer), template_(std::move(chat_template)) {
+      : tokenizer_(tokenizer),
+        template_(std::move(chat_template)),
+        renders_tools_(template_.is_jinja() &&
+                       template_.source().find("tools") != std::string::npos) {
     // A template that renders tools told the model its own call format; otherwise the server
     // writes the family's tool prompt, so the calls follow the family. The reasoning markers
     // are the model's whatever renders the prompt.
     const std::string& jinja = template_.source();
-    if (template_renders_tools()) {
+    if (renders_tools_) {
       output_format_ = DetectOutputFormat(jinja);
     } else {
       output_format_ = OutputFormatForChatFamily(model::ChatFormatName(template_.family()));
-      const std::string& own = tokenizer->vocab().chat_template;
-      if (!jinja.empty() || !own.empty()) {
-        output_format_.reasoning = DetectReasoningFormat(jinja.empty() ? own : jinja, nullptr);
-      }
+      const std::string& markers = jinja.empty() ? tokenizer->vocab().chat_template : jinja;
+      if (!markers.empty()) output_format_.reasoning = DetectReasoningFormat(markers, nullptr);
     }
     // Control tokens the format is written with are shown in the answer (they are "" by
     // default), so that the parser and a forcing grammar see them.
@@ -66,14 +67,12 @@ class TokenizerCodec : public TextCodec {
     return std::string(model::ChatFormatName(template_.family()));
   }
   OutputFormat output_format() const override { return output_format_; }
-  std::string chat_template_source() const override { return template_.source(); }
-  bool template_renders_tools() const override {
-    return template_.is_jinja() && template_.source().find("tools") != std::string::npos;
-  }
+  bool template_renders_tools() const override { return renders_tools_; }
 
  private:
   const model::Tokenizer* tokenizer_;
   model::ChatTemplate template_;
+  const bool renders_tools_;  // a Jinja template that mentions tools
   OutputFormat output_format_;
   std::unordered_set<int32_t> shown_control_;
 };

@@ -47,9 +47,6 @@ class TextCodec {
   // template, or the hand-written family's tool prompt).
   virtual OutputFormat output_format() const { return OutputFormatForChatFamily(chat_format()); }
   ToolFormat tool_call_format() const { return output_format().tools; }
-  // The Jinja template's source ("" when a built-in family formats the chat): tool-call and
-  // reasoning formats are read from it.
-  virtual std::string chat_template_source() const { return ""; }
   // True when the model's own (Jinja) template renders tools, tool calls and tool results
   // itself; false when the server must write them into the messages (built-in families and
   // templates that never mention tools).

@@ -289,28 +289,32 @@ Scan BadUntil(In* in, std::string_view close) {
   return Scan::kBad;
 }
 
+// A call whose arguments are still being written stays open while streaming (`s`: kNeedMore).
+void KeepOpen(const Ctx& ctx, Scan s, Calls* out) {
+  if (s == Scan::kNeedMore && !out->calls.empty() && ctx.partial) out->open = true;
+}
+
+// Gives up on the block read since `begin`: its calls are dropped and the text up to `close`
+// is skipped (it stays content).
+Scan Refuse(In* in, size_t begin, std::string_view close, Calls* out) {
+  out->calls.clear();
+  in->i = begin;
+  return BadUntil(in, close);
+}
+
 // ---- One block of calls, read from just after its start marker. ----
 
 Scan Hermes(const Ctx& ctx, In* in, Calls* out) {
   const size_t begin = in->i;
   Scan s = CallObject(ctx, in, {"name"}, {"arguments", "parameters"}, out);
   if (s == Scan::kOk) s = in->WsLit("</tool_call>");
-  if (s == Scan::kBad) {
-    out->calls.clear();
-    in->i = begin;
-    return BadUntil(in, "</tool_call>");
-  }
-  return s;
+  return s == Scan::kBad ? Refuse(in, begin, "</tool_call>", out) : s;
 }
 
 // <function=NAME>\n<parameter=P>\nv\n</parameter>\n...</function>\n</tool_call>
 Scan Qwen3Coder(const Ctx& ctx, In* in, Calls* out) {
   const size_t begin = in->i;
-  auto bad = [&] {
-    out->calls.clear();
-    in->i = begin;
-    return BadUntil(in, "</tool_call>");
-  };
+  auto bad = [&] { return Refuse(in, begin, "</tool_call>", out); };
   Scan s = in->WsLit("<function=");
   if (s != Scan::kOk) return s == Scan::kBad ? bad() : s;
   std::string_view name;
@@ -347,11 +351,7 @@ Scan Qwen3Coder(const Ctx& ctx, In* in, Calls* out) {
 // NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n...</tool_call>
 Scan Glm4(const Ctx& ctx, In* in, Calls* out) {
   const size_t begin = in->i;
-  auto bad = [&] {
-    out->calls.clear();
-    in->i = begin;
-    return BadUntil(in, "</tool_call>");
-  };
+  auto bad = [&] { return Refuse(in, begin, "</tool_call>", out); };
   in->Ws();
   const size_t name_begin = in->i;
   while (!in->AtEnd() && in->s[in->i] != '\n' && in->s[in->i] != '<') ++in->i;
@@ -384,11 +384,7 @@ Scan Glm4(const Ctx& ctx, In* in, Calls* out) {
 Scan Dsml(const Ctx& ctx, In* in, Calls* out) {
   constexpr std::string_view kClose = "</｜DSML｜function_calls>";
   const size_t begin = in->i;
-  auto bad = [&] {
-    out->calls.clear();
-    in->i = begin;
-    return BadUntil(in, kClose);
-  };
+  auto bad = [&] { return Refuse(in, begin, kClose, out); };
   for (;;) {
     in->Ws();
     const Scan end = in->Lit(kClose);
@@ -430,11 +426,7 @@ Scan Dsml(const Ctx& ctx, In* in, Calls* out) {
 Scan DeepSeek(const Ctx& ctx, In* in, Calls* out, bool r1) {
   constexpr std::string_view kClose = "<｜tool▁calls▁end｜>";
   const size_t begin = in->i;
-  auto bad = [&] {
-    out->calls.clear();
-    in->i = begin;
-    return BadUntil(in, kClose);
-  };
+  auto bad = [&] { return Refuse(in, begin, kClose, out); };
   for (;;) {
     in->Ws();
     const Scan end = in->Lit(kClose);
@@ -457,7 +449,7 @@ Scan DeepSeek(const Ctx& ctx, In* in, Calls* out, bool r1) {
     if (s == Scan::kOk) s = in->WsLit("<｜tool▁call▁end｜>");
     if (s == Scan::kBad) return bad();
     if (s == Scan::kNeedMore) {
-      if (!out->calls.empty() && ctx.partial) out->open = true;
+      KeepOpen(ctx, s, out);
       return s;
     }
   }
@@ -468,11 +460,7 @@ Scan DeepSeek(const Ctx& ctx, In* in, Calls* out, bool r1) {
 Scan Kimi(const Ctx& ctx, In* in, Calls* out) {
   constexpr std::string_view kClose = "<|tool_calls_section_end|>";
   const size_t begin = in->i;
-  auto bad = [&] {
-    out->calls.clear();
-    in->i = begin;
-    return BadUntil(in, kClose);
-  };
+  auto bad = [&] { return Refuse(in, begin, kClose, out); };
   for (;;) {
     in->Ws();
     const Scan end = in->Lit(kClose);
@@ -493,7 +481,7 @@ Scan Kimi(const Ctx& ctx, In* in, Calls* out) {
     if (s == Scan::kOk) s = in->WsLit("<|tool_call_end|>");
     if (s == Scan::kBad) return bad();
     if (s == Scan::kNeedMore) {
-      if (!out->calls.empty() && ctx.partial) out->open = true;
+      KeepOpen(ctx, s, out);
       return s;
     }
   }
@@ -512,7 +500,7 @@ Scan CallList(const Ctx& ctx, In* in, std::initializer_list<std::string_view> na
     }
     if (!first) PC_SCAN(in->Lit(","));
     const Scan s = CallObject(ctx, in, name_keys, args_keys, out);
-    if (s == Scan::kNeedMore && !out->calls.empty() && ctx.partial) out->open = true;
+    KeepOpen(ctx, s, out);
     PC_SCAN(s);
   }
 }
@@ -524,7 +512,7 @@ Scan ListBlock(const Ctx& ctx, In* in, std::initializer_list<std::string_view> n
   const size_t begin = in->i;
   Scan s = CallList(ctx, in, name_keys, args_keys, out);
   if (s == Scan::kOk && !close.empty()) s = in->WsLit(close);
-  if (s == Scan::kNeedMore && !out->calls.empty() && ctx.partial) out->open = true;
+  KeepOpen(ctx, s, out);
   if (s != Scan::kBad) return s;
   out->calls.clear();
   in->i = begin;
@@ -547,7 +535,7 @@ Scan MistralArgs(const Ctx& ctx, In* in, Calls* out) {
     if (const size_t id = n.find("[CALL_ID]"); id != std::string::npos) n.resize(id);
     s = JsonArgs(ctx, in, n, out);
     if (s == Scan::kNeedMore) {
-      if (!out->calls.empty() && ctx.partial) out->open = true;
+      KeepOpen(ctx, s, out);
       return s;
     }
     if (s == Scan::kBad) {
@@ -586,11 +574,8 @@ Scan FunctionaryV31(const Ctx& ctx, In* in, Calls* out) {
   if (in->Until(">", &name) != Scan::kOk) return Scan::kNeedMore;
   Scan s = JsonArgs(ctx, in, std::string(name), out);
   if (s == Scan::kOk) s = in->WsLit("</function>");
-  if (s == Scan::kNeedMore && !out->calls.empty() && ctx.partial) out->open = true;
-  if (s != Scan::kBad) return s;
-  out->calls.clear();
-  in->i = begin;
-  return BadUntil(in, "</function>");
+  KeepOpen(ctx, s, out);
+  return s != Scan::kBad ? s : Refuse(in, begin, "</function>", out);
 }
 
 // Command-R+: ```json\n[...]\n``` after "Action:".
@@ -599,7 +584,7 @@ Scan CommandR(const Ctx& ctx, In* in, Calls* out) {
   Scan s = in->WsLit("```json");
   if (s == Scan::kOk) s = CallList(ctx, in, {"tool_name"}, {"parameters"}, out);
   if (s == Scan::kOk) s = in->WsLit("```");
-  if (s == Scan::kNeedMore && !out->calls.empty() && ctx.partial) out->open = true;
+  KeepOpen(ctx, s, out);
   if (s != Scan::kBad) return s;
   out->calls.clear();
   in->i = begin;

@@ -10,13 +10,6 @@ namespace {
 using nlohmann::json;
 using ordered = nlohmann::ordered_json;
 
-ApiError Bad(std::string param, std::string message) {
-  ApiError e;
-  e.param = std::move(param);
-  e.message = std::move(message);
-  return e;
-}
-
 bool Llama3(std::string_view format) { return format == "llama3"; }
 
 // The string at `key` of `obj`, or "" when `obj` is not an object or the value is not a string
@@ -61,24 +54,23 @@ std::string CallText(std::string_view format, const std::string& name,
 
 }  // namespace
 
-std::optional<ApiError> ParseTools(const json& body, std::string_view raw_body, ToolRequest* out) {
+std::optional<ApiError> ParseTools(const json& body, const ordered& ordered_body,
+                                   ToolRequest* out) {
   auto tools = body.find("tools");
   if (tools == body.end() || tools->is_null()) {
     if (body.contains("tool_choice") && !body["tool_choice"].is_null() &&
         body["tool_choice"] != "none" && body["tool_choice"] != "auto") {
-      return Bad("tool_choice", "'tool_choice' needs 'tools'");
+      return BadRequest("tool_choice", "'tool_choice' needs 'tools'");
     }
     return std::nullopt;
   }
-  if (!tools->is_array()) return Bad("tools", "'tools' must be an array");
-  // The schemas again from the raw body, with their keys in order.
-  const auto raw = ordered::parse(raw_body, nullptr, /*allow_exceptions=*/false);
+  if (!tools->is_array()) return BadRequest("tools", "'tools' must be an array");
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
     if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
         !t["function"].is_object() || !t["function"].contains("name") ||
         !t["function"]["name"].is_string()) {
-      return Bad("tools",
+      return BadRequest("tools",
                  "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
     ToolSpec spec;
@@ -87,8 +79,9 @@ std::optional<ApiError> ParseTools(const json& body, std::string_view raw_body, 
       spec.description = t["function"]["description"].get<std::string>();
     }
     spec.parameters = ordered{{"type", "object"}, {"properties", ordered::object()}};
-    if (raw.is_object() && raw.contains("tools") && raw["tools"].size() > i) {
-      const ordered& fn = raw["tools"][i]["function"];
+    // The schema from the ordered body, with its keys in the order they were written.
+    if (ordered_body.contains("tools") && ordered_body["tools"].size() > i) {
+      const ordered& fn = ordered_body["tools"][i]["function"];
       if (fn.contains("parameters") && fn["parameters"].is_object()) {
         spec.parameters = fn["parameters"];
       }
@@ -105,7 +98,7 @@ std::optional<ApiError> ParseTools(const json& body, std::string_view raw_body, 
       else if (c == "required")
         out->choice = ToolRequest::Choice::kRequired;
       else
-        return Bad("tool_choice", "'tool_choice' must be auto, none, required or a function");
+        return BadRequest("tool_choice", "'tool_choice' must be auto, none, required or a function");
     } else if (it->is_object() && it->contains("function") && (*it)["function"].is_object() &&
                (*it)["function"].contains("name") && (*it)["function"]["name"].is_string()) {
       out->choice = ToolRequest::Choice::kNamed;
@@ -113,14 +106,14 @@ std::optional<ApiError> ParseTools(const json& body, std::string_view raw_body, 
       bool known = false;
       for (const auto& t : out->tools) known = known || t.name == out->named;
       if (!known)
-        return Bad("tool_choice", "'tool_choice' names an unknown function '" + out->named + "'");
+        return BadRequest("tool_choice", "'tool_choice' names an unknown function '" + out->named + "'");
     } else {
-      return Bad("tool_choice", "'tool_choice' must be auto, none, required or a function");
+      return BadRequest("tool_choice", "'tool_choice' must be auto, none, required or a function");
     }
   }
   if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean())
-      return Bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+      return BadRequest("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     out->parallel = it->get<bool>();
   }
   return std::nullopt;

@@ -39,9 +39,10 @@ struct ToolCall {
   std::string arguments;  // JSON text
 };
 
-// Reads tools / tool_choice / parallel_tool_calls. `raw_body` keeps the schemas' key order.
-std::optional<ApiError> ParseTools(const nlohmann::json& body, std::string_view raw_body,
-                                   ToolRequest* out);
+// Reads tools / tool_choice / parallel_tool_calls. `ordered_body`, the same body parsed with
+// its keys in order (an object), gives the schemas' key order.
+std::optional<ApiError> ParseTools(const nlohmann::json& body,
+                                   const nlohmann::ordered_json& ordered_body, ToolRequest* out);
 
 // Rewrites `messages` (the request's, as JSON) into plain {role, content} messages for the
 // chat template: the tool list joins the system prompt, an assistant's tool_calls become the

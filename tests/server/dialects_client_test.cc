@@ -13,21 +13,12 @@ namespace {
 
 TEST(DialectClients, AnthropicMessagesAndOpenAiResponses) {
   PC_REQUIRE_SERVE_DEPS(model);
-  ASSERT_EQ(RunCommand("node --version >/dev/null 2>&1").exit_code, 0) << "node is not installed";
-  for (const char* package : {"openai", "@anthropic-ai/sdk"}) {
-    ASSERT_TRUE(fs::exists(NpmDir() / "node_modules" / package / "package.json"))
-        << "the " << package << " npm package is not installed in " << NpmDir()
-        << ": run tests/setup/setup-test-deps.sh (or set POLYCHIP_NPM_DIR)";
-  }
+  ASSERT_TRUE(HaveNodePackages({"openai", "@anthropic-ai/sdk"}));
   const std::string key = "test-key";
   ServeProcess s(model,
                  {"--served-model-name", "tiny", "--api-key", key, "--context-length", "1024"});
   ASSERT_TRUE(s.ok());
-  const std::string cmd =
-      "POLYCHIP_NPM_DIR=" + NpmDir().string() + " node " +
-      (fs::path(POLYCHIP_SOURCE_DIR) / "tests" / "server" / "dialects_client_test.mjs").string() +
-      " http://127.0.0.1:" + std::to_string(s.port()) + " " + key;
-  const polychip::testing::CommandResult node = RunCommand(cmd, polychip::testing::Stderr::kMerged);
+  const polychip::testing::CommandResult node = RunNodeClient("dialects_client_test.mjs", s, key);
   EXPECT_EQ(node.exit_code, 0) << node.out;
   EXPECT_EQ(node.out.find("FAIL"), std::string::npos) << node.out;
   EXPECT_NE(node.out.find("ok   openai previous_response_id"), std::string::npos) << node.out;

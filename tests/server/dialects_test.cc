@@ -11,49 +11,16 @@
 
 #include "server/job.h"
 #include "server/response_writer.h"
+#include "byte_codec.h"
 
 namespace polychip::server {
 namespace {
 
 using nlohmann::json;
 using ordered = nlohmann::ordered_json;
+using testing::ByteCodec;
+using testing::ByteCodecOptions;
 
-// One token per byte; the chat prompt is the messages' text.
-class ByteCodec : public TextCodec {
- public:
-  explicit ByteCodec(std::string family = "chatml") : family_(std::move(family)) {}
-  std::string chat_format() const override { return family_; }
-  std::vector<int32_t> Encode(std::string_view text, bool) const override {
-    std::vector<int32_t> out;
-    for (unsigned char c : text) out.push_back(c + 1);
-    return out;
-  }
-  StatusOr<std::string> RenderChat(const model::ChatInput& input) const override {
-    auto messages = model::NormalizeChatMessages(input.messages);
-    if (!messages.ok()) return messages.status();
-    std::string s;
-    for (const auto& m : *messages) {
-      auto content = m.find("content");
-      s += m.value("role", "") + ": ";
-      if (content != m.end() && content->is_string()) s += content->get<std::string>();
-      s += "\n";
-    }
-    return s;
-  }
-  std::string Decode(std::span<const int32_t> tokens) const override {
-    std::string s;
-    for (int32_t t : tokens) s += Piece(t);
-    return s;
-  }
-  std::string Piece(int32_t t) const override {
-    return t >= 1 && t <= 256 ? std::string(1, static_cast<char>(t - 1)) : "";
-  }
-  std::vector<int32_t> EogTokens() const override { return {0}; }
-  int64_t vocab_size() const override { return 300; }
-
- private:
-  std::string family_;
-};
 
 const json kWeatherTool = {{"name", "get_weather"},
                            {"description", "The weather in a city"},
@@ -269,7 +236,7 @@ TEST(ResponseStore, KeepsTheNewestAndSaysWhyAnIdIsGone) {
 // Drives a dialect's writer through a generation of `pieces` as the server's stream does.
 struct Drive {
   Drive(ApiKind kind, json body, ResponseStore* store = nullptr, std::string family = "chatml")
-      : codec(std::move(family)) {
+      : codec(ByteCodecOptions{.letters_above_bytes = false, .family = std::move(family)}) {
     ParseLimits limits;
     limits.context_length = 1024;
     limits.responses = store;

@@ -20,48 +20,18 @@
 
 #include "common/fake_runner.h"
 #include "common/sse.h"
+#include "byte_codec.h"
 
 namespace polychip::server {
 namespace {
 
 using engine::testing::FakeRunner;
+using testing::ByteCodec;
+using testing::ByteCodecOptions;
 using polychip::testing::SseEvents;
 using nlohmann::json;
 constexpr int64_t kVocab = 300;
 
-// Token b+1 is byte b; tokens above 256 are letters; 0 is EOS.
-class ByteCodec : public TextCodec {
- public:
-  std::vector<int32_t> Encode(std::string_view text, bool) const override {
-    std::vector<int32_t> out;
-    for (unsigned char c : text) out.push_back(c + 1);
-    return out;
-  }
-  StatusOr<std::string> RenderChat(const model::ChatInput& input) const override {
-    auto messages = model::NormalizeChatMessages(input.messages);
-    if (!messages.ok()) return messages.status();
-    std::string s;
-    for (const auto& m : *messages) {
-      auto content = m.find("content");
-      s += m.value("role", "") + ": ";
-      if (content != m.end() && content->is_string()) s += content->get<std::string>();
-      s += "\n";
-    }
-    return s + "assistant: ";
-  }
-  std::string Decode(std::span<const int32_t> tokens) const override {
-    std::string s;
-    for (int32_t t : tokens) s += Piece(t);
-    return s;
-  }
-  std::string Piece(int32_t t) const override {
-    if (t >= 1 && t <= 256) return std::string(1, static_cast<char>(t - 1));
-    if (t > 256) return std::string(1, static_cast<char>('a' + t % 26));
-    return "";
-  }
-  std::vector<int32_t> EogTokens() const override { return {0}; }
-  int64_t vocab_size() const override { return kVocab; }
-};
 
 // A server on a free loopback port, over its own fake model.
 struct TestServer {
@@ -111,7 +81,7 @@ struct TestServer {
     return std::stod(m[1]);
   }
 
-  ByteCodec codec;
+  ByteCodec codec{ByteCodecOptions{.prompt_suffix = "assistant: "}};
   std::unique_ptr<FakeRunner> runner;
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<HttpServer> http;
@@ -199,7 +169,7 @@ TEST(HttpServer, CompletionChatAndGenerate) {
   EXPECT_EQ(chat["choices"][0]["logprobs"]["content"].size(), 4u);
   EXPECT_EQ(chat["usage"]["completion_tokens"], 8);
 
-  ByteCodec codec;
+  ByteCodec codec{ByteCodecOptions{.prompt_suffix = "assistant: "}};
   auto ids = codec.Encode("abc", true);
   auto gen = s.Post("/generate", {{"input_ids", ids}, {"rid", "r1"},
                                   {"sampling_params", {{"max_new_tokens", 3}, {"temperature", 0}}}},
@@ -691,7 +661,7 @@ TEST(HttpServer, MoreRequestsThanKvCapacityAllComplete) {
   std::vector<json> outputs(8);
   std::vector<int> statuses(8, 0);
   std::atomic<int> ready{0};
-  ByteCodec codec;
+  ByteCodec codec{ByteCodecOptions{.prompt_suffix = "assistant: "}};
   for (int i = 0; i < 8; ++i) {
     clients.emplace_back([&, i] {
       ++ready;

@@ -13,19 +13,12 @@ namespace {
 
 TEST(OpenAiNpmClient, ChatCompletionAndStreaming) {
   PC_REQUIRE_SERVE_DEPS(model);
-  ASSERT_EQ(RunCommand("node --version >/dev/null 2>&1").exit_code, 0) << "node is not installed";
-  ASSERT_TRUE(fs::exists(NpmDir() / "node_modules" / "openai" / "package.json"))
-      << "the openai npm package is not installed in " << NpmDir()
-      << ": run tests/setup/setup-test-deps.sh (or set POLYCHIP_NPM_DIR)";
+  ASSERT_TRUE(HaveNodePackages({"openai"}));
   const std::string key = "test-key";
   ServeProcess s(model, {"--served-model-name", "tiny", "--api-key", key,
                          "--context-length", "512"});
   ASSERT_TRUE(s.ok());
-  const std::string cmd = "POLYCHIP_NPM_DIR=" + NpmDir().string() + " node " +
-                          (fs::path(POLYCHIP_SOURCE_DIR) / "tests" / "server" /
-                           "openai_client_test.mjs").string() +
-                          " http://127.0.0.1:" + std::to_string(s.port()) + " " + key;
-  const polychip::testing::CommandResult node = RunCommand(cmd, polychip::testing::Stderr::kMerged);
+  const polychip::testing::CommandResult node = RunNodeClient("openai_client_test.mjs", s, key);
   const std::string& output = node.out;
   EXPECT_EQ(node.exit_code, 0) << output;
   EXPECT_NE(output.find("ok   chat.completions.create stream"), std::string::npos) << output;

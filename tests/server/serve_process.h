@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <regex>
 #include <string>
@@ -187,6 +188,34 @@ inline std::pair<int, std::string> PostStream(const ServeProcess& s, const std::
   httplib::Error err = httplib::Error::Success;
   if (!s.Client()->send(req, res, err)) return {-1, httplib::to_string(err)};
   return {res.status, raw.empty() ? res.body : raw};
+}
+
+// Whether node and the npm `packages` (in NpmDir()) are installed; a failure saying what is
+// missing and how to install it when not.
+inline bool HaveNodePackages(std::initializer_list<const char*> packages) {
+  if (RunCommand("node --version >/dev/null 2>&1").exit_code != 0) {
+    ADD_FAILURE() << "node is not installed";
+    return false;
+  }
+  for (const char* package : packages) {
+    if (!fs::exists(NpmDir() / "node_modules" / package / "package.json")) {
+      ADD_FAILURE() << "the " << package << " npm package is not installed in " << NpmDir()
+                    << ": run tests/setup/setup-test-deps.sh (or set POLYCHIP_NPM_DIR)";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Runs the node script tests/server/<script> against the server `s` (its URL and `key` are the
+// arguments), stdout and stderr together.
+inline polychip::testing::CommandResult RunNodeClient(const std::string& script,
+                                                      const ServeProcess& s,
+                                                      const std::string& key) {
+  const std::string cmd = "POLYCHIP_NPM_DIR=" + NpmDir().string() + " node " +
+                          (fs::path(POLYCHIP_SOURCE_DIR) / "tests" / "server" / script).string() +
+                          " http://127.0.0.1:" + std::to_string(s.port()) + " " + key;
+  return RunCommand(cmd, polychip::testing::Stderr::kMerged);
 }
 
 }  // namespace polychip::server::testing

@@ -11,56 +11,22 @@
 #include "common/fake_runner.h"
 #include "common/sse.h"
 #include "server/http_server.h"
+#include "byte_codec.h"
 
 namespace polychip::server {
 namespace {
 
 using engine::testing::FakeRunner;
+using testing::ByteCodec;
+using testing::ByteCodecOptions;
 using nlohmann::json;
 
 constexpr int64_t kVocab = 300;
 
-// Token b+1 is byte b; tokens above 256 are letters; 0 is EOS.
-class ByteCodec : public TextCodec {
- public:
-  explicit ByteCodec(OutputFormat format) : format_(format) {}
-  std::vector<int32_t> Encode(std::string_view text, bool) const override {
-    std::vector<int32_t> out;
-    for (unsigned char c : text) out.push_back(c + 1);
-    return out;
-  }
-  StatusOr<std::string> RenderChat(const model::ChatInput& input) const override {
-    auto messages = model::NormalizeChatMessages(input.messages);
-    if (!messages.ok()) return messages.status();
-    std::string s;
-    for (const auto& m : *messages) {
-      auto content = m.find("content");
-      s += m.value("role", "") + ": ";
-      if (content != m.end() && content->is_string()) s += content->get<std::string>();
-      s += "\n";
-    }
-    return s + "assistant: ";
-  }
-  std::string Decode(std::span<const int32_t> tokens) const override {
-    std::string s;
-    for (int32_t t : tokens) s += Piece(t);
-    return s;
-  }
-  std::string Piece(int32_t t) const override {
-    if (t >= 1 && t <= 256) return std::string(1, static_cast<char>(t - 1));
-    if (t > 256) return std::string(1, static_cast<char>('a' + t % 26));
-    return "";
-  }
-  std::vector<int32_t> EogTokens() const override { return {0}; }
-  int64_t vocab_size() const override { return kVocab; }
-  OutputFormat output_format() const override { return format_; }
-
- private:
-  OutputFormat format_;
-};
 
 struct Server {
-  explicit Server(OutputFormat format) : codec(format) {
+  explicit Server(OutputFormat format)
+      : codec(ByteCodecOptions{.prompt_suffix = "assistant: ", .output_format = format}) {
     runner = std::make_unique<FakeRunner>(kVocab, 2048, 4, 1024);
     engine = std::make_unique<engine::Engine>(
         runner.get(), engine::EngineOptions{}, [this](int32_t t) { return codec.Piece(t); },

@@ -11,9 +11,12 @@
 
 #include "grammar/cache.h"
 #include "server/tools.h"
+#include "grammar_accepts.h"
 
 namespace polychip::server {
 namespace {
+
+using testing::GrammarAccepts;
 
 using nlohmann::json;
 using ordered = nlohmann::ordered_json;
@@ -277,17 +280,6 @@ TEST(ToolFormats, CutOffCallIsNoCall) {
   }
 }
 
-bool Accepts(const std::string& ebnf, const std::string& text) {
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
-  grammar::GrammarCache cache(std::make_shared<grammar::TokenVocab>(bytes, std::vector<int32_t>{}));
-  auto g = cache.Get(grammar::ConstraintKind::kEbnf, ebnf);
-  EXPECT_TRUE(g.ok()) << g.status().ToString() << "\n" << ebnf;
-  if (!g.ok()) return false;
-  const int32_t st = (*g)->Advance(0, text);
-  return st >= 0 && (*g)->IsAccepting(st);
-}
-
 TEST(ToolFormats, ForcingGrammarAcceptsTheFamilysCallOnly) {
   ToolRequest required = Tools(ToolRequest::Choice::kRequired);
   const ordered args = ordered::parse(R"({"city": "Oslo", "unit": "c"})");
@@ -320,18 +312,18 @@ TEST(ToolFormats, ForcingGrammarAcceptsTheFamilysCallOnly) {
           args.dump() + "}\n]<|END_ACTION|>";
     }
     // The JSON writer's layout ({"a":1}) and the grammar's (one space at most) both pass.
-    EXPECT_TRUE(Accepts(**g, call)) << call << "\n" << **g;
+    EXPECT_TRUE(GrammarAccepts(**g, call)) << call << "\n" << **g;
     // And what the grammar forces parses back as the call.
     const ParsedAnswer a = ParseAnswer(Format(f), false, &required, call, false);
     ASSERT_EQ(a.calls.size(), 1u) << call;
     EXPECT_EQ(json::parse(a.calls[0].arguments), json::parse(args.dump()));
     // Arguments that break the schema, plain text, and another family's call are refused.
     std::string bad = Write(f, {{"get_weather", bad_args}});
-    EXPECT_FALSE(Accepts(**g, bad)) << bad;
-    EXPECT_FALSE(Accepts(**g, "Sure!"));
+    EXPECT_FALSE(GrammarAccepts(**g, bad)) << bad;
+    EXPECT_FALSE(GrammarAccepts(**g, "Sure!"));
     const ToolFormat other = f == ToolFormat::kHermes ? ToolFormat::kLlama3 : ToolFormat::kHermes;
     if (f != ToolFormat::kGeneric || other != ToolFormat::kLlama3) {
-      EXPECT_FALSE(Accepts(**g, Write(other, {{"get_weather", args}})));
+      EXPECT_FALSE(GrammarAccepts(**g, Write(other, {{"get_weather", args}})));
     }
   }
   // A named function: only that one.
@@ -339,8 +331,8 @@ TEST(ToolFormats, ForcingGrammarAcceptsTheFamilysCallOnly) {
   named.named = "get_time";
   auto g = ToolCallGrammar(Format(ToolFormat::kMistralArgs), named);
   ASSERT_TRUE(g.ok() && g->has_value());
-  EXPECT_TRUE(Accepts(**g, "[TOOL_CALLS]get_time[ARGS]{}"));
-  EXPECT_FALSE(Accepts(**g, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"x\"}"));
+  EXPECT_TRUE(GrammarAccepts(**g, "[TOOL_CALLS]get_time[ARGS]{}"));
+  EXPECT_FALSE(GrammarAccepts(**g, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"x\"}"));
 }
 
 TEST(ToolFormats, ForcedCallAfterAnOpenedReasoningBlockClosesIt) {
@@ -349,7 +341,7 @@ TEST(ToolFormats, ForcedCallAfterAnOpenedReasoningBlockClosesIt) {
   ASSERT_TRUE(g.ok() && g->has_value());
   const std::string text =
       "</think>\n\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
-  EXPECT_TRUE(Accepts(**g, text));
+  EXPECT_TRUE(GrammarAccepts(**g, text));
   const ParsedAnswer a =
       ParseBothWays(Format(ToolFormat::kHermes, ReasoningFormat::kThink), true, &required, text);
   ASSERT_EQ(a.calls.size(), 1u);

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include "grammar/cache.h"
+#include "grammar_accepts.h"
 
 namespace polychip::server {
 namespace {
+
+using testing::GrammarAccepts;
 
 using nlohmann::json;
 
@@ -26,33 +29,22 @@ ToolRequest Weather(ToolRequest::Choice choice) {
   return t;
 }
 
-bool Accepts(const std::string& ebnf, const std::string& text) {
-  std::vector<std::string> bytes;
-  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, static_cast<char>(b)));
-  grammar::GrammarCache cache(std::make_shared<grammar::TokenVocab>(bytes, std::vector<int32_t>{}));
-  auto g = cache.Get(grammar::ConstraintKind::kEbnf, ebnf);
-  EXPECT_TRUE(g.ok()) << g.status().ToString() << "\n" << ebnf;
-  if (!g.ok()) return false;
-  const int32_t st = (*g)->Advance(0, text);
-  return st >= 0 && (*g)->IsAccepting(st);
-}
-
 TEST(Tools, RequiredGrammarForcesValidCalls) {
   const auto tools = Weather(ToolRequest::Choice::kRequired);
   auto g = ToolCallGrammar("chatml", tools);
   ASSERT_TRUE(g.ok() && g->has_value());
-  EXPECT_TRUE(Accepts(**g,
+  EXPECT_TRUE(GrammarAccepts(**g,
                       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
                       "\"Oslo\"}}\n</tool_call>"));
-  EXPECT_TRUE(Accepts(**g,
+  EXPECT_TRUE(GrammarAccepts(**g,
                       "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\n"
                       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a\", "
                       "\"unit\": \"f\"}}\n</tool_call>"));
-  EXPECT_FALSE(Accepts(
+  EXPECT_FALSE(GrammarAccepts(
       **g,
       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\"}}\n</tool_call>"));
-  EXPECT_FALSE(Accepts(**g, "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"));
-  EXPECT_FALSE(Accepts(**g, "Sure!"));
+  EXPECT_FALSE(GrammarAccepts(**g, "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(GrammarAccepts(**g, "Sure!"));
 }
 
 TEST(Tools, NamedGrammarLlama3) {
@@ -60,8 +52,8 @@ TEST(Tools, NamedGrammarLlama3) {
   tools.named = "get_time";
   auto g = ToolCallGrammar("llama3", tools);
   ASSERT_TRUE(g.ok() && g->has_value());
-  EXPECT_TRUE(Accepts(**g, "{\"name\": \"get_time\", \"parameters\": {}}"));
-  EXPECT_FALSE(Accepts(**g, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"x\"}}"));
+  EXPECT_TRUE(GrammarAccepts(**g, "{\"name\": \"get_time\", \"parameters\": {}}"));
+  EXPECT_FALSE(GrammarAccepts(**g, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"x\"}}"));
   auto none = ToolCallGrammar("chatml", Weather(ToolRequest::Choice::kAuto));
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->has_value());  // auto is parsed, not forced
