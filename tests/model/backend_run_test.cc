@@ -192,7 +192,7 @@ TEST(EmuSplitTensors, EveryArchitectureUnderA1MiBAllocationLimit) {
   const std::string config = std::string(POLYCHIP_BUILD_DIR) + "/test-models/emu-1mib.yaml";
   std::filesystem::create_directories(std::filesystem::path(config).parent_path());
   std::ofstream(config) << "backend: {name: emu, params: {max_alloc_bytes: 1048576}}\n";
-  for (const std::string& shape : {"tiny", "qwen3-tiny", "phi3-tiny", "gemma3-tiny"}) {
+  for (const char* shape : {"tiny", "qwen3-tiny", "phi3-tiny", "gemma3-tiny"}) {
     SCOPED_TRACE(shape);
     const std::string model = SynthesizedModel(shape);
     const CommandResult r = ExpectCpuTokensOf("emu", model, " --config " + ShellQuote(config));
