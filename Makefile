@@ -13,6 +13,9 @@
 BUILD_DIR ?= build
 PRESET ?= default
 JOBS ?= $(shell nproc)
+# ctest's parallelism: many tests wait on servers and child processes, so one more than the
+# cores keeps both busy.
+TEST_JOBS ?= $(shell echo $$(( $(JOBS) + 1 )))
 FUZZ_BUILD_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 # Tests whose processes load Mesa's Vulkan drivers (the plugin tests on vulkan, and those that
@@ -40,7 +43,7 @@ test-setup:
 	tests/setup/setup-test-deps.sh
 
 test: build test-setup
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(TEST_JOBS) --timeout 900
 
 fuzz:
 	scripts/fuzz.sh --build-dir $(FUZZ_BUILD_DIR) --seconds $(FUZZ_SECONDS) --jobs $(JOBS)
@@ -48,7 +51,7 @@ fuzz:
 asan: test-setup
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS)
-	ctest --preset asan -j $(JOBS)
+	ctest --preset asan -j $(TEST_JOBS)
 
 asan-leaks:
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
