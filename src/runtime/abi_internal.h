@@ -31,6 +31,8 @@ Status TakeCommError(const pc_comm_iface_t* table, pc_error_t* error, const char
 // message names the first offending member, e.g. "required member 'mem_alloc' is NULL".
 Status ValidateBackendTable(const pc_backend_iface_t* table);
 Status ValidateCommTable(const pc_comm_iface_t* table);
+// What a comm table declares about its reach (kUnknown for a table older than 1.3).
+CommReach ReachOfTable(const pc_comm_iface_t* table);
 
 // A dlopen'ed library (RTLD_NOW | RTLD_LOCAL). Closed on destruction.
 class PluginLibrary {

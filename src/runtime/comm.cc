@@ -42,8 +42,9 @@ std::optional<uint64_t> CommPlugin::BufferBytes(int32_t n_ranks) const {
   return bytes;
 }
 
-CommReach CommPlugin::reach() const {
-  const pc_comm_iface_t* t = impl_->table;
+CommReach CommPlugin::reach() const { return ReachOfTable(impl_->table); }
+
+CommReach ReachOfTable(const pc_comm_iface_t* t) {
   if (!PC_HAS_MEMBER(t, pc_comm_iface_t, reach)) return CommReach::kUnknown;
   switch (t->reach) {
     case PC_COMM_REACH_ONE_HOST:

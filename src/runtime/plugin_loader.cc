@@ -345,6 +345,7 @@ struct PluginTraits<Backend> {
   static constexpr const char* kProbeSymbol = PC_BACKEND_PROBE_SYMBOL;
   static constexpr const char* kOneOf = "a backend";  // "a backend named 'x' is already loaded"
   static Status Validate(const Table* t) { return ValidateBackendTable(t); }
+  static void Declare(const Table*, LoadReport*) {}
   static Status TakeInitError(const Table* t, pc_error_t* e) {
     return TakeError(t, e, "initialize");
   }
@@ -361,6 +362,12 @@ struct PluginTraits<CommPlugin> {
   static constexpr const char* kProbeSymbol = PC_COMM_PROBE_SYMBOL;
   static constexpr const char* kOneOf = "a comm plugin";
   static Status Validate(const Table* t) { return ValidateCommTable(t); }
+  static void Declare(const Table* t, LoadReport* report) {
+    report->comm_reach = ReachOfTable(t);
+    if (t->memory_kind == PC_COMM_MEMORY_DEVICE && t->device_plugin != nullptr) {
+      report->comm_device_plugin = t->device_plugin;
+    }
+  }
   static Status TakeInitError(const Table* t, pc_error_t* e) {
     return TakeCommError(t, e, "initialize");
   }
@@ -424,6 +431,7 @@ Status OpenRaw(const std::string& path, LoadReport* report, RawPlugin<Plugin>* o
   }
   report->name = t->name;
   report->version = t->version;
+  Traits::Declare(t, report);
   report->usable = true;
   report->stage.clear();
   report->reason.clear();
@@ -474,6 +482,15 @@ LoadReport ReportOfLoaded(const std::string& path, const Plugin& plugin) {
   report.version = plugin.version();
   report.abi_major = plugin.abi_major();
   report.abi_minor = plugin.abi_minor();
+  // The probe again (its answer may change, e.g. under mpirun) and the table's declarations.
+  const auto& impl = plugin.impl();
+  if (impl.library != nullptr) {
+    (void)RunProbe(impl.library->Symbol(PluginTraits<Plugin>::kProbeSymbol), &report);
+  }
+  PluginTraits<Plugin>::Declare(impl.table, &report);
+  report.usable = true;  // loaded and initialized, whatever the probe says now
+  report.stage.clear();
+  report.reason.clear();
   return report;
 }
 

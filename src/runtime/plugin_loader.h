@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/comm.h"
 #include "runtime/config.h"
 #include "util/status.h"
 
@@ -77,6 +78,11 @@ struct LoadReport {
   std::string probe_reason;
   std::string version;  // the plugin's version string, when the table was obtained
   uint32_t abi_major = 0, abi_minor = 0;
+  // A comm plugin's declarations, read from its validated table: which processes one
+  // communicator can join, and the backend whose device memory its collectives read (empty:
+  // host memory). The framework's default choice of comm plugin goes by these.
+  CommReach comm_reach = CommReach::kUnknown;
+  std::string comm_device_plugin;
   std::string ToString() const;  // "<path>: <reason>"
 };
 

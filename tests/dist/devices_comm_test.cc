@@ -1,7 +1,7 @@
 // `polychip devices --tp-size T --pp-size P --nnodes N` shows the comm plugin each group of that
-// job would get, why, and the plugin's reach (ABI 1.3), starting nothing: the defaults by
-// topology, a pin that cannot cross hosts (warned), the JSON form, a 1.2 plugin whose reach is
-// guessed from its name, and a shape that does not spread over the nodes.
+// job would get, why, and the plugin's reach (ABI 1.3), starting nothing: the defaults by what
+// the plugins declare, a pin that cannot cross hosts (warned), the JSON form, a 1.2 plugin whose
+// reach is unknown, and a shape that does not spread over the nodes.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,9 +30,13 @@ TEST(DevicesComm, DefaultsByTopologyWithTheirReach) {
   Result r = Devices("--tp-size 2 --pp-size 2 --nnodes 2");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("comm per group (tp 2 x pp 2 over 2 node(s)):"), std::string::npos) << r.out;
+  // Chosen by what the plugins declare, which the line repeats.
   EXPECT_NE(r.out.find("tp group 0 (ranks 0,1 on host node0): comm 'shm', default: every rank "
-                       "on host node0; reach: one host (declared)"),
+                       "on host node0 ('shm': reach one host, host memory, probe score 10; best "
+                       "of "),
             std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("comm plugin(s) found); reach: one host (declared)"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("tp group 1 (ranks 2,3 on host node1): comm 'shm'"), std::string::npos);
   EXPECT_NE(r.out.find("pp group 1 (ranks 1,3 on hosts node0, node1): comm 'gloo', default: "
@@ -40,7 +44,11 @@ TEST(DevicesComm, DefaultsByTopologyWithTheirReach) {
             std::string::npos)
       << r.out;
   if (Built("gloo")) {
-    EXPECT_NE(r.out.find("launched with --nnodes; reach: crosses hosts (declared)"),
+    EXPECT_NE(r.out.find("launched with --nnodes ('gloo': reach crosses hosts, host memory, "
+                         "probe score 10; best of "),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("found); reach: crosses hosts (declared)"),
               std::string::npos)
         << r.out;
   }
@@ -83,9 +91,9 @@ TEST(DevicesComm, JsonCarriesTheLines) {
       << r.out;
 }
 
-// A plugin built against ABI 1.2 has no reach member: the host guesses as before 1.3 (only a
-// plugin named shm stays on one host), says so, and warns of nothing.
-TEST(DevicesComm, Abi12PluginReachIsGuessed) {
+// A plugin built against ABI 1.2 has no reach member: the host cannot tell (it never guesses
+// from a name), says so, takes it to cross hosts, and warns of nothing.
+TEST(DevicesComm, Abi12PluginReachIsUnknown) {
   const std::string config = "/tmp/polychip-devices-comm-" + std::to_string(getpid()) + ".yaml";
   std::ofstream(config) << "comm: {pp: {path: " << POLYCHIP_ABI12_COMM << "}}\n";
   Result r = Devices("--config " + config + " --tp-size 1 --pp-size 2 --nnodes 2",
@@ -93,8 +101,7 @@ TEST(DevicesComm, Abi12PluginReachIsGuessed) {
                          "/lib/polychip/libpolychip_comm_shm.so");
   std::remove(config.c_str());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("reach: crosses hosts (guessed from the name: the ABI 1.2 plugin does not "
-                       "declare it)"),
+  EXPECT_NE(r.out.find("reach: unknown (the ABI 1.2 plugin does not declare it)"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("warning:"), std::string::npos) << r.out;

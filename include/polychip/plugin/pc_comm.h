@@ -125,9 +125,11 @@ typedef struct pc_comm_iface {
   pc_error_t* (*comm_buffer_bytes)(int32_t n_ranks, uint64_t* bytes);
 
   /* ---- since 1.3 (read with PC_HAS_MEMBER) ------------------------------------------------ */
-  /* [optional][static] Whether the ranks of one communicator may sit on different hosts. A
-   * table without the member (a 1.2 or older plugin), or PC_COMM_REACH_UNKNOWN, leaves the host
-   * to its own guess: only a plugin named "shm" is taken as confined to one host. */
+  /* [optional][static] Whether the ranks of one communicator may sit on different hosts. The
+   * framework's default choice of plugin per group reads it (with memory_kind and the probe's
+   * score; never the name). A table without the member (a 1.2 or older plugin), or
+   * PC_COMM_REACH_UNKNOWN, is taken to cross hosts and is passed over for one-host groups when
+   * a plugin declaring PC_COMM_REACH_ONE_HOST is found. */
   pc_comm_reach_t reach;
 } pc_comm_iface_t;
 
