@@ -47,6 +47,13 @@ std::string HostIdentity() {
   return id != nullptr && *id != '\0' ? id : HostName();
 }
 
+// What is left of a wait until `deadline`, in ms (0 once it has passed).
+int64_t MillisecondsLeft(std::chrono::steady_clock::time_point deadline) {
+  return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  deadline - std::chrono::steady_clock::now())
+                                  .count());
+}
+
 // "rank 3 (pid 123)\thost-b": how a rank names itself to the store; Died() makes the line.
 std::string Who(int32_t rank, int64_t pid, const std::string& host) {
   return "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")\t" + host;
@@ -254,9 +261,7 @@ StatusOr<World> StartNode(const std::string& device_flag, int32_t n_ranks,
   std::vector<int32_t> counts(w.n_nodes, 0);
   std::string missing;
   for (int32_t n = 0; n < w.n_nodes; ++n) {
-    const int64_t left = std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(
-               deadline - std::chrono::steady_clock::now()).count());
+    const int64_t left = MillisecondsLeft(deadline);
     StatusOr<std::string> v = w.kv->Get("node/" + std::to_string(n), left);
     if (!v.ok()) {
       missing += (missing.empty() ? "" : ", ") + std::to_string(n);
@@ -409,9 +414,7 @@ Status JoinWorld(World& w, const ParallelOptions& parallel) {
   std::string missing;
   w.ranks.assign(w.size, RankInfo{});
   for (int32_t r = 0; r < w.size; ++r) {
-    const int64_t left = std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(
-               deadline - std::chrono::steady_clock::now()).count());
+    const int64_t left = MillisecondsLeft(deadline);
     StatusOr<std::string> v = w.kv->Get("rank/" + std::to_string(r), left);
     if (!v.ok()) {
       missing += (missing.empty() ? "" : ", ") + std::to_string(r);
@@ -453,9 +456,7 @@ void ReapChildren(World& world, std::chrono::seconds patience) {
   world.children.clear();
   world.Leave();
   if (world.server) {
-    const int64_t left = std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(
-               deadline - std::chrono::steady_clock::now()).count());
+    const int64_t left = MillisecondsLeft(deadline);
     world.server->WaitRanksGone(left);
   }
   runtime::SetHostKvStore(nullptr);
