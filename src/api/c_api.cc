@@ -137,8 +137,13 @@ StatusOr<launch::LaunchSpec> ReadSettings(const polychip_model_params_t* p) {
 StatusOr<std::string> SelectBackend(const launch::LaunchSpec& s) {
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config, launch::RuntimeConfigOf(s));
   for (std::string& dir : LibrarySearchDirs()) config.extra_search_path.push_back(dir);
+  runtime::PluginParams params;
+  if (s.threads > 0) params.emplace_back("threads", std::to_string(s.threads));
+  if (config.backend) {  // as model::OpenDevice below would (it finds this load and reuses it)
+    config.backend->params.insert(config.backend->params.end(), params.begin(), params.end());
+  }
   PC_ASSIGN_OR_RETURN(runtime::Selection selection,
-                      runtime::SelectPlugins(config, /*load_all_if_unset=*/true));
+                      runtime::SelectPlugins(config, runtime::Discovery::kBest, params));
   if (!selection.backend) {
     return NotFound("no device backend found (pass a device, e.g. \"cpu:0\")");
   }

@@ -119,12 +119,12 @@ StatusOr<json> ListPlugins(const runtime::RuntimeConfig& config, ListingScope sc
   std::vector<std::shared_ptr<runtime::Backend>> backends;
   std::vector<std::shared_ptr<runtime::CommPlugin>> comms;
   if (scope == ListingScope::kSelected) {
-    PC_ASSIGN_OR_RETURN(selection, runtime::SelectPlugins(config, /*load_all_if_unset=*/false));
+    PC_ASSIGN_OR_RETURN(selection, runtime::SelectPlugins(config));
     if (selection.backend) backends.push_back(selection.backend);
     if (selection.comm) comms.push_back(selection.comm);
   } else {
     if (scope == ListingScope::kDiscovered) {
-      PC_ASSIGN_OR_RETURN(selection, runtime::SelectPlugins(config, /*load_all_if_unset=*/true));
+      PC_ASSIGN_OR_RETURN(selection, runtime::SelectPlugins(config, runtime::Discovery::kAll));
       std::vector<runtime::PluginFile> comm_files;
       for (const auto& f :
            runtime::DiscoverPlugins(runtime::PluginSearchPath(config.extra_search_path))) {

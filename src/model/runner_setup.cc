@@ -12,11 +12,15 @@ StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_
                                                       int threads) {
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
                       runtime::ResolveRuntimeConfig(config_path, device_flag));
-  if (threads > 0 && config.backend) {
-    config.backend->params.emplace_back("threads", std::to_string(threads));
+  runtime::PluginParams params;
+  if (threads > 0) params.emplace_back("threads", std::to_string(threads));
+  if (config.backend) {
+    config.backend->params.insert(config.backend->params.end(), params.begin(), params.end());
   }
+  // Without a backend named, only the chosen one is loaded: a hot reload to another discovered
+  // plugin must find it unloaded (issue 38).
   PC_ASSIGN_OR_RETURN(runtime::Selection selection,
-                      runtime::SelectPlugins(config, /*load_all_if_unset=*/true));
+                      runtime::SelectPlugins(config, runtime::Discovery::kBest, params));
   if (!selection.backend) {
     return NotFound("no device backend found (set --device, e.g. --device cpu:0)");
   }

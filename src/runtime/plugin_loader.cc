@@ -780,12 +780,14 @@ void PluginRegistry::Clear() {
 // ---- selection ---------------------------------------------------------------------------
 
 std::vector<PluginFile> ProbedSafely(const std::vector<PluginFile>& files,
-                                     std::vector<LoadReport>* reports) {
+                                     std::vector<LoadReport>* reports,
+                                     std::vector<int32_t>* probe_scores) {
   std::vector<PluginFile> sane;
   const std::vector<LoadReport> probed = DiagnosePluginsInChildren(files, ProbeTimeoutSeconds());
   for (size_t i = 0; i < files.size(); ++i) {
     if (probed[i].usable) {
       sane.push_back(files[i]);
+      if (probe_scores != nullptr) probe_scores->push_back(probed[i].probe_score);
       continue;
     }
     Log().warn("skipped plugin {}: {}", files[i].path, probed[i].reason);
@@ -794,7 +796,8 @@ std::vector<PluginFile> ProbedSafely(const std::vector<PluginFile>& files,
   return sane;
 }
 
-StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_unset) {
+StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, Discovery discovery,
+                                  const PluginParams& discovered_params) {
   Selection sel;
   const std::vector<std::string> search = PluginSearchPath(config.extra_search_path);
   PluginRegistry& reg = PluginRegistry::Global();
@@ -826,26 +829,34 @@ StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_
       sel.backend = *b;
     }
     Log().info("backend '{}' selected by {}", sel.backend->name(), source);
-  } else if (load_all_if_unset) {
-    int best_score = INT32_MIN;
+  } else if (discovery != Discovery::kNone) {
     std::vector<PluginFile> files;
     for (const PluginFile& f : DiscoverPlugins(search)) {
       if (f.kind == PluginKind::kBackend && !f.shadowed) files.push_back(f);
     }
-    for (const PluginFile& f : ProbedSafely(files, &sel.reports)) {
+    std::vector<int32_t> scores;
+    files = ProbedSafely(files, &sel.reports, &scores);
+    // Best first; a plugin without a probe ranks as score 1; equal scores keep search order.
+    std::vector<size_t> order(files.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto rank = [&](size_t i) { return scores[i] < 0 ? 1 : scores[i]; };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rank(a) > rank(b); });
+    for (size_t i : order) {
+      if (discovery == Discovery::kBest && sel.backend) break;
       LoadReport report;
-      auto b = LoadBackendFromPath(f.path, {}, &report);
+      auto b = LoadBackendFromPath(files[i].path, sel.backend ? PluginParams{} : discovered_params,
+                                   &report);
       sel.reports.push_back(report);
       if (!b.ok()) {
         Log().warn("skipping {}", report.ToString());
         continue;
       }
-      // A plugin without a probe ranks as score 1.
-      int score = report.probe_score < 0 ? 1 : report.probe_score;
-      if (score > best_score) {
-        best_score = score;
-        sel.backend = *b;
-      }
+      if (!sel.backend) sel.backend = *b;
+    }
+    if (sel.backend) {
+      Log().info("backend '{}' chosen by discovery (highest probe score{})", sel.backend->name(),
+                 discovery == Discovery::kBest ? "; the others were not loaded" : "");
     }
   }
   if (config.comm) {

@@ -187,24 +187,39 @@ class PluginRegistry {
   Shelf<CommPlugin> comms_;
 };
 
-// Selection for a program: applies a resolved RuntimeConfig. Loads the configured backend (by
-// path if given, else by name on the search path); with no backend configured and
-// `load_all_if_unset`, loads every backend discovered (failures are then only logged) and
-// returns the highest-probe-score one. Errors name every path tried.
 // The files whose inspection in a child process (DiagnosePluginInChild, all at once, within
 // POLYCHIP_PROBE_TIMEOUT_S) found them usable, for loading in this process; each other one is
 // logged ("skipped plugin <path>: crashed in probe: SIGSEGV") and its report appended to
 // `reports`. Discovery goes through here, so a plugin on the search path that crashes or hangs
 // in its constructor, probe or get_api cannot take down or hang a command that did not ask for
-// it (issue 16).
+// it (issue 16). `probe_scores`, if given, receives each returned file's probe score (-1: the
+// plugin has no probe).
 std::vector<PluginFile> ProbedSafely(const std::vector<PluginFile>& files,
-                                     std::vector<LoadReport>* reports);
+                                     std::vector<LoadReport>* reports,
+                                     std::vector<int32_t>* probe_scores = nullptr);
+
+// What SelectPlugins does when the config names no backend.
+enum class Discovery {
+  kNone,  // nothing: Selection::backend stays null
+  // The backend of the highest probe score (probed in child processes) is the only one loaded
+  // in this process (the next one when it fails to load): the others stay unloaded, so that a
+  // hot reload to any of them later loads and initializes it like a first load (issue 38).
+  kBest,
+  kAll,  // every discovered backend is loaded (failures only logged); the best one is returned
+};
 
 struct Selection {
   std::shared_ptr<Backend> backend;   // the chosen backend (null only if none was found)
   std::shared_ptr<CommPlugin> comm;   // null unless configured
   std::vector<LoadReport> reports;    // every attempt made
 };
-StatusOr<Selection> SelectPlugins(const RuntimeConfig& config, bool load_all_if_unset = false);
+// Selection for a program: applies a resolved RuntimeConfig. Loads the configured backend (by
+// path if given, else by name on the search path); with no backend configured, `discovery`
+// says what is loaded, with `discovered_params` (e.g. the server's threads) passed to the
+// chosen plugin's initialize. A plugin without a probe ranks as score 1; on equal scores the
+// first in search order wins. Errors name every path tried.
+StatusOr<Selection> SelectPlugins(const RuntimeConfig& config,
+                                  Discovery discovery = Discovery::kNone,
+                                  const PluginParams& discovered_params = {});
 
 }  // namespace polychip::runtime

@@ -210,6 +210,45 @@ TEST(HotReload, BrokenLibrariesAreRefusedAndTheOldPluginServes) {
   fs::remove_all(dir);
 }
 
+// Issue 38: a reload to a discovered plugin works on every launch. Started without --device the
+// server loads only the plugin discovery chose (generation 1: no other was loaded before it), so
+// a reload to another one on the search path (emu) loads it afresh, and one back to the first by
+// name too; with --device the same.
+void ReloadsToDiscoveredPlugins(ServeBackend launch) {
+  PC_REQUIRE_SERVE_DEPS(unused);
+  std::string why;
+  const std::string model = TinyF16Model(&why).string();  // the same text on cpu and emu
+  if (model.empty()) GTEST_SKIP() << why;
+  if (!fs::exists(PluginDir() / "libpolychip_backend_emu.so")) GTEST_SKIP() << "no emu plugin";
+  ServeProcess s(model, {"--admin-key", kAdminKey}, launch);
+  ASSERT_TRUE(s.ok());
+  const json info = ServerInfo(s);
+  const std::string first = info.value("backend", "");
+  ASSERT_FALSE(first.empty()) << info.dump();
+  EXPECT_EQ(info.value("backend_generation", uint64_t{0}), 1u) << s.Log();
+  const std::string reference = StreamText(s, 3);
+  // Discovery may choose emu itself only where nothing scores higher; then go to cpu and back.
+  const std::string other = first == "emu" ? "cpu" : "emu";
+  uint64_t generation = 1;
+  for (const std::string& target : {other, first}) {
+    auto [status, reply] = Reload(s, {{"kind", "backend"}, {"name", target}});
+    ASSERT_EQ(status, 200) << reply.dump() << "\n" << s.Log();
+    EXPECT_EQ(reply["backend"]["name"], target) << reply.dump();
+    EXPECT_EQ(reply["backend"]["generation"], ++generation) << reply.dump();
+    EXPECT_TRUE(reply.value("old_unloaded", false)) << reply.dump();
+    EXPECT_EQ(ServerInfo(s).value("backend", ""), target);
+    EXPECT_EQ(StreamText(s, 3), reference);
+  }
+}
+
+TEST(HotReload, ToADiscoveredPluginWhenTheServerPickedItsBackend) {
+  ReloadsToDiscoveredPlugins(ServeBackend::kDiscovered);
+}
+
+TEST(HotReload, ToADiscoveredPluginWhenDeviceWasGiven) {
+  ReloadsToDiscoveredPlugins(ServeBackend::kCpu);
+}
+
 // SIGHUP re-reads --config: a changed backend section is reloaded, an unchanged one is not.
 TEST(HotReload, SighupAppliesTheConfigsBackend) {
   PC_REQUIRE_SERVE_DEPS(model);

@@ -83,11 +83,18 @@ inline fs::path TinyModel(std::string* why) {
     if (model_var.empty()) GTEST_SKIP() << why_;                                           \
   } while (0)
 
+// Which backend `polychip serve` is started on.
+enum class ServeBackend {
+  kCpu,         // --device cpu:0
+  kDiscovered,  // no --device: the server loads the best plugin it discovers
+};
+
 class ServeProcess {
  public:
   // Starts `polychip serve` on port 0 (the server prints the port it got) with `extra` flags.
-  ServeProcess(const std::string& model, const std::vector<std::string>& extra)
-      : process_(ServeCommandLine(model, extra)) {
+  ServeProcess(const std::string& model, const std::vector<std::string>& extra,
+               ServeBackend backend = ServeBackend::kCpu)
+      : process_(ServeCommandLine(model, extra, backend)) {
     // The machine may be busy: allow a minute for the model to load.
     port_ = process_.WaitForListeningPort(60);
     if (port_ != 0) return;
@@ -157,10 +164,13 @@ class ServeProcess {
 
  private:
   static std::vector<std::string> ServeCommandLine(const std::string& model,
-                                                   const std::vector<std::string>& extra) {
+                                                   const std::vector<std::string>& extra,
+                                                   ServeBackend backend) {
     std::vector<std::string> args = {PolychipBinary().string(), "serve", "--model-path", model,
-                                      "--device", "cpu:0", "--threads", "1", "--host",
-                                      "127.0.0.1", "--port", "0"};
+                                      "--threads", "1", "--host", "127.0.0.1", "--port", "0"};
+    if (backend == ServeBackend::kCpu) {
+      args.insert(args.end(), {"--device", "cpu:0"});
+    }
     args.insert(args.end(), extra.begin(), extra.end());
     return args;
   }
