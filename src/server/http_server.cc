@@ -162,7 +162,7 @@ class HttpServer::Impl {
       e = Error(503, "the server is shutting down", "server_error");
     } else if (req.path.rfind("/admin/", 0) == 0) {
       e = CheckAdminKey(req);
-    } else if (req.path != "/health" && req.path != "/") {
+    } else if (req.path != "/health" && req.path != "/live" && req.path != "/") {
       e = CheckKey(req);
     }
     if (!e) return HttpTransport::HookResult::kUnhandled;
@@ -211,6 +211,11 @@ class HttpServer::Impl {
                 if (why.empty()) return SendJson(res, 200, json::object());
                 SendJson(res, 503, {{"status", "unavailable"}, {"reason", why}});
               }, false),
+              HttpTransport::RunOn::kEventThread);
+    // Liveness: 200 whenever the event loop turns, whatever the backend's state (a pod
+    // restarted for a failed reload would lose the requests that wait for the next one).
+    http_.Get("/live", Guard([](const auto&, auto& res) { SendJson(res, 200, json::object()); },
+                             false),
               HttpTransport::RunOn::kEventThread);
     // /health_generate runs the model and /metrics tells the load: behind the key like the
     // rest (an open /health_generate let anyone generate at full speed).

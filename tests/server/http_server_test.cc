@@ -351,7 +351,8 @@ TEST(HttpServer, ResponsesStoreOverHttp) {
   EXPECT_EQ(s.client->Get("/v1/responses/" + unstored["id"].get<std::string>())->status, 404);
 }
 
-// Issue 16: every route but /health behind the key (/health_generate ran the model for anyone).
+// Issue 16: every route but the probes (/health, /live) behind the key (/health_generate ran
+// the model for anyone).
 TEST(HttpServer, ApiKeyGuardsEveryRouteButHealth) {
   TestServer s(256, "sekret");
   const httplib::Headers key = {{"Authorization", "Bearer sekret"}};
@@ -364,6 +365,7 @@ TEST(HttpServer, ApiKeyGuardsEveryRouteButHealth) {
     EXPECT_EQ(right->status, 200) << path << ": " << right->body;
   }
   EXPECT_EQ(s.client->Get("/health")->status, 200);
+  EXPECT_EQ(s.client->Get("/live")->status, 200);
 }
 
 // Issue 16: wrong-typed or contradictory fields are a 400, never a 500 or a silent choice.

@@ -214,6 +214,10 @@ TEST(Operator, HealthIs503OnlyWhileNoBackendCanServe) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503);
   EXPECT_NE(r->body.find("no backend"), std::string::npos) << r->body;
+  // Alive all the same: liveness must not restart a pod a reload can repair.
+  r = s.Client()->Get("/live");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
   // A working plugin makes it ready again.
   std::tie(status, reply) = reload({{"kind", "backend"}, {"path", CpuPlugin().string()}});
   EXPECT_EQ(status, 200) << reply.dump();
