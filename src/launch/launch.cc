@@ -226,8 +226,9 @@ Status CheckModelPath(const std::string& path) {
     return NotFound("model file " + path + " not found");
   }
   std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Ok();  // unreadable: the loader names the reason
   char magic[4] = {};
-  if (in.read(magic, 4) && std::string(magic, 4) != "GGUF") {
+  if (!in.read(magic, 4) || std::string(magic, 4) != "GGUF") {  // shorter than a magic, too
     return InvalidArgument(path + " is not a GGUF file (no GGUF magic)" + how);
   }
   return Status::Ok();

@@ -220,8 +220,10 @@ TEST(LaunchModelPath, NonGgufPathsSayGgufOnlyAndHowToConvert) {
   const fs::path dir = fs::temp_directory_path() / ("polychip-hf-" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "model.safetensors") << "{\"not\": \"gguf\"}";
+  std::ofstream(dir / "config.json") << "{}";  // shorter than GGUF's magic
   for (const std::string& path :
-       {dir.string(), (dir / "model.safetensors").string(), std::string("Qwen/Qwen2.5-7B")}) {
+       {dir.string(), (dir / "model.safetensors").string(), (dir / "config.json").string(),
+        std::string("Qwen/Qwen2.5-7B")}) {
     const Status s = CheckModelPath(path);
     ASSERT_FALSE(s.ok()) << path;
     EXPECT_NE(s.message().find("GGUF only"), std::string::npos) << s.message();
