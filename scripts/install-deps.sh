@@ -30,6 +30,9 @@ packages=(
   # Vulkan device plugin: loader + headers, GLSL->SPIR-V compiler, Mesa's lavapipe (a CPU Vulkan
   # driver, so its tests run without a GPU) and vulkaninfo for diagnosis
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
+  # the deployment examples' checks (tests/deploy): systemd-analyze verify on the unit;
+  # objdump (binutils) reads what the binary and plugins link, for the Dockerfile's packages
+  systemd binutils
   # fuzzing: the libFuzzer targets of tests/fuzz (`make fuzz`, and a short run in `make test`);
   # libFuzzer and the sanitizer runtimes are in libclang-rt, only a recommendation of clang
   clang libclang-rt-14-dev

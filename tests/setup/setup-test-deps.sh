@@ -4,7 +4,8 @@
 #     and llama.cpp's tools built from that source (the correctness oracle);
 #   - the official `openai` and `@anthropic-ai/sdk` npm clients (the server tests talk to
 #     polychip through them);
-#   - puppeteer-core (drives Debian's chromium, headless, in the chat page's test).
+#   - puppeteer-core (drives Debian's chromium, headless, in the chat page's test);
+#   - kubernetes-models, typescript, yaml and dockerfile-utils (the deployment examples' checks).
 # Everything goes to $POLYCHIP_CACHE (default ~/.cache/polychip); reruns are cheap.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -25,6 +26,16 @@ if [ ! -d "$cache/npm/node_modules/@anthropic-ai/sdk" ]; then
   # runs without zod.
   npm install --no-audit --no-fund --legacy-peer-deps --prefix "$cache/npm" \
     @anthropic-ai/sdk@1.16.0 >&2
+fi
+
+if [ ! -d "$cache/npm/node_modules/kubernetes-models" ] || [ ! -d "$cache/npm/node_modules/dockerfile-utils" ]; then
+  # The deployment examples' checks (tests/deploy): the Kubernetes API's schemas and
+  # interfaces (kubernetes-models, compiled with typescript; yaml reads the manifests) and a
+  # Dockerfile linter. kubernetes-models asks for node >= 22 and runs on Debian's 18 and 20.
+  echo "[setup] installing kubernetes-models, typescript, yaml, dockerfile-utils into $cache/npm" >&2
+  # --legacy-peer-deps: npm re-resolves the folder's earlier packages, whose zod peers conflict.
+  npm install --no-audit --no-fund --legacy-peer-deps --prefix "$cache/npm" kubernetes-models@5.1.0 \
+    typescript@5.9.3 yaml@2.9.1 dockerfile-utils@0.16.3 >&2
 fi
 
 "$here/fetch-llama-cpp.sh"
