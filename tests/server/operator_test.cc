@@ -110,6 +110,30 @@ TEST(Operator, TrainedContextIsServedAndTheKvBudgetPrinted) {
   EXPECT_EQ(json::parse(r->body).value("context_length", 0), 2048) << r->body;
 }
 
+// In a container the machine's free RAM is no measure: the cpu plugin's free memory is bounded
+// by the memory cgroup's limit, so the KV budget printed at start fits in it. Needs a memory
+// cgroup (v1) this test may create, as root on the CI machines.
+TEST(Operator, KvBudgetFitsTheMemoryCgroupsLimit) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  const fs::path cgroup =
+      fs::path("/sys/fs/cgroup/memory") / ("polychip-test-" + std::to_string(getpid()));
+  std::error_code ec;
+  if (!fs::create_directory(cgroup, ec)) {
+    GTEST_SKIP() << "cannot create a memory cgroup (v1) at " << cgroup << ": " << ec.message();
+  }
+  constexpr int64_t kLimitMiB = 1024;
+  std::ofstream(cgroup / "memory.limit_in_bytes") << (kLimitMiB << 20);
+  const auto r = RunCommand("sh -c 'echo $$ > " + (cgroup / "cgroup.procs").string() + " && exec " +
+                            PolychipBinary().string() + " serve " + model +
+                            " --device cpu:0 --threads 1 --print-config'");
+  fs::remove(cgroup, ec);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("KV budget: ([0-9.]+) MiB free"))) << r.out;
+  EXPECT_LE(std::stod(m[1]), kLimitMiB) << r.out;
+  EXPECT_GT(std::stod(m[1]), 0) << r.out;
+}
+
 // The metric families of a scrape (from its # TYPE lines).
 std::set<std::string> Families(const std::string& scrape) {
   std::set<std::string> names;

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -100,11 +101,69 @@ void Log(pc_log_level_t level, const std::string& msg) {
   if (h && h->log) h->log(h->host_ctx, level, "cpu", msg.c_str());
 }
 
+// The memory limit of this process's cgroup and its ancestors (a container's limits.memory, a
+// systemd unit's MemoryMax=), and what of it is still free: the machine's free RAM is no measure
+// inside a container, and a KV cache sized from it gets the process killed. cgroup v2
+// (memory.max, memory.current) or v1 (memory.limit_in_bytes, memory.usage_in_bytes); the
+// reclaimable inactive file pages are not counted as used (the kubelet's working set).
+struct MemoryLimit {
+  uint64_t limit = UINT64_MAX;
+  uint64_t free = UINT64_MAX;
+};
+MemoryLimit CgroupMemoryLimit() {
+  auto read_u64 = [](const std::string& file, uint64_t* v) {
+    std::ifstream in(file);
+    return static_cast<bool>(in >> *v);
+  };
+  auto stat_u64 = [](const std::string& file, const std::string& key) {
+    std::ifstream in(file);
+    std::string k;
+    uint64_t v = 0;
+    while (in >> k >> v) {
+      if (k == key) return v;
+    }
+    return uint64_t{0};
+  };
+  MemoryLimit m;
+  std::ifstream cgroups("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cgroups, line)) {  // "0::/path" (v2) or "4:memory:/path" (v1)
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    const bool v2 = controllers == ",,";
+    if (!v2 && controllers.find(",memory,") == std::string::npos) continue;
+    const std::string mount = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    // Inside a container's namespace the path may name a folder the mount does not show: each
+    // level that exists is read, up to the mount's root.
+    std::string path = line.substr(b + 1);
+    while (true) {
+      const std::string dir = mount + (path == "/" ? "" : path);
+      uint64_t limit = 0, used = 0;
+      if (read_u64(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"), &limit) &&
+          limit < (uint64_t{1} << 60) &&  // v1 says "no limit" with a huge number, v2 "max"
+          read_u64(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"), &used)) {
+        const uint64_t cache =
+            stat_u64(dir + "/memory.stat", v2 ? "inactive_file" : "total_inactive_file");
+        used -= std::min(used, cache);
+        m.limit = std::min(m.limit, limit);
+        m.free = std::min(m.free, limit - std::min(limit, used));
+      }
+      if (path.empty() || path == "/") break;
+      path = path.substr(0, path.rfind('/'));
+      if (path.empty()) path = "/";
+    }
+  }
+  return m;
+}
+
 uint64_t PhysicalMemory() {
-  return static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  return std::min(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE),
+                  CgroupMemoryLimit().limit);
 }
 uint64_t AvailableMemory() {
-  return static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  return std::min(static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE),
+                  CgroupMemoryLimit().free);
 }
 
 pc_error_t* BadArg(const std::string& msg) { return MakeError(PC_CODE_INVALID_ARGUMENT, msg); }
