@@ -29,6 +29,13 @@ struct Engine::Sequence {
   Clock::time_point arrive_time;
   Clock::time_point last_token_time;
   bool got_first_token = false;
+  // Speculative decoding.
+  bool speculative = false;  // the request allows it (and the engine has a proposer)
+  int32_t spec_k = 0;        // draft tokens to ask for next (adaptive)
+  std::vector<int32_t> draft;    // this step's drafts (empty: a plain step)
+  std::vector<float> draft_q;    // their draft distributions, or empty (one-hot)
+  std::vector<int32_t> verify;   // this step's tokens: the last token, then the drafts
+  int32_t spec_passes = 0, spec_drafted = 0, spec_accepted = 0, spec_emitted = 0;
 };
 
 StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name) {
@@ -39,7 +46,7 @@ StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name) {
 }
 
 Engine::Engine(ModelRunner* runner, EngineOptions options, PieceFn piece,
-               std::vector<int32_t> eog_tokens)
+               std::vector<int32_t> eog_tokens, ModelRunner* draft)
     : runner_(runner),
       options_(options),
       piece_(std::move(piece)),
@@ -55,6 +62,14 @@ Engine::Engine(ModelRunner* runner, EngineOptions options, PieceFn piece,
               WindowPool{static_cast<int32_t>(runner->num_window_kv_blocks()),
                          static_cast<int32_t>(runner->kv_window())}) {
   stats_.kv_blocks_total = blocks_.num_blocks();
+  const SpeculativeOptions& spec = options_.speculative;
+  if (spec.algorithm == SpecAlgorithm::kNgram) {
+    proposer_ = MakeNgramProposer(spec.ngram_min, spec.ngram_max);
+  } else if (spec.algorithm == SpecAlgorithm::kDraft) {
+    PC_CHECK(draft != nullptr);
+    proposer_ = MakeDraftModelProposer(draft, vocab_size_);
+  }
+  if (proposer_ && spec.num_draft_tokens < 1) proposer_.reset();
 }
 
 Engine::~Engine() { Stop(); }
@@ -138,6 +153,8 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerateInput input) {
   seq->priority = input.priority;
   seq->arrive_time = Clock::now();
   seq->embed = input.embed;
+  seq->speculative = proposer_ != nullptr && input.speculative && !embed;
+  seq->spec_k = options_.speculative.num_draft_tokens;
   if (!embed) {
     seq->sampler =
         std::make_unique<Sampler>(input.params, vocab_size_, eog_tokens_, input.prompt);
@@ -307,6 +324,7 @@ bool Engine::GrowBlocks(Sequence* seq, int32_t n_tokens) {
 }
 
 void Engine::FreeBlocks(Sequence* seq, bool cache_prefix) {
+  if (proposer_) proposer_->Release(seq->arrival);
   if (cache_prefix) {
     blocks_.InsertPrefix(std::span<const int32_t>(seq->tokens).first(seq->num_computed),
                          &seq->blocks);
@@ -459,10 +477,15 @@ void Engine::Finish(Sequence* seq, StreamEvent event) {
   event.prompt_tokens = seq->prompt_len;
   event.completion_tokens = static_cast<int32_t>(seq->tokens.size()) - seq->prompt_len;
   event.cached_tokens = seq->cached_tokens;
+  event.spec_draft_tokens = seq->spec_drafted;
+  event.spec_accepted_tokens = seq->spec_accepted;
   FreeBlocks(seq, /*cache_prefix=*/seq->embed == Pooling::kNone &&
                       (event.error.ok() || event.error.code() == StatusCode::kCancelled));
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
+    if (seq->spec_passes > 0) {
+      spec_accept_len_.Observe(static_cast<double>(seq->spec_emitted) / seq->spec_passes);
+    }
     if (event.error.ok()) {
       ++stats_.requests_finished;
       e2e_.Observe(std::chrono::duration<double>(Clock::now() - seq->arrive_time).count());
@@ -497,6 +520,7 @@ bool Engine::Step() {
   }
   std::vector<SequenceStep> steps;
   const auto start = Clock::now();
+  if (proposer_) Speculate(plan);
   const Status status = RunPlan(plan, &steps);
   if (status.ok()) {
     int64_t decode_seqs = 0, prefill_tokens = 0;
@@ -505,6 +529,7 @@ bool Engine::Step() {
       (p.n_tokens == 1 && p.seq->num_computed >= p.seq->prompt_len ? decode_seqs
                                                                    : prefill_tokens) +=
           p.n_tokens;
+      prefill_tokens += static_cast<int64_t>(p.seq->draft.size());  // verified positions
     }
     step_cost_.Observe(decode_seqs, prefill_tokens,
                        std::chrono::duration<double>(Clock::now() - start).count(),
@@ -560,6 +585,12 @@ Status Engine::RunPlan(const std::vector<Planned>& plan, std::vector<SequenceSte
       st.window_block_table = p.seq->window_table;
     }
     const bool last = p.seq->num_computed + p.n_tokens == static_cast<int32_t>(p.seq->tokens.size());
+    if (!p.seq->draft.empty()) {  // the last token and the drafts, logits at each
+      st.tokens = p.seq->verify;
+      st.logits = LogitsMode::kAll;
+      steps->push_back(st);
+      continue;
+    }
     switch (p.seq->embed) {
       case Pooling::kNone:
         st.logits = last ? LogitsMode::kLast : LogitsMode::kNone;
@@ -646,10 +677,14 @@ void Engine::ProcessResults(const std::vector<Planned>& plan,
   int64_t generated = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence* s = plan[i].seq;
-    const bool prefill = s->num_computed < s->prompt_len;
-    s->num_computed += plan[i].n_tokens;
     const float* out = logits.data() + offset;
     offset += OutputFloats(steps[i]);
+    if (!s->draft.empty()) {
+      generated += ProcessSpeculative(s, out, now);  // may finish s
+      continue;
+    }
+    const bool prefill = s->num_computed < s->prompt_len;
+    s->num_computed += plan[i].n_tokens;
     if (s->embed != Pooling::kNone) {
       PoolEmbedding(s, steps[i], out);
       continue;
@@ -662,48 +697,163 @@ void Engine::ProcessResults(const std::vector<Planned>& plan,
     }
     if (steps[i].logits != LogitsMode::kLast) continue;
     std::span<const float> row_logits(out, vocab_size_);
-    SampleResult r = s->sampler->Sample(row_logits);
-    s->tokens.push_back(r.token);
-    ++generated;
-    StopChecker::Step st = s->stop->Push(r.token, piece_(r.token));
     StreamEvent ev;
-    ev.tokens.push_back(r.token);
-    ev.logprobs.push_back(r.logprob);
-    ev.top_logprobs.push_back(std::move(r.top_logprobs));
-    ev.text = std::move(st.text);
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      if (!s->got_first_token) {
-        ttft_.Observe(std::chrono::duration<double>(now - s->arrive_time).count());
-      } else {
-        itl_.Observe(std::chrono::duration<double>(now - s->last_token_time).count());
-      }
-    }
-    s->got_first_token = true;
-    s->last_token_time = now;
-    FinishReason finish = st.finish;
-    if (finish == FinishReason::kNone && s->sampler->matcher() && s->sampler->matcher()->Done()) {
-      // A structured output is complete: nothing but the end token could follow.
-      ev.text += s->stop->Flush();
-      finish = FinishReason::kStop;
-    }
-    if (finish == FinishReason::kNone &&
-        static_cast<int32_t>(s->tokens.size()) >= s->max_total) {
-      ev.text += s->stop->Flush();
-      finish = FinishReason::kLength;
-    }
-    if (finish == FinishReason::kNone) {
-      s->stream->Push(std::move(ev));
-      continue;
-    }
-    ev.finish = finish;
-    ev.stop_matched = std::move(st.stop_matched);
-    ev.stop_token = st.stop_token;
-    Finish(s, std::move(ev));
+    const FinishReason finish = PushToken(s, s->sampler->Sample(row_logits), &ev);
+    ++generated;
+    Deliver(s, std::move(ev), finish, now);
   }
   std::lock_guard<std::mutex> lock(stats_mu_);
   stats_.generation_tokens += generated;
   ++stats_.steps;
+}
+
+FinishReason Engine::PushToken(Sequence* s, SampleResult r, StreamEvent* ev) {
+  s->tokens.push_back(r.token);
+  StopChecker::Step st = s->stop->Push(r.token, piece_(r.token));
+  ev->tokens.push_back(r.token);
+  ev->logprobs.push_back(r.logprob);
+  ev->top_logprobs.push_back(std::move(r.top_logprobs));
+  ev->text += st.text;
+  FinishReason finish = st.finish;
+  if (finish == FinishReason::kNone && s->sampler->matcher() && s->sampler->matcher()->Done()) {
+    // A structured output is complete: nothing but the end token could follow.
+    ev->text += s->stop->Flush();
+    finish = FinishReason::kStop;
+  }
+  if (finish == FinishReason::kNone && static_cast<int32_t>(s->tokens.size()) >= s->max_total) {
+    ev->text += s->stop->Flush();
+    finish = FinishReason::kLength;
+  }
+  if (finish != FinishReason::kNone) {
+    ev->stop_matched = std::move(st.stop_matched);
+    ev->stop_token = st.stop_token;
+  }
+  return finish;
+}
+
+void Engine::Deliver(Sequence* s, StreamEvent ev, FinishReason finish, Clock::time_point now) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    // Tokens that arrive together (a speculative step's) share the interval.
+    const size_t n = ev.tokens.size();
+    const double gap = std::chrono::duration<double>(now - s->last_token_time).count();
+    for (size_t i = 0; i < n; ++i) {
+      if (!s->got_first_token && i == 0) {
+        ttft_.Observe(std::chrono::duration<double>(now - s->arrive_time).count());
+      } else {
+        itl_.Observe(s->got_first_token ? gap / n : 0.0);
+      }
+    }
+  }
+  s->got_first_token = true;
+  s->last_token_time = now;
+  if (finish == FinishReason::kNone) {
+    s->stream->Push(std::move(ev));
+    return;
+  }
+  ev.finish = finish;
+  Finish(s, std::move(ev));
+}
+
+void Engine::Speculate(const std::vector<Planned>& plan) {
+  std::vector<Sequence*> candidates;
+  int32_t decoding = 0;
+  for (const Planned& p : plan) {
+    Sequence* s = p.seq;
+    s->draft.clear();
+    s->draft_q.clear();
+    const bool decode = p.n_tokens == 1 && s->sampler && s->num_computed >= s->prompt_len &&
+                        s->num_computed + 1 == static_cast<int32_t>(s->tokens.size());
+    if (!decode) continue;
+    ++decoding;
+    if (s->speculative) candidates.push_back(s);
+  }
+  if (candidates.empty()) return;
+  if (decoding > options_.speculative.disable_batch_size) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.spec_skipped_steps;
+    return;
+  }
+  std::vector<DraftRequest> requests(candidates.size());
+  std::vector<DraftRequest*> asked;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Sequence* s = candidates[i];
+    DraftRequest& r = requests[i];
+    r.seq_id = s->arrival;
+    r.tokens = s->tokens;
+    // Never past the request's last token, nor past what one step may add (window pool).
+    r.k = std::min({s->spec_k, s->max_total - static_cast<int32_t>(s->tokens.size()),
+                    blocks_.MaxStepTokens() - 1});
+    r.params = &s->sampler->params();
+    r.seed = s->sampler->seed();
+    if (r.k > 0) asked.push_back(&r);
+  }
+  if (asked.empty()) return;
+  if (Status st = proposer_->Propose(asked); !st.ok()) {
+    spdlog::warn("speculative proposal failed, decoding without it this step: {}",
+                 st.ToString());
+    return;
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    Sequence* s = candidates[i];
+    DraftRequest& r = requests[i];
+    const int32_t k = static_cast<int32_t>(r.draft.size());
+    // The drafts need KV slots too; with none left, this sequence decodes plainly (speculation
+    // never preempts anyone).
+    if (k == 0 || !GrowBlocks(s, 1 + k)) continue;
+    s->draft = std::move(r.draft);
+    s->draft_q = std::move(r.q);
+    s->verify.assign(1, s->tokens.back());
+    s->verify.insert(s->verify.end(), s->draft.begin(), s->draft.end());
+  }
+}
+
+int32_t Engine::ProcessSpeculative(Sequence* s, const float* rows, Clock::time_point now) {
+  const size_t v = static_cast<size_t>(vocab_size_);
+  const int32_t k = static_cast<int32_t>(s->draft.size());
+  StreamEvent ev;
+  FinishReason finish = FinishReason::kNone;
+  int32_t accepted = 0;
+  ++s->num_computed;  // the last token's KV
+  for (int32_t i = 0; i <= k && finish == FinishReason::kNone; ++i) {
+    const std::span<const float> row(rows + i * v, v);
+    bool kept = false;
+    SampleResult r;
+    if (i < k) {
+      const std::span<const float> q =
+          s->draft_q.empty() ? std::span<const float>() : std::span<const float>(s->draft_q).subspan(i * v, v);
+      r = s->sampler->SampleDraft(row, s->draft[i], q, &kept);
+    } else {
+      r = s->sampler->Sample(row);  // every draft kept: the target's next token comes free
+    }
+    finish = PushToken(s, std::move(r), &ev);
+    if (!kept) break;
+    ++accepted;
+    ++s->num_computed;  // the draft's KV, written by this step, is the sequence's now
+  }
+  const int32_t emitted = static_cast<int32_t>(ev.tokens.size());
+  ++s->spec_passes;
+  s->spec_drafted += k;
+  s->spec_accepted += accepted;
+  s->spec_emitted += emitted;
+  if (options_.speculative.adaptive) {
+    if (accepted == k) {
+      s->spec_k = std::min(s->spec_k + 1, options_.speculative.num_draft_tokens);
+    } else if (accepted == 0) {
+      s->spec_k = std::max(s->spec_k - 1, 1);
+    }
+  }
+  s->draft.clear();
+  s->draft_q.clear();
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.spec_verify_steps;
+    stats_.spec_draft_tokens += k;
+    stats_.spec_accepted_tokens += accepted;
+    stats_.spec_emitted_tokens += emitted;
+  }
+  Deliver(s, std::move(ev), finish, now);
+  return emitted;
 }
 
 void Engine::RunUntilIdle(int64_t max_steps) {
@@ -799,6 +949,27 @@ void Engine::RenderMetrics(std::string* out) const {
         static_cast<double>(s.requests_aborted));
   gauge("polychip_requests_failed_total", "counter", "Requests failed.",
         static_cast<double>(s.requests_failed));
+  if (proposer_) {
+    gauge("polychip_spec_verify_steps_total", "counter",
+          "Speculative decoding: sequence steps that verified draft tokens.",
+          static_cast<double>(s.spec_verify_steps));
+    gauge("polychip_spec_draft_tokens_total", "counter", "Draft tokens proposed.",
+          static_cast<double>(s.spec_draft_tokens));
+    gauge("polychip_spec_accepted_tokens_total", "counter", "Draft tokens accepted.",
+          static_cast<double>(s.spec_accepted_tokens));
+    gauge("polychip_spec_skipped_steps_total", "counter",
+          "Steps run without speculation: more decoding sequences than "
+          "--speculative-disable-batch-size.",
+          static_cast<double>(s.spec_skipped_steps));
+    gauge("polychip_spec_acceptance_rate", "gauge", "Draft tokens accepted / proposed.",
+          s.spec_draft_tokens ? double(s.spec_accepted_tokens) / s.spec_draft_tokens : 0.0);
+    gauge("polychip_spec_accept_length", "gauge",
+          "Tokens emitted per verification step (accepted drafts + 1).",
+          s.spec_verify_steps ? double(s.spec_emitted_tokens) / s.spec_verify_steps : 0.0);
+    spec_accept_len_.Render("polychip_spec_request_accept_length",
+                            "Per finished request that speculated: tokens per verification step.",
+                            out);
+  }
   ttft_.Render("polychip_time_to_first_token_seconds", "Time to first token.", out);
   itl_.Render("polychip_inter_token_latency_seconds", "Time between generated tokens.", out);
   runner_->RenderMetrics(out);
@@ -833,6 +1004,14 @@ void Engine::RenderVllmMetrics(const std::string& model_name, std::string* out) 
       static_cast<double>(s.prefix.hit_tokens));
   one("vllm:request_success_total", "counter", "Count of successfully processed requests.",
       static_cast<double>(s.requests_finished));
+  if (proposer_) {
+    one("vllm:spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+        static_cast<double>(s.spec_verify_steps));
+    one("vllm:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+        static_cast<double>(s.spec_draft_tokens));
+    one("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+        static_cast<double>(s.spec_accepted_tokens));
+  }
   // No LoRA adapters are served: the gauge exists with empty lists, as vLLM's does without any
   // (the Gateway API inference extension's endpoint picker reads it).
   *out += "# HELP vllm:lora_requests_info Running stats on lora requests.\n"

@@ -13,6 +13,8 @@
 // goes back to the waiting queue with prompt + generated tokens, to be prefilled again (its
 // sampler keeps its state, so the output is the same as without preemption). A request that
 // fits the KV cache alone therefore always completes.
+// With speculative decoding (EngineOptions::speculative, speculative.h), a decoding sequence's
+// step carries its last token and up to k draft tokens, verified in the same batched step.
 #pragma once
 
 #include <chrono>
@@ -31,6 +33,7 @@
 #include "engine/metrics.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
+#include "engine/speculative.h"
 #include "engine/step_cost.h"
 #include "util/status.h"
 
@@ -50,6 +53,8 @@ struct EngineOptions {
   int32_t context_length = 0;          // 0: the runner's
   bool enable_prefix_cache = true;
   SchedulePolicy policy = SchedulePolicy::kFcfs;
+  // Speculative decoding (kDraft needs the draft runner given to the constructor).
+  SpeculativeOptions speculative;
 };
 
 // A point-in-time view for /metrics and /get_server_info.
@@ -69,6 +74,14 @@ struct EngineStats {
   int64_t requests_aborted = 0;
   int64_t requests_failed = 0;
   int64_t steps = 0;
+  // Speculative decoding: verification passes (a sequence's step that carried drafts), draft
+  // tokens proposed, of which accepted, and tokens those passes emitted (accepted + 1 each,
+  // unless the request ended inside).
+  int64_t spec_verify_steps = 0;
+  int64_t spec_draft_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  int64_t spec_emitted_tokens = 0;
+  int64_t spec_skipped_steps = 0;  // steps left plain: more decodes than disable_batch_size
 };
 
 class Engine {
@@ -77,8 +90,10 @@ class Engine {
   using PieceFn = std::function<std::string(int32_t)>;
 
   // `runner` must outlive the engine. `eog_tokens`: the vocabulary's end-of-generation tokens.
+  // `draft`: the draft model of options.speculative kDraft (same vocabulary; it must outlive
+  // the engine), else null.
   Engine(ModelRunner* runner, EngineOptions options, PieceFn piece,
-         std::vector<int32_t> eog_tokens);
+         std::vector<int32_t> eog_tokens, ModelRunner* draft = nullptr);
   ~Engine();  // stops the thread; requests still in flight get a CANCELLED error event
 
   void Start();  // starts the engine thread
@@ -146,6 +161,17 @@ class Engine {
   Status RunPlan(const std::vector<Planned>& plan, std::vector<SequenceStep>* steps);
   void ProcessResults(const std::vector<Planned>& plan, std::span<const SequenceStep> steps);
   void FailPlan(const std::vector<Planned>& plan, const Status& status);
+  // Speculation: asks the proposer for drafts for the plan's decoding sequences and grows
+  // their blocks for them (a sequence whose blocks cannot grow decodes plainly).
+  void Speculate(const std::vector<Planned>& plan);
+  // Verifies a sequence's drafts against its k + 1 rows of logits and emits what is kept
+  // (Sampler::SampleDraft) plus the target's own next token. Returns the tokens emitted.
+  int32_t ProcessSpeculative(Sequence* s, const float* rows, Clock::time_point now);
+  // Samples nothing: records `r` as the sequence's next token into `ev` and says whether the
+  // request ends with it (stop token or string, grammar complete, length).
+  FinishReason PushToken(Sequence* s, SampleResult r, StreamEvent* ev);
+  // Sends `ev` (the tokens of this step), or finishes the request with it.
+  void Deliver(Sequence* s, StreamEvent ev, FinishReason finish, Clock::time_point now);
   // Floats the runner returns for one step (rows of logits or of hidden states).
   size_t OutputFloats(const SequenceStep& st) const;
   // Adds an embedding request's hidden-state rows of this step to its pooling; once the whole
@@ -175,6 +201,7 @@ class Engine {
   EngineOptions options_;
   PieceFn piece_;
   std::vector<int32_t> eog_tokens_;
+  std::unique_ptr<Proposer> proposer_;  // null: no speculation
   int64_t context_length_;
   int64_t max_seq_tokens_;  // min(context, whole KV cache)
   int64_t vocab_size_;
@@ -206,6 +233,8 @@ class Engine {
   Histogram itl_ = Histogram::Latency();
   Histogram e2e_ = Histogram::Latency();
   Histogram queue_time_ = Histogram::Latency();
+  // Per finished request that speculated: tokens per verification pass.
+  Histogram spec_accept_len_ = Histogram({1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8});
 };
 
 }  // namespace polychip::engine

@@ -32,6 +32,8 @@ struct GenerateInput {
   // cached: pooling needs every token's hidden state), nothing is sampled, `params` is unused,
   // and the final event carries the embedding.
   Pooling embed = Pooling::kNone;
+  // false: this request never speculates, whatever the server's --speculative-* options.
+  bool speculative = true;
 };
 
 // One or more generated tokens, or the end of the request.
@@ -54,6 +56,9 @@ struct StreamEvent {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;  // prompt tokens found in the prefix cache
+  // Speculative decoding: draft tokens proposed for this request and how many were kept.
+  int32_t spec_draft_tokens = 0;
+  int32_t spec_accepted_tokens = 0;
 };
 
 // The channel between the engine thread and the thread that serves one request.

@@ -104,17 +104,21 @@ void Sampler::ApplyPenalties(std::vector<float>& logits) const {
 // loaded CPU, so candidates are only ordered as far as top-k / top-p need: top-k selects with
 // nth_element, top-p sorts a growing head of the list until it holds the nucleus, and without
 // either the draw walks the candidates in id order (the distribution is the same).
-int32_t Sampler::SampleTemperature(std::vector<float>& logits) {
+void Sampler::Candidates(const std::vector<float>& logits, std::vector<int32_t>* idx_out,
+                         std::vector<float>* prob_out, size_t* n_out) const {
+  std::vector<int32_t>& idx = *idx_out;
+  std::vector<float>& prob = *prob_out;
   const float inv_t = 1.f / params_.temperature;
   const float max_l = MaxValue(logits);
-  std::vector<int32_t> idx;
+  idx.clear();
   idx.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     if (logits[i] != kNegInf) idx.push_back(static_cast<int32_t>(i));
   }
-  if (idx.empty()) return ArgMax(logits);
+  *n_out = 0;
+  if (idx.empty()) return;
   // Unnormalised probabilities relative to the best candidate (which gets 1).
-  std::vector<float> prob(logits.size(), 0.f);
+  prob.assign(logits.size(), 0.f);
   for (int32_t i : idx) prob[i] = std::exp((logits[i] - max_l) * inv_t);
   auto better = [&](int32_t a, int32_t b) {
     return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
@@ -150,6 +154,15 @@ int32_t Sampler::SampleTemperature(std::vector<float>& logits) {
     }
     n = std::max<size_t>(kept, 1);
   }
+  *n_out = n;
+}
+
+int32_t Sampler::SampleTemperature(std::vector<float>& logits) {
+  std::vector<int32_t> idx;
+  std::vector<float> prob;
+  size_t n = 0;
+  Candidates(logits, &idx, &prob, &n);
+  if (n == 0) return ArgMax(logits);
   double total = 0;
   for (size_t i = 0; i < n; ++i) total += prob[idx[i]];
   const double u = NextUniform() * total;
@@ -161,11 +174,27 @@ int32_t Sampler::SampleTemperature(std::vector<float>& logits) {
   return idx[n - 1];
 }
 
-SampleResult Sampler::Sample(std::span<const float> raw) {
-  SampleResult result;
-  const bool need_lse = params_.want_logprob || params_.top_logprobs > 0;
-  const double lse = need_lse ? LogSumExp(raw) : 0.0;
+std::vector<float> Sampler::Processed(std::span<const float> raw) {
+  std::vector<float> logits(raw.begin(), raw.end());
+  ApplyPenalties(logits);
+  if (n_generated_ < params_.min_tokens) {
+    for (int32_t t : masked_until_min_) {
+      if (t >= 0 && t < vocab_size_) logits[t] = kNegInf;
+    }
+  }
+  if (matcher_) {
+    matcher_->ApplyMask(logits);
+    if (MaxValue(logits) == kNegInf && n_generated_ < params_.min_tokens) {
+      // The grammar allows only the end, which min_tokens masked: the grammar wins.
+      logits.assign(raw.begin(), raw.end());
+      ApplyPenalties(logits);
+      matcher_->ApplyMask(logits);
+    }
+  }
+  return logits;
+}
 
+SampleResult Sampler::Sample(std::span<const float> raw) {
   const bool plain_greedy = !matcher_ && params_.logit_bias.empty() &&
                             params_.temperature <= 0.f && params_.repetition_penalty == 1.f &&
                             params_.frequency_penalty == 0.f && params_.presence_penalty == 0.f &&
@@ -179,32 +208,25 @@ SampleResult Sampler::Sample(std::span<const float> raw) {
                              (n_generated_ >= params_.min_tokens || masked_until_min_.empty());
   int32_t fast = -1;
   if (masked_greedy) fast = matcher_->ArgMaxAllowed(raw);
+  int32_t token = 0;
   if (plain_greedy) {
-    result.token = ArgMax(raw);  // nothing modifies the logits: no copy
+    token = ArgMax(raw);  // nothing modifies the logits: no copy
   } else if (fast >= 0 && raw[fast] != kNegInf) {
-    result.token = fast;
+    token = fast;
   } else {
-    std::vector<float> logits(raw.begin(), raw.end());
-    ApplyPenalties(logits);
-    if (n_generated_ < params_.min_tokens) {
-      for (int32_t t : masked_until_min_) {
-        if (t >= 0 && t < vocab_size_) logits[t] = kNegInf;
-      }
-    }
-    if (matcher_) {
-      matcher_->ApplyMask(logits);
-      if (MaxValue(logits) == kNegInf && n_generated_ < params_.min_tokens) {
-        // The grammar allows only the end, which min_tokens masked: the grammar wins.
-        logits.assign(raw.begin(), raw.end());
-        ApplyPenalties(logits);
-        matcher_->ApplyMask(logits);
-      }
-    }
-    result.token = params_.temperature <= 0.f ? ArgMax(logits) : SampleTemperature(logits);
+    std::vector<float> logits = Processed(raw);
+    token = params_.temperature <= 0.f ? ArgMax(logits) : SampleTemperature(logits);
   }
-  if (matcher_) matcher_->Accept(result.token);
+  return Emit(raw, token);
+}
 
-  if (need_lse) result.logprob = static_cast<float>(double(raw[result.token]) - lse);
+SampleResult Sampler::Emit(std::span<const float> raw, int32_t token) {
+  SampleResult result;
+  result.token = token;
+  if (matcher_) matcher_->Accept(token);
+  const bool need_lse = params_.want_logprob || params_.top_logprobs > 0;
+  const double lse = need_lse ? LogSumExp(raw) : 0.0;
+  if (need_lse) result.logprob = static_cast<float>(double(raw[token]) - lse);
   if (params_.top_logprobs > 0) {
     const size_t k = std::min<size_t>(params_.top_logprobs, raw.size());
     std::vector<int32_t> idx(raw.size());
@@ -216,8 +238,75 @@ SampleResult Sampler::Sample(std::span<const float> raw) {
       result.top_logprobs.push_back({idx[i], static_cast<float>(double(raw[idx[i]]) - lse)});
     }
   }
-  Accept(result.token);
+  Accept(token);
   return result;
+}
+
+void Sampler::Distribution(std::span<const float> raw, std::vector<float>* probs) {
+  probs->assign(raw.size(), 0.f);
+  std::vector<float> logits = Processed(raw);
+  if (params_.temperature <= 0.f) {
+    (*probs)[ArgMax(logits)] = 1.f;
+    return;
+  }
+  std::vector<int32_t> idx;
+  std::vector<float> prob;
+  size_t n = 0;
+  Candidates(logits, &idx, &prob, &n);
+  if (n == 0) {
+    (*probs)[ArgMax(logits)] = 1.f;
+    return;
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += prob[idx[i]];
+  for (size_t i = 0; i < n; ++i) (*probs)[idx[i]] = static_cast<float>(prob[idx[i]] / total);
+}
+
+int32_t Sampler::Draw(std::span<const float> probs) {
+  double total = 0;
+  for (float v : probs) total += v;
+  const double u = NextUniform() * total;
+  double cum = 0;
+  int32_t last = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.f) continue;
+    cum += probs[i];
+    last = static_cast<int32_t>(i);
+    if (u < cum) return last;
+  }
+  return last;
+}
+
+SampleResult Sampler::SampleDraft(std::span<const float> raw, int32_t draft,
+                                  std::span<const float> q, bool* accepted) {
+  if (params_.temperature <= 0.f) {
+    // p is one-hot at Sample's token: the draft is kept exactly when it is that token.
+    SampleResult r = Sample(raw);
+    *accepted = r.token == draft;
+    return r;
+  }
+  std::vector<float> p;
+  Distribution(raw, &p);
+  const double q_draft = q.empty() ? 1.0 : double(q[draft]);
+  const double p_draft = p[draft];
+  if (q_draft > 0 && NextUniform() * q_draft < p_draft) {
+    *accepted = true;
+    return Emit(raw, draft);
+  }
+  *accepted = false;
+  // Rejected: the residual max(0, p - q). It is empty only when p == q (then p(draft) >=
+  // q(draft) and the draft was kept), or by rounding: p itself then.
+  std::vector<float> residual(p.size(), 0.f);
+  double mass = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const float qi = q.empty() ? (static_cast<int32_t>(i) == draft ? 1.f : 0.f) : q[i];
+    const float d = p[i] - qi;
+    if (d > 0.f) {
+      residual[i] = d;
+      mass += d;
+    }
+  }
+  return Emit(raw, Draw(mass > 0 ? std::span<const float>(residual) : std::span<const float>(p)));
 }
 
 const char* FinishReasonName(FinishReason reason) {

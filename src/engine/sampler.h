@@ -86,6 +86,23 @@ class Sampler {
   // Records a token generated elsewhere (e.g. forced), for the penalties.
   void Accept(int32_t token);
 
+  // Speculative decoding's verification of one draft token (rejection sampling, Leviathan et
+  // al. 2023 / Chen et al. 2023). `logits` is the target's row at the position `draft` was
+  // proposed for; the draft drew it from `q` (vocab floats summing to 1; empty: q is one-hot at
+  // `draft`, as for greedy drafts and n-gram lookup). With p the distribution Sample would draw
+  // from here, the draft is kept with probability min(1, p(draft) / q(draft)); otherwise a token
+  // is drawn from max(0, p - q), renormalised. The emitted token is so distributed exactly as
+  // p, and under greedy decoding it is Sample's token. It is recorded as generated (penalties,
+  // grammar) like Sample's; *accepted tells whether it is the draft.
+  SampleResult SampleDraft(std::span<const float> logits, int32_t draft, std::span<const float> q,
+                           bool* accepted);
+  // The distribution Sample draws from at `logits` (every step above; greedy: one-hot at its
+  // token), as vocab floats summing to 1. Leaves the sampler's state as it was.
+  void Distribution(std::span<const float> logits, std::vector<float>* probs);
+  // A draw from `probs` (vocab floats, summing to 1) with the sampler's generator; nothing is
+  // recorded as generated.
+  int32_t Draw(std::span<const float> probs);
+
   int32_t n_generated() const { return n_generated_; }
   const SamplingParams& params() const { return params_; }
   // The grammar's position (null when unconstrained).
@@ -94,9 +111,18 @@ class Sampler {
 
  private:
   void ApplyPenalties(std::vector<float>& logits) const;
+  // A copy of `raw` through steps 1-2 and the grammar's mask.
+  std::vector<float> Processed(std::span<const float> raw);
   double NextUniform();  // [0, 1)
+  // The candidates softmax(logits / temperature) keeps after top-k, top-p and min-p:
+  // idx[0, n) with unnormalised probabilities prob[idx[i]] (empty when every logit is -inf).
+  void Candidates(const std::vector<float>& logits, std::vector<int32_t>* idx,
+                  std::vector<float>* prob, size_t* n) const;
   // Draws from softmax(logits / temperature) restricted by top-k, top-p and min-p.
   int32_t SampleTemperature(std::vector<float>& logits);
+  // What Sample and SampleDraft do once the token is chosen: the grammar and the history
+  // advance, the logprobs (of `raw`) are filled in.
+  SampleResult Emit(std::span<const float> raw, int32_t token);
 
   SamplingParams params_;
   int64_t vocab_size_;

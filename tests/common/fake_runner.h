@@ -42,6 +42,29 @@ class FakeRunner : public ModelRunner {
     return out;
   }
 
+  // The logits after `history`: 10 at NextToken and 0 elsewhere; `soft`: every token gets a
+  // logit in [0, 3) from a hash of the history and itself (a real distribution, for sampling
+  // tests). `disagree_every` > 0 makes another model: after every such position the row is
+  // rotated by one token.
+  static std::vector<float> Row(const std::vector<int32_t>& history, int64_t vocab, bool soft,
+                                int32_t disagree_every) {
+    std::vector<float> row(vocab, 0.f);
+    if (soft) {
+      std::vector<int32_t> h = history;
+      for (int64_t j = 0; j < vocab; ++j) {
+        h.push_back(static_cast<int32_t>(j));
+        row[j] = 3.f * static_cast<float>(NextToken(h, 1001) - 1) / 1000.f;
+        h.pop_back();
+      }
+    } else {
+      row[NextToken(history, vocab)] = 10.f;
+    }
+    if (disagree_every > 0 && history.size() % static_cast<size_t>(disagree_every) == 0) {
+      std::rotate(row.begin(), row.end() - 1, row.end());
+    }
+    return row;
+  }
+
   int64_t vocab_size() const override { return vocab_; }
   int64_t context_length() const override { return context_; }
   int64_t block_size() const override { return block_size_; }
@@ -78,16 +101,18 @@ class FakeRunner : public ModelRunner {
       }
       if (num_window_blocks_ > 0) PC_RETURN_IF_ERROR(CheckWindow(s, end));
       if (s.logits == LogitsMode::kNone) continue;
-      // Read the whole history back from the KV cache.
+      // Read the whole history back from the KV cache: one row for the last token (kLast), or
+      // one per token of the step (kAll: a speculative verification).
       std::vector<int32_t> history;
+      const int64_t first_row = s.logits == LogitsMode::kAll ? s.start_pos + 1 : end;
       for (int64_t pos = 0; pos < end; ++pos) {
         const Slot& slot = kv_[s.block_table[pos / block_size_] * block_size_ + pos % block_size_];
         if (slot.pos != pos) return Internal("KV slot holds another position");
         history.push_back(slot.token);
+        if (pos + 1 < first_row) continue;
+        const std::vector<float> row = Row(history, vocab_, soft_, disagree_every_);
+        logits->insert(logits->end(), row.begin(), row.end());
       }
-      std::vector<float> row(vocab_, 0.f);
-      row[NextToken(history, vocab_)] = 10.f;
-      logits->insert(logits->end(), row.begin(), row.end());
     }
     ++steps_;
     tokens_processed_ += n_tokens;
@@ -104,6 +129,10 @@ class FakeRunner : public ModelRunner {
     std::fill(kv_.begin(), kv_.end(), Slot{-1, -1});
     std::fill(wkv_.begin(), wkv_.end(), Slot{-1, -1});
   }
+  // Another model (a draft that is sometimes wrong): after every `every`-th position the next
+  // token is the model's plus one. 0: the model itself.
+  void set_disagree_every(int32_t every) { disagree_every_ = every; }
+  void set_soft(bool soft) { soft_ = soft; }
   // Makes every step take at least this long (so that tests can act mid-request).
   void set_step_delay_us(int64_t us) { step_delay_us_ = us; }
   int64_t steps() const { return steps_; }
@@ -148,6 +177,8 @@ class FakeRunner : public ModelRunner {
   int64_t num_window_blocks_ = 0, window_ = 0;
   std::vector<Slot> wkv_;  // [(num_window_blocks + 1) * block_size]
   std::atomic<int64_t> step_delay_us_{0};
+  int32_t disagree_every_ = 0;
+  bool soft_ = false;
   int64_t steps_ = 0, tokens_processed_ = 0, max_step_tokens_ = 0, max_batch_ = 0,
           mixed_steps_ = 0;
 };
