@@ -40,6 +40,7 @@ struct polychip_error {
 struct polychip_model {
   polychip::model::ModelFile file;
   std::unique_ptr<polychip::engine::ModelRunner> runner;
+  std::unique_ptr<polychip::launch::DraftModel> draft;  // speculative decoding's, or null
   std::unique_ptr<polychip::engine::Engine> engine;  // after the runner it drives: freed first
   std::string description;
   std::atomic<int64_t> next_request{0};
@@ -169,10 +170,11 @@ Status LoadModel(const char* path, const polychip_model_params_t* params,
   PC_ASSIGN_OR_RETURN(m->runner, launch::CreateRunner(launch, m->file, std::move(device)));
   m->description = m->file.config.Summary() + " on " + dist::DescribeRunner(*m->runner);
 
+  PC_ASSIGN_OR_RETURN(m->draft, launch::CreateDraft(launch, m->file));
   const model::Tokenizer* tok = m->file.tokenizer.get();
   m->engine = std::make_unique<engine::Engine>(
       m->runner.get(), launch.engine, [tok](int32_t t) { return tok->Piece(t); },
-      tok->eog_ids());
+      tok->eog_ids(), m->draft ? m->draft->runner.get() : nullptr);
   m->engine->Start();
   *out = m.release();
   return Status::Ok();

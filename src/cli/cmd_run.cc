@@ -15,6 +15,7 @@
 #include "cli/launch_flags.h"
 #include "cli/model_options.h"
 #include "dist/parallel.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/chat_template.h"
 #include "model/runner.h"
@@ -66,6 +67,75 @@ void PrintToken(int32_t token, const std::vector<float>& logits, const std::stri
                hex.empty() ? "-" : hex.c_str());
 }
 
+// With speculative decoding the request runs through the engine, which drafts and verifies.
+int RunSpeculative(const RunOptions& o, const launch::ResolvedLaunch& launch,
+                   const model::ModelFile& mf, engine::ModelRunner& r,
+                   const std::vector<int32_t>& prompt_ids, const engine::SamplingParams& sp,
+                   std::chrono::steady_clock::time_point t0,
+                   std::chrono::steady_clock::time_point t_loaded) {
+  using Clock = std::chrono::steady_clock;
+  auto draft = launch::CreateDraft(launch, mf);
+  if (!draft.ok()) return Fail(draft.status());
+  const model::Tokenizer& tok = *mf.tokenizer;
+  const bool special = o.special;
+  engine::Engine eng(
+      &r, launch.engine, [&tok, special](int32_t t) { return tok.Piece(t, special); },
+      tok.eog_ids(), *draft ? (*draft)->runner.get() : nullptr);
+  const Clock::time_point t_ready = Clock::now();  // the draft loaded too
+  engine::GenerateInput in;
+  in.rid = "run";
+  in.prompt = prompt_ids;
+  in.params = sp;
+  in.params.want_logprob = false;
+  auto stream = eng.Submit(in);
+  if (!stream.ok()) return Fail(stream.status());
+  Clock::time_point t_prompt = Clock::now();
+  bool first = true, finished = false;
+  int n_gen = 0;
+  engine::StreamEvent last;
+  while (!finished) {
+    eng.Step();
+    for (engine::StreamEvent& ev : (*stream)->Pop(std::chrono::milliseconds(0))) {
+      if (first && !ev.tokens.empty()) {
+        t_prompt = Clock::now();
+        first = false;
+      }
+      n_gen += static_cast<int>(ev.tokens.size());
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+      std::fflush(stdout);
+      if (ev.finished) {
+        finished = true;
+        last = std::move(ev);
+      }
+    }
+  }
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!last.error.ok()) return Fail(last.error);
+  const auto t_end = Clock::now();
+  // The first token comes with the prompt; generation counts the others.
+  const double t_p = Seconds(t_ready, t_prompt), t_g = Seconds(t_prompt, t_end);
+  const int n_after = std::max(n_gen - 1, 0);
+  std::fprintf(stderr,
+               "timings: load %.2f s | prompt %zu tokens, %.2f s, %.1f tok/s | "
+               "generation %d tokens, %.2f s, %.1f tok/s\n",
+               Seconds(t0, t_loaded) + Seconds(t_loaded, t_ready), prompt_ids.size(), t_p,
+               t_p > 0 ? prompt_ids.size() / t_p : 0.0, n_gen, t_g,
+               t_g > 0 ? n_after / t_g : 0.0);
+  const engine::EngineStats st = eng.Stats();
+  std::fprintf(stderr,
+               "speculative: %s, k %d | %lld verification steps, %lld draft tokens, %lld "
+               "accepted (acceptance %.3f) | %.2f tokens per verification step\n",
+               engine::SpecAlgorithmName(launch.engine.speculative.algorithm),
+               launch.engine.speculative.num_draft_tokens,
+               static_cast<long long>(st.spec_verify_steps),
+               static_cast<long long>(st.spec_draft_tokens),
+               static_cast<long long>(st.spec_accepted_tokens),
+               st.spec_draft_tokens ? double(st.spec_accepted_tokens) / st.spec_draft_tokens : 0.0,
+               st.spec_verify_steps ? double(st.spec_emitted_tokens) / st.spec_verify_steps : 0.0);
+  return 0;
+}
+
 int Run(const RunOptions& o, const GlobalOptions& globals) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
@@ -106,7 +176,9 @@ int Run(const RunOptions& o, const GlobalOptions& globals) {
   spec->context_length = n_ctx;
   spec->max_total_tokens = n_ctx;
   spec->max_running_requests = 1;
-  spec->max_tokens_per_step = std::min<int64_t>(512, int64_t(prompt_ids.size()));
+  // At least a speculative verification's positions (the last token and the drafts).
+  spec->max_tokens_per_step = std::max<int64_t>(std::min<int64_t>(512, int64_t(prompt_ids.size())),
+                                                spec->speculative_num_draft_tokens + 1);
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
   // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
@@ -128,6 +200,9 @@ int Run(const RunOptions& o, const GlobalOptions& globals) {
   sp.max_tokens = o.n_predict;
   sp.ignore_eos = o.ignore_eos;
   sp.stop = o.stop;
+  if (launch->engine.speculative.algorithm != engine::SpecAlgorithm::kNone) {
+    return RunSpeculative(o, *launch, *mf, r, prompt_ids, sp, t0, t_loaded);
+  }
   engine::Sampler sampler(sp, r.vocab_size(), tok.eog_ids(), prompt_ids);
   engine::StopChecker stop(sp, tok.eog_ids());
 

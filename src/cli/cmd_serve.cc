@@ -116,10 +116,12 @@ int Serve(const GlobalOptions& globals, const ServeCli& cli) {
                                         : std::string_view(spec.reasoning_parser));
   }
 
+  auto draft = launch::CreateDraft(*resolved, *mf);
+  if (!draft.ok()) return Fail(draft.status());
   const server::TextCodec* text = codec->get();
   engine::Engine engine(
       runner->get(), resolved->engine, [text](int32_t t) { return text->Piece(t); },
-      text->EogTokens());
+      text->EogTokens(), *draft ? (*draft)->runner.get() : nullptr);
   engine.Start();
 
   server::ServerOptions so;
@@ -160,6 +162,12 @@ int Serve(const GlobalOptions& globals, const ServeCli& cli) {
                     {"kv_cache_dtype", spec.kv_cache_dtype}, {"tp_size", spec.tp_size},
                     {"pp_size", spec.pp_size}, {"nnodes", spec.dist.nnodes},
                     {"max_total_tokens", resolved->kv.kv_tokens},
+                    {"speculative_algorithm",
+                     engine::SpecAlgorithmName(resolved->engine.speculative.algorithm)},
+                    {"speculative_num_draft_tokens",
+                     resolved->engine.speculative.algorithm == engine::SpecAlgorithm::kNone
+                         ? 0
+                         : resolved->engine.speculative.num_draft_tokens},
                     {"comm_groups", dist::DescribeComms(**runner)}};
   ServeReloader reloader(&engine, reloadable, ranks, spec.config_path, spec.threads);
   so.admin_key = spec.admin_key;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -73,6 +74,13 @@ Status Validate(const LaunchSpec& spec) {
   if (spec.mem_fraction_static > 1) {
     return InvalidArgument("--mem-fraction-static must be in [0, 1]");
   }
+  if (spec.speculative_algorithm != "auto") {
+    PC_RETURN_IF_ERROR(engine::ParseSpecAlgorithm(spec.speculative_algorithm).status());
+  }
+  if (spec.speculative_algorithm == "draft" && spec.speculative_draft_model.empty()) {
+    return InvalidArgument(
+        "--speculative-algorithm draft needs --speculative-draft-model FILE.gguf");
+  }
   return Status::Ok();
 }
 
@@ -106,6 +114,33 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
   KvSizing& kv = r.kv;
   kv.token_bytes =
       KvTokenBytes(cfg, kv_dtype, spec.swa_full_tokens_ratio, spec.tp_size, spec.pp_size);
+
+  // Speculative decoding. A draft model on the model's device takes its weights from the KV
+  // budget, and keeps as many KV tokens as the model (each budgeted token pays for both).
+  engine::SpeculativeOptions& so = r.engine.speculative;
+  const std::string algorithm =
+      spec.speculative_algorithm != "auto"        ? spec.speculative_algorithm
+      : spec.speculative_draft_model.empty() ? "none"
+                                                  : "draft";
+  so.algorithm = *engine::ParseSpecAlgorithm(algorithm);
+  so.num_draft_tokens = spec.speculative_num_draft_tokens;
+  so.adaptive = spec.speculative_adaptive;
+  so.disable_batch_size = spec.speculative_disable_batch_size;
+  so.ngram_max = spec.speculative_ngram_max;
+  if (so.algorithm != engine::SpecAlgorithm::kNone && ranks > 1) {
+    return Unimplemented("speculative decoding runs on one rank; --tp-size and --pp-size must "
+                         "be 1 with --speculative-algorithm " + algorithm);
+  }
+  uint64_t draft_weight_bytes = 0;
+  if (so.algorithm == engine::SpecAlgorithm::kDraft) {
+    PC_RETURN_IF_ERROR(CheckModelPath(spec.speculative_draft_model));
+    PC_ASSIGN_OR_RETURN(auto draft_file, model::GgufFile::Open(spec.speculative_draft_model));
+    PC_ASSIGN_OR_RETURN(model::ModelConfig draft_cfg, model::ModelConfig::FromGguf(*draft_file));
+    if (spec.speculative_draft_device.empty()) {
+      kv.token_bytes += KvTokenBytes(draft_cfg, kv_dtype, 0, 1, 1);
+      for (const model::GgufTensor& t : draft_file->tensors()) draft_weight_bytes += t.n_bytes;
+    }
+  }
   const int64_t trained = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : kUnknownTrainedContext;
   // The most the cache could ever be used for: every running request at the full context.
   const int64_t want_ctx = spec.context_length > 0 ? spec.context_length : trained;
@@ -122,7 +157,8 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
                             : device->props().host_accessible ? kHostMemFraction
                                                               : kDeviceMemFraction;
     const dist::KvBudget budget =
-        dist::ComputeKvBudget(free_bytes, fraction, comm, WeightBytes(model, ranks));
+        dist::ComputeKvBudget(free_bytes, fraction, comm,
+                              WeightBytes(model, ranks) + draft_weight_bytes);
     kv.budget_bytes = budget.kv_bytes;
     kv.budget = budget.Describe();
     kv.kv_tokens = int64_t(budget.kv_bytes / kv.token_bytes);
@@ -170,6 +206,11 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
     ro.arena_bytes = r.runtime.arena_bytes;
   }
 
+  // The draft's KV pool holds as many tokens as the model's, in blocks the proposer hands
+  // out itself (no window pool: it keeps every position).
+  r.draft_runner = ro;
+  r.draft_runner.swa_full_tokens_ratio = 0;
+
   engine::EngineOptions& eo = r.engine;
   eo.max_running_requests = spec.max_running_requests;
   eo.max_queued_requests = spec.max_queued_requests;
@@ -204,6 +245,52 @@ StatusOr<std::unique_ptr<model::ReloadableRunner>> CreateReloadableRunner(
   device.reset();  // the runner holds it from now on; a reload must be able to close it
   return model::ReloadableRunner::Create(*model.file, model.config, launch.runtime,
                                          std::move(backend), launch.runner);
+}
+
+Status CheckDraftVocabulary(const model::Tokenizer& target, const model::Tokenizer& draft) {
+  constexpr int32_t kMaxVocabDifference = 128;
+  const int32_t nt = target.n_vocab(), nd = draft.n_vocab();
+  if (std::abs(nt - nd) > kMaxVocabDifference) {
+    return InvalidArgument("the draft model's vocabulary has " + std::to_string(nd) +
+                           " tokens and the model's " + std::to_string(nt) +
+                           ": a draft model must share the model's vocabulary");
+  }
+  for (int32_t i = 0; i < std::min(nt, nd); ++i) {
+    if (target.TokenText(i) != draft.TokenText(i)) {
+      return InvalidArgument("token " + std::to_string(i) + " is '" + target.TokenText(i) +
+                             "' in the model and '" + draft.TokenText(i) +
+                             "' in the draft model: a draft model must share the model's "
+                             "vocabulary");
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<DraftModel>> CreateDraft(const ResolvedLaunch& launch,
+                                                  const model::ModelFile& target) {
+  if (launch.engine.speculative.algorithm != engine::SpecAlgorithm::kDraft) {
+    return std::unique_ptr<DraftModel>();
+  }
+  const LaunchSpec& s = launch.spec;
+  const std::string& path = s.speculative_draft_model;
+  PC_RETURN_IF_ERROR(CheckModelPath(path));
+  auto d = std::make_unique<DraftModel>();
+  PC_ASSIGN_OR_RETURN(d->file, model::OpenModelFile(path));
+  if (Status v = CheckDraftVocabulary(*target.tokenizer, *d->file.tokenizer); !v.ok()) {
+    return InvalidArgument(path + ": " + v.message());
+  }
+  const bool own_device = !s.speculative_draft_device.empty();
+  PC_ASSIGN_OR_RETURN(auto device,
+                      model::OpenDevice(own_device ? "" : s.config_path,
+                                        own_device ? s.speculative_draft_device : s.device,
+                                        s.threads));
+  PC_ASSIGN_OR_RETURN(auto runner, model::TransformerRunner::Create(
+                                       *d->file.file, d->file.config, device, launch.draft_runner));
+  spdlog::info("speculative decoding: draft model {} ({}) on {}, up to {} draft tokens per step",
+               path, d->file.config.Summary(), device->props().name,
+               launch.engine.speculative.num_draft_tokens);
+  d->runner = std::move(runner);
+  return d;
 }
 
 Status CheckModelPath(const std::string& path) {

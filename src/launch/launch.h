@@ -53,6 +53,15 @@ struct LaunchSpec {
   double max_itl_ms = 0;
   bool disable_radix_cache = false;
   std::string schedule_policy = "fcfs";
+  // Speculative decoding (engine/speculative.h, docs/speculative-decoding.md).
+  std::string speculative_algorithm = "auto";  // auto: draft with a draft model, else none
+  std::string speculative_draft_model;         // a GGUF of the target's vocabulary
+  std::string speculative_draft_device;        // backend:i; empty: the target's device
+  int speculative_num_draft_tokens = 4;
+  bool speculative_adaptive = true;
+  int speculative_disable_batch_size = 4;
+  int speculative_ngram_max = 3;
+
   // Activation workspace rows per forward step; 0: chunked_prefill_size (at least 64) plus one
   // decoding token per running request. Set by the offline commands, not a flag.
   int64_t max_tokens_per_step = 0;
@@ -100,6 +109,7 @@ struct ResolvedLaunch {
   LaunchSpec spec;
   runtime::RuntimeConfig runtime;  // the config file, env and --device, threads appended
   model::RunnerOptions runner;
+  model::RunnerOptions draft_runner;  // the draft model's (speculative algorithm draft)
   engine::EngineOptions engine;
   dist::ParallelOptions parallel;
   KvSizing kv;
@@ -134,6 +144,23 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
 StatusOr<std::unique_ptr<model::ReloadableRunner>> CreateReloadableRunner(
     const ResolvedLaunch& launch, const model::ModelFile& model,
     std::shared_ptr<runtime::Device> device);
+
+// The draft model of speculative decoding: its file and its runner.
+struct DraftModel {
+  model::ModelFile file;
+  std::unique_ptr<engine::ModelRunner> runner;
+};
+
+// Opens --speculative-draft-model, checks that it shares `target`'s vocabulary (the same token
+// for every id both have, sizes at most 128 apart) and loads it on --speculative-draft-device
+// (default: the target's backend, a device of its own). Null when the launch speculates
+// without a draft model.
+StatusOr<std::unique_ptr<DraftModel>> CreateDraft(const ResolvedLaunch& launch,
+                                                  const model::ModelFile& target);
+
+// Checks that `draft` can draft for `target`: the same token text for every id both
+// vocabularies have, sizes at most 128 apart (padding rows).
+Status CheckDraftVocabulary(const model::Tokenizer& target, const model::Tokenizer& draft);
 
 // "GGUF only" for a path that is not a GGUF file (a folder, a Hugging Face model id, a
 // safetensors file), with how to convert it; Ok for anything that may be one.

@@ -241,6 +241,33 @@ std::vector<Option> MakeOptions() {
   t.push_back(Text("schedule-policy", {}, "fcfs, lpm or priority", kServe,
                    PC_FIELD(schedule_policy), {"fcfs", "lpm", "priority"}));
 
+  // Speculative decoding (docs/speculative-decoding.md).
+  t.push_back(Text("speculative-algorithm", {},
+                   "speculative decoding: draft (a draft model), ngram (prompt lookup), none, or "
+                   "auto (draft when a draft model is given)",
+                   kModel, PC_FIELD(speculative_algorithm), {"auto", "none", "draft", "ngram"}));
+  t.push_back(Text("speculative-draft-model", {"--model-draft"},
+                   "the draft model: a GGUF sharing the model's vocabulary (any architecture)",
+                   kModel, PC_FIELD(speculative_draft_model)));
+  t.push_back(Text("speculative-draft-device", {"--device-draft"},
+                   "the draft model's device, backend:i (e.g. cpu:0 while the model runs on "
+                   "emu:0); default: the model's backend",
+                   kModel, PC_FIELD(speculative_draft_device)));
+  t.push_back(Int("speculative-num-draft-tokens", {"--draft-max"},
+                  "draft tokens proposed per sequence and step, at most", kModel,
+                  PC_FIELD(speculative_num_draft_tokens), 1, 64));
+  t.push_back(Switch("speculative-adaptive", {},
+                     "each sequence's draft length follows its acceptance (up to "
+                     "--speculative-num-draft-tokens)",
+                     kModel, PC_FIELD(speculative_adaptive)));
+  t.push_back(Int("speculative-disable-batch-size", {"--speculative-disable-by-batch-size"},
+                  "steps with more decoding sequences than this run without speculation (the "
+                  "batch already keeps the device busy)",
+                  kModel, PC_FIELD(speculative_disable_batch_size), 0, 1 << 20));
+  t.push_back(Int("speculative-ngram-max", {},
+                  "ngram: the longest suffix of the sequence looked up in its own tokens", kModel,
+                  PC_FIELD(speculative_ngram_max), 1, 64));
+
   // The HTTP server.
   t.push_back(Text("served-model-name", {}, "name reported by /v1/models (default: the file name)",
                    kServe, PC_FIELD(served_model_name)));

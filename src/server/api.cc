@@ -572,6 +572,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const json& body, const Te
       int64_t priority = 0;
       PC_API_TRY(GetInt(body, "priority", -1000000, 1000000, &priority));
       in.priority = static_cast<int32_t>(priority);
+      // false: this request decodes without speculation (docs/speculative-decoding.md).
+      PC_API_TRY(GetBool(body, "speculative", &in.speculative));
       out->inputs.push_back(std::move(in));
     }
   }

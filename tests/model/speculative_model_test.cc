@@ -1,0 +1,219 @@
+// Speculative decoding on real forward passes: for each architecture a tiny F16 model is
+// synthesized (llama's 32,000-token SentencePiece vocabulary: a small output layer), and a draft made of its first layer (the same seed writes
+// the same weights for the tensors both have). Through the engine on the cpu plugin, greedy
+// output with speculation (the draft being the model itself, the truncated draft, n-gram
+// lookup) is the output without it, for several requests batched together; and a draft
+// sharing the model's vocabulary is accepted while another vocabulary is refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "launch/launch.h"
+#include "model/arch.h"
+#include "model/runner.h"
+#include "model/runner_setup.h"
+#include "test_models.h"
+
+namespace polychip::model {
+namespace {
+
+bool CpuBuilt() {
+#ifdef POLYCHIP_HAVE_CPU_PLUGIN
+  return true;
+#else
+  return false;
+#endif
+}
+
+// `shape` made `arch`'s, with `layers` layers; the model file's path.
+std::string Synth(const std::string& arch, const std::string& shape, int layers) {
+  SynthOptions o;
+  o.config = *ShapePreset(shape);
+  const StatusOr<Arch> a = ArchFromName(arch);
+  if (!a.ok()) return "error: " + a.status().ToString();
+  if (o.config.arch != *a) {
+    if (Status s = AdoptArch(*a, o.config); !s.ok()) return "error: " + s.ToString();
+  }
+  o.config.n_layer = layers;
+  o.type = DType::kF16;
+  o.weight_std = 0.08f;
+  o.seed = 7;
+  o.progress = false;
+  const std::string qwen2 = testing::VocabPath();
+  o.vocab_path = qwen2.substr(0, qwen2.rfind('/')) + "/ggml-vocab-llama-spm.gguf";
+  const std::string out = std::string(POLYCHIP_BUILD_DIR) + "/test-models/spec_" + arch + "_" +
+                          shape + "_l" + std::to_string(layers) + ".gguf";
+  std::filesystem::create_directories(std::filesystem::path(out).parent_path());
+  const Status s = SynthesizeModel(o, out);
+  return s.ok() ? out : "error: " + s.ToString();
+}
+
+struct Loaded {
+  ModelFile file;
+  std::unique_ptr<TransformerRunner> runner;
+};
+
+std::unique_ptr<Loaded> Load(const std::string& path) {
+  auto f = OpenModelFile(path);
+  EXPECT_TRUE(f.ok()) << path << ": " << f.status().ToString();
+  if (!f.ok()) return nullptr;
+  auto dev = testing::OpenTestDevice("cpu");
+  if (!dev) return nullptr;
+  RunnerOptions o;
+  o.context_length = 256;
+  o.kv_tokens = 1024;
+  o.block_size = 16;
+  o.max_tokens_per_step = 128;
+  auto r = TransformerRunner::Create(*f->file, f->config, dev, o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return nullptr;
+  auto l = std::make_unique<Loaded>();
+  l->file = std::move(*f);
+  l->runner = std::move(*r);
+  return l;
+}
+
+std::vector<std::vector<int32_t>> Generate(engine::ModelRunner* target,
+                                           engine::SpecAlgorithm algorithm,
+                                           engine::ModelRunner* draft,
+                                           const std::vector<std::vector<int32_t>>& prompts,
+                                           int n, engine::EngineStats* stats = nullptr) {
+  engine::EngineOptions eo;
+  eo.chunked_prefill_size = 32;
+  eo.speculative.algorithm = algorithm;
+  eo.speculative.num_draft_tokens = 4;
+  eo.speculative.disable_batch_size = 8;
+  engine::Engine engine(target, eo, [](int32_t) { return std::string("x"); }, {}, draft);
+  std::vector<std::shared_ptr<engine::RequestStream>> streams;
+  for (const auto& p : prompts) {
+    engine::GenerateInput in;
+    in.prompt = p;
+    in.params.max_tokens = n;
+    auto s = engine.Submit(in);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return {};
+    streams.push_back(*s);
+  }
+  engine.RunUntilIdle(100000);
+  std::vector<std::vector<int32_t>> out;
+  for (auto& s : streams) {
+    out.emplace_back();
+    for (auto& ev : s->Pop(std::chrono::milliseconds(0))) {
+      out.back().insert(out.back().end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finished) EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
+    }
+  }
+  EXPECT_EQ(engine.Stats().kv_blocks_held, 0);
+  if (stats) *stats = engine.Stats();
+  return out;
+}
+
+struct ArchCase {
+  std::string arch, shape;
+};
+void PrintTo(const ArchCase& c, std::ostream* os) { *os << c.arch; }
+
+class SpeculativeModelTest : public ::testing::TestWithParam<ArchCase> {
+ protected:
+  void SetUp() override {
+    if (!CpuBuilt()) GTEST_SKIP() << "no cpu plugin in this tree";
+  }
+};
+
+TEST_P(SpeculativeModelTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
+  const ArchCase& c = GetParam();
+  const std::string target_path = Synth(c.arch, c.shape, 2);
+  const std::string draft_path = Synth(c.arch, c.shape, 1);
+  ASSERT_EQ(target_path.rfind("error", 0), std::string::npos) << target_path;
+  ASSERT_EQ(draft_path.rfind("error", 0), std::string::npos) << draft_path;
+  auto target = Load(target_path);
+  auto self = Load(target_path);  // the model drafting for itself: its own KV pool
+  auto truncated = Load(draft_path);
+  ASSERT_TRUE(target && self && truncated);
+  // Three requests batched; the last one is the first, its output and itself again, so that
+  // n-gram lookup finds drafts.
+  std::vector<std::vector<int32_t>> prompts = {
+      {9, 1200, 33, 870, 4501, 77, 12, 3000, 640, 5},
+      {18, 902, 2222, 71, 19, 400, 8, 615, 90, 1717, 44, 6000, 13},
+  };
+  constexpr int kTokens = 16;
+  const auto first = Generate(target->runner.get(), engine::SpecAlgorithm::kNone, nullptr,
+                              {prompts[0]}, kTokens);
+  ASSERT_EQ(first.size(), 1u);
+  std::vector<int32_t> echo = prompts[0];
+  echo.insert(echo.end(), first[0].begin(), first[0].end());
+  echo.insert(echo.end(), prompts[0].begin(), prompts[0].end());
+  prompts.push_back(echo);
+  const auto want = Generate(target->runner.get(), engine::SpecAlgorithm::kNone, nullptr,
+                             prompts, kTokens);
+  ASSERT_EQ(want.size(), 3u);
+  for (const auto& t : want) ASSERT_EQ(t.size(), size_t(kTokens));
+
+  engine::EngineStats st;
+  EXPECT_EQ(Generate(target->runner.get(), engine::SpecAlgorithm::kDraft, self->runner.get(),
+                     prompts, kTokens, &st),
+            want)
+      << "draft = the model";
+  EXPECT_GT(st.spec_verify_steps, 0);
+  EXPECT_EQ(st.spec_accepted_tokens, st.spec_draft_tokens);  // the model agrees with itself
+  EXPECT_EQ(Generate(target->runner.get(), engine::SpecAlgorithm::kDraft,
+                     truncated->runner.get(), prompts, kTokens, &st),
+            want)
+      << "draft = the first layer";
+  EXPECT_GT(st.spec_verify_steps, 0);
+  EXPECT_EQ(Generate(target->runner.get(), engine::SpecAlgorithm::kNgram, nullptr, prompts,
+                     kTokens, &st),
+            want)
+      << "n-gram";
+  // Lookup drafts once a generated token (not the last) occurred before in its sequence; a
+  // model that never repeats itself (phi3-tiny here) gets none.
+  bool repeats = false;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<int32_t> seq = prompts[i];
+    for (size_t j = 0; j + 1 < want[i].size(); ++j) {
+      repeats |= std::find(seq.begin(), seq.end(), want[i][j]) != seq.end();
+      seq.push_back(want[i][j]);
+    }
+  }
+  if (repeats) EXPECT_GT(st.spec_verify_steps, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, SpeculativeModelTest,
+                         ::testing::Values(ArchCase{"llama", "tiny"}, ArchCase{"qwen2", "tiny"},
+                                           ArchCase{"qwen3", "qwen3-tiny"},
+                                           ArchCase{"phi3", "phi3-tiny"},
+                                           ArchCase{"gemma3", "gemma3-tiny"}),
+                         [](const auto& info) { return info.param.arch; });
+
+TEST(SpeculativeDraftVocabulary, SameVocabularyAcceptedOtherRefused) {
+  const std::string a = Synth("llama", "tiny", 1);
+  ASSERT_EQ(a.rfind("error", 0), std::string::npos) << a;
+  auto fa = OpenModelFile(a);
+  ASSERT_TRUE(fa.ok());
+  EXPECT_TRUE(launch::CheckDraftVocabulary(*fa->tokenizer, *fa->tokenizer).ok());
+  // One token spelled otherwise, and a vocabulary 200 tokens shorter.
+  Vocab renamed = fa->tokenizer->vocab();
+  renamed.tokens[1000] = "<other>";
+  auto t1 = Tokenizer::Create(renamed);
+  ASSERT_TRUE(t1.ok()) << t1.status().ToString();
+  Status s = launch::CheckDraftVocabulary(*fa->tokenizer, **t1);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("token 1000 is"), std::string::npos) << s.message();
+  Vocab shorter = fa->tokenizer->vocab();
+  shorter.tokens.resize(shorter.tokens.size() - 200);
+  if (!shorter.scores.empty()) shorter.scores.resize(shorter.tokens.size());
+  if (!shorter.types.empty()) shorter.types.resize(shorter.tokens.size());
+  auto t2 = Tokenizer::Create(shorter);
+  ASSERT_TRUE(t2.ok()) << t2.status().ToString();
+  s = launch::CheckDraftVocabulary(*fa->tokenizer, **t2);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("share the model's vocabulary"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace polychip::model
