@@ -37,12 +37,17 @@ constexpr int64_t kVocab = 300;
 struct TestServer {
   explicit TestServer(int64_t num_blocks = 256, std::string api_key = "",
                       int64_t context = 1024, double shutdown_timeout_s = 0,
-                      HttpLimits limits = {}) {
+                      HttpLimits limits = {}, bool speculative_draft = false) {
     runner = std::make_unique<FakeRunner>(kVocab, context, 4, num_blocks);
     engine::EngineOptions eo;
     eo.chunked_prefill_size = 64;
+    if (speculative_draft) {  // a draft model that is the model itself
+      draft = std::make_unique<FakeRunner>(kVocab, context, 4, num_blocks);
+      eo.speculative.algorithm = engine::SpecAlgorithm::kDraft;
+    }
     engine = std::make_unique<engine::Engine>(
-        runner.get(), eo, [this](int32_t t) { return codec.Piece(t); }, codec.EogTokens());
+        runner.get(), eo, [this](int32_t t) { return codec.Piece(t); }, codec.EogTokens(),
+        draft.get());
     engine->Start();
     ServerOptions so;
     so.port = 0;
@@ -83,6 +88,7 @@ struct TestServer {
 
   ByteCodec codec{ByteCodecOptions{.prompt_suffix = "assistant: "}};
   std::unique_ptr<FakeRunner> runner;
+  std::unique_ptr<FakeRunner> draft;
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<HttpServer> http;
   std::thread thread;
@@ -178,6 +184,30 @@ TEST(HttpServer, CompletionChatAndGenerate) {
   EXPECT_EQ(gen["output_ids"], json(FakeRunner::Reference(ids, 3, kVocab)));
   EXPECT_EQ(gen["meta_info"]["id"], "r1");
   EXPECT_EQ(gen["meta_info"]["finish_reason"]["type"], "length");
+}
+
+TEST(HttpServer, SpeculativeDecodingOptOutAndMetrics) {
+  TestServer s(256, "", 1024, 0, {}, /*speculative_draft=*/true);
+  ByteCodec codec{ByteCodecOptions{.prompt_suffix = "assistant: "}};
+  const auto ids = codec.Encode("speculate", true);
+  const json want = FakeRunner::Reference(ids, 12, kVocab);
+  int status = 0;
+  auto off = s.Post("/generate", {{"input_ids", ids}, {"speculative", false},
+                                  {"sampling_params", {{"max_new_tokens", 12}, {"temperature", 0}}}},
+                    &status);
+  ASSERT_EQ(status, 200) << off.dump();
+  EXPECT_EQ(off["output_ids"], want);
+  EXPECT_EQ(s.Metric("polychip_spec_draft_tokens_total"), 0);
+  auto on = s.Post("/generate", {{"input_ids", ids},
+                                 {"sampling_params", {{"max_new_tokens", 12}, {"temperature", 0}}}},
+                   &status);
+  ASSERT_EQ(status, 200) << on.dump();
+  EXPECT_EQ(on["output_ids"], want);
+  EXPECT_GT(s.Metric("polychip_spec_draft_tokens_total"), 0);
+  EXPECT_EQ(s.Metric("polychip_spec_acceptance_rate"), 1);
+  EXPECT_GT(s.Metric("polychip_spec_accept_length"), 2);
+  s.Post("/generate", {{"input_ids", ids}, {"speculative", "yes"}}, &status);
+  EXPECT_EQ(status, 400);  // a bool, not a string
 }
 
 TEST(HttpServer, StreamingMatchesNonStreaming) {
