@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Speculative decoding, polychip against llama.cpp's own, on the same GGUF files and threads in
+# one run, single stream, greedy. Prints one markdown table (stdout; progress on stderr):
+#   case | tool | k | acceptance | tokens per verification | tokens/s | speedup | % of bandwidth
+# Cases (the target: the qwen2.5-0.5b shape, F16, random weights, qwen2 vocabulary):
+#   self     the draft is the target itself: acceptance 1, the verification overhead and ceiling
+#   trunc    a draft made of the target's first L layers (the same seed writes the same weights)
+#   ngram    prompt lookup, on a prompt that holds its own continuation (the target's greedy
+#            output for a first prompt, then that prompt again); llama.cpp's llama-lookup
+# polychip: `polychip run` with and without --speculative-*; llama.cpp: llama-bench tg (no
+# speculation), llama-speculative (-md, --spec-draft-n-max k, --spec-draft-n-min 0,
+# --spec-draft-p-min 0: it drafts
+# k every step, as ours does) and llama-lookup (--spec-draft-n-max k).
+# "speedup" is against the same tool without speculation; "% of bandwidth": tokens/s x the
+# target's bytes per token / this machine's read bandwidth with the same threads (above 100%:
+# past the single stream's memory-bandwidth limit).
+#
+# usage: bench/speculative.sh [-t THREADS] [-n N_GEN] [-k K] [--layers L] [--shape S]
+# env:   POLYCHIP_BUILD_DIR, POLYCHIP_LLAMA_CPP_DIR, POLYCHIP_BENCH_CACHE (bench/paths.sh)
+set -euo pipefail
+
+source "$(dirname "$0")/paths.sh"
+THREADS=2 NG=64 K=4 LAYERS=6 SHAPE=qwen2.5-0.5b
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -t) THREADS="$2"; shift 2 ;;
+    -n) NG="$2"; shift 2 ;;
+    -k) K="$2"; shift 2 ;;
+    --layers) LAYERS="$2"; shift 2 ;;
+    --shape) SHAPE="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+log() { echo "[speculative] $*" >&2; }
+[[ -x "$PC" ]] || { echo "missing $PC (build first, or set POLYCHIP_BUILD_DIR)" >&2; exit 1; }
+for tool in llama-speculative llama-lookup llama-bench; do
+  if [[ ! -x "$LB/$tool" && -f "$LLAMA_DIR/build/build.ninja" ]]; then
+    log "building $tool in $LLAMA_DIR/build (the oracle's configuration)"
+    cmake --build "$LLAMA_DIR/build" -j "${POLYCHIP_BUILD_JOBS:-1}" --target "$tool" >&2
+  fi
+  [[ -x "$LB/$tool" ]] || { echo "missing $LB/$tool" >&2; exit 1; }
+done
+export LD_LIBRARY_PATH="$LB:${LD_LIBRARY_PATH:-}"
+export POLYCHIP_DEVICE_BACKEND="${POLYCHIP_DEVICE_BACKEND:-cpu}"
+mkdir -p "$CACHE"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+
+TARGET="$CACHE/spec-$SHAPE-f16.gguf"
+DRAFT="$CACHE/spec-$SHAPE-f16-l$LAYERS.gguf"
+synth() {  # out [extra flags]
+  local out="$1"; shift
+  [[ -f "$out" ]] && return
+  log "synthesizing $out"
+  "$PC" gguf synth --vocab "$VOCAB/ggml-vocab-qwen2.gguf" --shape "$SHAPE" --type F16 --seed 7 \
+    --weight-std 0.04 --quiet --out "$out.tmp" "$@" >&2
+  mv "$out.tmp" "$out"
+}
+synth "$TARGET"
+synth "$DRAFT" --layers "$LAYERS"
+
+PROMPT="The history of the lighthouse begins with fires lit on hills"
+# The ngram case's prompt: the first prompt, the target's greedy continuation, the prompt again.
+log "the target's greedy continuation (for the ngram prompt)"
+CONT="$("$PC" run -m "$TARGET" -t "$THREADS" -p "$PROMPT" -n "$NG" --ignore-eos 2>/dev/null)"
+ECHO="$PROMPT$CONT
+$PROMPT"
+
+# Generated tokens/s from polychip run's timings line; acceptance and tokens per verification
+# step from its speculative line (- without).
+pc_run() {  # name prompt [flags]
+  local name="$1" prompt="$2"; shift 2
+  log "polychip $name"
+  "$PC" run -m "$TARGET" -t "$THREADS" -p "$prompt" -n "$NG" --ignore-eos "$@" \
+    >"$OUT/$name.txt" 2>"$OUT/$name.err" || { cat "$OUT/$name.err" >&2; exit 1; }
+  local tps acc len
+  tps=$(sed -n 's/.*generation [0-9]* tokens, [0-9.]* s, \([0-9.]*\) tok\/s.*/\1/p' "$OUT/$name.err")
+  acc=$(sed -n 's/.*(acceptance \([0-9.]*\)).*/\1/p' "$OUT/$name.err")
+  len=$(sed -n 's/.*| \([0-9.]*\) tokens per verification step.*/\1/p' "$OUT/$name.err")
+  echo "${tps:-0} ${acc:--} ${len:--}"
+}
+# llama-speculative / llama-lookup: decoded speed, acceptance (n_accept / n_drafted), and
+# tokens per target step (n_predict / (n_predict - n_accept), the steps that emitted them).
+ll_run() {  # name tool prompt [flags]
+  local name="$1" tool="$2" prompt="$3"; shift 3
+  log "llama.cpp $name"
+  "$LB/$tool" -m "$TARGET" -t "$THREADS" -tb "$THREADS" -p "$prompt" -n "$NG" --temp 0 -s 1 \
+    --spec-draft-n-max "$K" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.err" ||
+    { tail -20 "$OUT/$name.err" >&2; exit 1; }
+  awk '/decoded .* tokens in/ { for (i = 1; i <= NF; ++i) if ($i == "speed:") tps = $(i + 1) }
+       /n_predict *=/ { np = $NF } /n_drafted *=/ { nd = $NF } /n_accept *=/ { na = $NF }
+       END { acc = nd > 0 ? sprintf("%.3f", na / nd) : "-";
+             len = np - na > 0 ? sprintf("%.2f", np / (np - na)) : "-";
+             print (tps == "" ? 0 : tps), acc, len }' "$OUT/$name.err"
+}
+
+log "read bandwidth, $THREADS threads"
+BW=$("$PC" bench --membw -t "$THREADS" -o json | sed -n 's/.*"read_gbps": \([0-9.]*\).*/\1/p')
+BPT=$("$PC" bench -m "$TARGET" -t "$THREADS" -p 0 -n 1 -r 1 -o json 2>/dev/null |
+      sed -n 's/.*"bytes_per_token": \([0-9]*\).*/\1/p' | head -1)
+log "bandwidth $BW GB/s, $BPT bytes per token"
+
+log "llama.cpp without speculation (llama-bench tg$NG)"
+LL_BASE=$("$LB/llama-bench" -m "$TARGET" -t "$THREADS" -p 0 -n "$NG" -r 2 -o json 2>/dev/null |
+          sed -n 's/.*"avg_ts": \([0-9.]*\).*/\1/p' | head -1)
+read -r PC_BASE _ _ <<<"$(pc_run base "$PROMPT")"
+read -r PC_BASE_ECHO _ _ <<<"$(pc_run base-echo "$ECHO")"
+
+rows=()
+row() {  # case tool k acc len tps base
+  local pct speed
+  pct=$(awk -v t="$6" -v b="$BPT" -v bw="$BW" 'BEGIN { printf "%.0f%%", (bw > 0 ? 100 * t * b / (bw * 1e9) : 0) }')
+  speed=$(awk -v t="$6" -v b="$7" 'BEGIN { printf "%.2fx", (b > 0 ? t / b : 0) }')
+  rows+=("| $1 | $2 | $3 | $4 | $5 | $6 | $speed | $pct |")
+}
+row "none" "polychip" - - 1 "$PC_BASE" "$PC_BASE"
+row "none" "llama.cpp" - - 1 "$LL_BASE" "$LL_BASE"
+SPEC=(--speculative-num-draft-tokens "$K")
+read -r t a l <<<"$(pc_run self "$PROMPT" --speculative-draft-model "$TARGET" "${SPEC[@]}")"
+row "self (draft = target)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
+read -r t a l <<<"$(ll_run self llama-speculative "$PROMPT" -md "$TARGET" --spec-draft-n-min 0 --spec-draft-p-min 0)"
+row "self (draft = target)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+read -r t a l <<<"$(pc_run trunc "$PROMPT" --speculative-draft-model "$DRAFT" "${SPEC[@]}")"
+row "trunc ($LAYERS layers)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
+read -r t a l <<<"$(ll_run trunc llama-speculative "$PROMPT" -md "$DRAFT" --spec-draft-n-min 0 --spec-draft-p-min 0)"
+row "trunc ($LAYERS layers)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+read -r t a l <<<"$(pc_run ngram "$ECHO" --speculative-algorithm ngram "${SPEC[@]}")"
+row "ngram (echo prompt)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE_ECHO"
+read -r t a l <<<"$(ll_run ngram llama-lookup "$ECHO")"
+row "ngram (echo prompt)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+# Greedy output is the same with and without speculation.
+for name in self trunc; do
+  cmp -s "$OUT/base.txt" "$OUT/$name.txt" ||
+    { log "WARNING: polychip $name output differs from base:"; diff "$OUT/base.txt" "$OUT/$name.txt" >&2 || true; }
+done
+cmp -s "$OUT/base-echo.txt" "$OUT/ngram.txt" ||
+  { log "WARNING: polychip ngram output differs:"; diff "$OUT/base-echo.txt" "$OUT/ngram.txt" >&2 || true; }
+
+echo "$SHAPE F16, $THREADS threads, $NG tokens, greedy; read bandwidth $BW GB/s, $BPT bytes per token"
+echo
+echo "| case | tool | k | acceptance | tokens per verification | tokens/s | speedup | % of bandwidth |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+printf '%s\n' "${rows[@]}"
