@@ -82,8 +82,8 @@ pc_run() {  # name prompt [flags]
 # llama-speculative / llama-lookup: decoded speed, acceptance (n_accept / n_drafted), and
 # tokens per target step (n_predict / (n_predict - n_accept), the steps that emitted them).
 ll_run() {  # name tool prompt [flags]
-  local name="$1" tool="$2" prompt="$3"; shift 3
-  log "llama.cpp $name"
+  local name="ll-$1" tool="$2" prompt="$3"; shift 3  # its own files: polychip's are compared
+  log "llama.cpp $1"
   "$LB/$tool" -m "$TARGET" -t "$THREADS" -tb "$THREADS" -p "$prompt" -n "$NG" --temp 0 -s 1 \
     --spec-draft-n-max "$K" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.err" ||
     { tail -20 "$OUT/$name.err" >&2; exit 1; }
