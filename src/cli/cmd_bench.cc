@@ -124,6 +124,16 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
   spec->tp_size = spec->pp_size = 1;
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
+  // With --lora: sequence s runs adapter s % (number of adapters).
+  model::LoraRegistry loras(mf->config);
+  if (Status s = launch::LoadLoras(*spec, loras); !s.ok()) return Fail(s);
+  const auto adapters = loras.List();
+  auto apply_lora = [&](engine::SequenceStep& st, int seq) {
+    if (adapters.empty()) return;
+    const auto& a = adapters[size_t(seq) % adapters.size()];
+    st.adapter = a.get();
+    st.adapter_scale = a->default_scale();
+  };
   auto runner = launch::CreateRunner(*launch, *mf, nullptr);
   if (!runner.ok()) return Fail(runner.status());
   model::TransformerRunner& r = static_cast<model::TransformerRunner&>(**runner);
@@ -152,6 +162,7 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
     st.start_pos = 0;
     st.block_table = tables[seq];
     st.logits = engine::LogitsMode::kLast;
+    apply_lora(st, seq);
     return r.Forward({&st, 1}, &logits);
   };
   // n steps of `seqs` sequences decoding together from position `start`.
@@ -166,6 +177,7 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
         steps[s].start_pos = start + i;
         steps[s].block_table = tables[s];
         steps[s].logits = engine::LogitsMode::kLast;
+        apply_lora(steps[s], s);
       }
       PC_RETURN_IF_ERROR(r.Forward(steps, &logits));
     }

@@ -14,6 +14,7 @@
 #include "model/model_config.h"
 #include "model/model_shapes.h"
 #include "model/quantize.h"
+#include "model/lora.h"
 #include "model/synth.h"
 #include "util/file.h"
 
@@ -145,9 +146,42 @@ struct SynthArgs {
   float weight_std = 0.02f;
   int threads = 0;
   bool quiet = false;
+  // A LoRA adapter for this base instead of a model.
+  std::string lora_for, lora_targets = "attn,ffn,output";
+  int64_t lora_rank = 8;
+  float lora_alpha = 16;
 };
 
+int RunSynthLora(const SynthArgs& a) {
+  auto base = model::GgufFile::Open(a.lora_for);
+  if (!base.ok()) return Error(base.status());
+  model::LoraSynthOptions opts;
+  opts.rank = a.lora_rank;
+  opts.alpha = a.lora_alpha;
+  opts.seed = a.seed;
+  opts.std = a.weight_std;
+  auto type = DTypeFromName(a.type);
+  if (!type) return Error(InvalidArgument("unknown --type '" + a.type + "'"));
+  opts.type = *type;
+  opts.targets.clear();
+  for (size_t at = 0; at <= a.lora_targets.size();) {
+    size_t comma = a.lora_targets.find(',', at);
+    if (comma == std::string::npos) comma = a.lora_targets.size();
+    if (comma > at) opts.targets.push_back(a.lora_targets.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (Status s = model::SynthesizeLora(**base, opts, a.out); !s.ok()) return Error(s);
+  if (!a.quiet) {
+    std::fprintf(stderr, "LoRA adapter rank %lld alpha %g (%s) for %s -> %s\n",
+                 static_cast<long long>(a.lora_rank), a.lora_alpha, a.type.c_str(),
+                 a.lora_for.c_str(), a.out.c_str());
+  }
+  return 0;
+}
+
 int RunSynth(const SynthArgs& a) {
+  if (!a.lora_for.empty()) return RunSynthLora(a);
+  if (a.vocab.empty()) return Error(InvalidArgument("--vocab is required (or --lora-for BASE)"));
   model::SynthOptions opts;
   opts.vocab_path = a.vocab;
   opts.seed = a.seed;
@@ -217,8 +251,8 @@ std::function<int()> SetupGguf(CLI::App& app, const GlobalOptions&) {
   for (const std::string& n : model::ShapePresetNames()) shapes += (shapes.empty() ? "" : "|") + n;
   CLI::App* synth = app.add_subcommand(
       "synth", "write a random-weight model of a real shape with a vocabulary's tokenizer");
-  synth->add_option("--vocab", sa->vocab, "vocabulary GGUF (tokenizer.* keys are copied)")
-      ->required();
+  synth->add_option("--vocab", sa->vocab,
+                    "vocabulary GGUF (tokenizer.* keys are copied); required for a model");
   synth->add_option("--shape", sa->shape, "named shape: " + shapes);
   synth->add_option("--arch", sa->arch, model::ArchNames("|") + " (overrides the shape's)");
   synth->add_option("--layers", sa->layers, "number of blocks");
@@ -239,6 +273,13 @@ std::function<int()> SetupGguf(CLI::App& app, const GlobalOptions&) {
                     "peakier logits, as tests comparing greedy tokens want)");
   synth->add_option("--threads", sa->threads, "worker threads (0: all cores)");
   synth->add_flag("-q,--quiet", sa->quiet, "no progress output");
+  synth->add_option("--lora-for", sa->lora_for,
+                    "write a random LoRA adapter (llama.cpp's GGUF layout) for this base model "
+                    "instead of a model; --type F32, F16, BF16 or Q8_0, --weight-std its A and B");
+  synth->add_option("--lora-rank", sa->lora_rank, "the adapter's rank (default 8)");
+  synth->add_option("--lora-alpha", sa->lora_alpha, "adapter.lora.alpha (default 16)");
+  synth->add_option("--lora-targets", sa->lora_targets,
+                    "adapted matrices: attn, ffn, output, comma-separated (default all three)");
 
   return [info, check, synth, info_path, info_all, check_path, sa]() {
     if (info->parsed()) return RunInfo(*info_path, *info_all);

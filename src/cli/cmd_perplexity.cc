@@ -68,6 +68,8 @@ int Run(const PplOptions& o, const GlobalOptions& globals) {
   spec->max_tokens_per_step = std::max<int64_t>(1, std::min(o.batch, o.ctx));
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
+  auto lora = launch::LoadOfflineLora(*spec, mf->config);
+  if (!lora.ok()) return Fail(lora.status());
   // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
   // never returns.
   auto runner = launch::CreateRunner(*launch, *mf, nullptr);
@@ -109,6 +111,7 @@ int Run(const PplOptions& o, const GlobalOptions& globals) {
     steps[0].start_pos = 0;
     steps[0].block_table = blocks;
     steps[0].logits = engine::LogitsMode::kNone;
+    lora->Apply(steps[0]);
     steps[1] = steps[0];
     steps[1].tokens = std::span<const int32_t>(chunk).subspan(first);
     steps[1].start_pos = static_cast<int32_t>(first);

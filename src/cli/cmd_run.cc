@@ -181,6 +181,8 @@ int Run(const RunOptions& o, const GlobalOptions& globals) {
                                                 spec->speculative_num_draft_tokens + 1);
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
+  auto lora = launch::LoadOfflineLora(*spec, mf->config);
+  if (!lora.ok()) return Fail(lora.status());
   // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
   // never returns.
   auto runner = launch::CreateRunner(*launch, *mf, nullptr);
@@ -215,6 +217,7 @@ int Run(const RunOptions& o, const GlobalOptions& globals) {
   step.start_pos = 0;
   step.block_table = blocks;
   step.logits = engine::LogitsMode::kLast;
+  lora->Apply(step);
   if (Status s = r.Forward({&step, 1}, &logits); !s.ok()) return Fail(s);
   const auto t_prompt = Clock::now();
 

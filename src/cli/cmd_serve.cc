@@ -82,6 +82,9 @@ int Serve(const GlobalOptions& globals, const ServeCli& cli) {
   if (!device.ok()) return Fail(device.status());
   auto mf = model::OpenModelFile(spec.model_path);
   if (!mf.ok()) return Fail(mf.status());
+  // The adapters of --lora, checked against the model before anything is loaded.
+  auto loras = std::make_shared<model::LoraRegistry>(mf->config);
+  if (Status s = launch::LoadLoras(spec, *loras); !s.ok()) return Fail(s);
   auto resolved = launch::Resolve(spec, *mf, device->get());
   if (!resolved.ok()) return Fail(resolved.status());
   spdlog::info("polychip serve: {}", resolved->kv.Describe());
@@ -176,6 +179,7 @@ int Serve(const GlobalOptions& globals, const ServeCli& cli) {
   so.unavailable = [&reloader] { return reloader.Unavailable(); };
   so.enable_metrics = spec.enable_metrics;
   so.vllm_metrics = spec.vllm_metrics;
+  so.loras = loras;
   server::HttpServer http(so, &engine, text);
   if (Status s = http.Bind(); !s.ok()) return Fail(s);
 

@@ -36,6 +36,18 @@ void AddLaunchOptions(CLI::App& app, uint32_t scope, GivenFlags* given) {
     const char* type = o.kind == Option::Kind::kInt      ? "INT"
                        : o.kind == Option::Kind::kNumber ? "NUMBER"
                                                          : "TEXT";
+    if (o.repeated) {
+      app.add_option_function<std::vector<std::string>>(
+             names,
+             [given, name](const std::vector<std::string>& v) {
+               for (const std::string& x : v) given->emplace_back(name, x);
+             },
+             help)
+          ->type_name(type)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+          ->expected(1);
+      continue;
+    }
     app.add_option_function<std::string>(
            names, [given, name](const std::string& v) { given->emplace_back(name, v); }, help)
         ->type_name(type);

@@ -108,15 +108,25 @@ bool BlockManager::EvictOne() {
   return true;
 }
 
+BlockManager::Key BlockManager::KeyOf(std::span<const int32_t> tokens, int32_t i,
+                                      uint64_t salt) const {
+  auto chunk = Chunk(tokens, i);
+  Key key(chunk.begin(), chunk.end());
+  if (i == 0 && salt != 0) {
+    key.push_back(-1 - static_cast<int32_t>(salt & 0x7fffffff));
+    key.push_back(-1 - static_cast<int32_t>((salt >> 31) & 0x7fffffff));
+  }
+  return key;
+}
+
 std::vector<BlockManager::Node*> BlockManager::UsablePath(std::span<const int32_t> tokens,
-                                                         int32_t max_tokens) const {
+                                                         int32_t max_tokens, uint64_t salt) const {
   std::vector<Node*> path;
   if (!enable_prefix_cache_) return path;
   const int32_t n = std::min<int64_t>(tokens.size(), std::max(max_tokens, 0)) / block_size_;
   const Node* node = root_.get();
   for (int32_t i = 0; i < n; ++i) {
-    auto chunk = Chunk(tokens, i);
-    auto it = node->children.find(Key(chunk.begin(), chunk.end()));
+    auto it = node->children.find(KeyOf(tokens, i, salt));
     if (it == node->children.end()) break;
     node = it->second.get();
     path.push_back(it->second.get());
@@ -137,13 +147,14 @@ std::vector<BlockManager::Node*> BlockManager::UsablePath(std::span<const int32_
   return path;
 }
 
-int32_t BlockManager::PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens) const {
-  return static_cast<int32_t>(UsablePath(tokens, max_tokens).size()) * block_size_;
+int32_t BlockManager::PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
+                                 uint64_t salt) const {
+  return static_cast<int32_t>(UsablePath(tokens, max_tokens, salt).size()) * block_size_;
 }
 
 int32_t BlockManager::MatchPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
-                                  std::vector<int32_t>* blocks) {
-  const std::vector<Node*> path = UsablePath(tokens, max_tokens);
+                                  std::vector<int32_t>* blocks, uint64_t salt) {
+  const std::vector<Node*> path = UsablePath(tokens, max_tokens, salt);
   for (Node* node : path) {
     if (ref_[node->block]++ == 0) {
       --num_evictable_;
@@ -195,14 +206,14 @@ void BlockManager::Release(std::span<const int32_t> blocks) {
   }
 }
 
-void BlockManager::InsertPrefix(std::span<const int32_t> tokens, std::vector<int32_t>* blocks) {
+void BlockManager::InsertPrefix(std::span<const int32_t> tokens, std::vector<int32_t>* blocks,
+                                uint64_t salt) {
   if (!enable_prefix_cache_) return;
   const int32_t n =
       std::min<int64_t>(tokens.size() / block_size_, static_cast<int64_t>(blocks->size()));
   Node* node = root_.get();
   for (int32_t i = 0; i < n; ++i) {
-    auto chunk = Chunk(tokens, i);
-    Key key(chunk.begin(), chunk.end());
+    Key key = KeyOf(tokens, i, salt);
     auto it = node->children.find(key);
     int32_t& mine = (*blocks)[i];
     if (it != node->children.end()) {

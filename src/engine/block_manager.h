@@ -68,14 +68,17 @@ class BlockManager {
   // At most `max_tokens` tokens are matched (the engine leaves at least one prompt token to
   // compute, since it needs its logits). Statistics are the caller's (RecordLookup), since a
   // lookup may be undone when the request cannot be admitted yet.
+  // `salt` separates caches: KV computed under one (a LoRA adapter and its scale) is never
+  // matched under another; 0 is the base model's.
   int32_t MatchPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
-                      std::vector<int32_t>* blocks);
+                      std::vector<int32_t>* blocks, uint64_t salt = 0);
   void RecordLookup(int64_t queried_tokens, int64_t hit_tokens) {
     stats_.queried_tokens += queried_tokens;
     stats_.hit_tokens += hit_tokens;
   }
   // Like MatchPrefix without taking references (for the longest-prefix-match policy).
-  int32_t PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens) const;
+  int32_t PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
+                     uint64_t salt = 0) const;
 
   // Appends `n` blocks with refcount 1, evicting least-recently-used cached blocks when the free
   // list is short. Returns false (and allocates nothing) when fewer than n are available.
@@ -91,7 +94,8 @@ class BlockManager {
   // prefix at once), the sequence switches to the tree's block (same KV content) and its
   // duplicate is released. This keeps the invariant that a sequence holding a cached block also
   // holds all its ancestors, so every unreferenced cached block is evictable.
-  void InsertPrefix(std::span<const int32_t> tokens, std::vector<int32_t>* blocks);
+  void InsertPrefix(std::span<const int32_t> tokens, std::vector<int32_t>* blocks,
+                    uint64_t salt = 0);
 
   // Evicts every cached block nobody holds (POST /flush_cache). Returns how many were freed.
   int32_t Flush();
@@ -120,7 +124,8 @@ class BlockManager {
 
   // The cached path of `tokens`' whole blocks, at most max_tokens tokens, cut (with a window
   // pool) to the longest prefix whose last window of blocks still has its window shares.
-  std::vector<Node*> UsablePath(std::span<const int32_t> tokens, int32_t max_tokens) const;
+  std::vector<Node*> UsablePath(std::span<const int32_t> tokens, int32_t max_tokens,
+                                uint64_t salt) const;
   bool HasWindowShare(int32_t block) const { return WindowBlockOf(block) >= 0; }
   void DropWindowShare(int32_t block);  // back to window_free_ (if it has one)
   void Touch(Node* node);
@@ -129,6 +134,9 @@ class BlockManager {
   std::span<const int32_t> Chunk(std::span<const int32_t> tokens, int32_t i) const {
     return tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
   }
+  // The tree key of block i: its tokens, the first block's followed by the salt (as two
+  // negative ids, which no token is) when not 0.
+  Key KeyOf(std::span<const int32_t> tokens, int32_t i, uint64_t salt) const;
 
   int32_t num_blocks_;
   int32_t block_size_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include <spdlog/spdlog.h>
@@ -36,6 +37,9 @@ struct Engine::Sequence {
   std::vector<float> draft_q;    // their draft distributions, or empty (one-hot)
   std::vector<int32_t> verify;   // this step's tokens: the last token, then the drafts
   int32_t spec_passes = 0, spec_drafted = 0, spec_accepted = 0, spec_emitted = 0;
+  std::shared_ptr<const Adapter> adapter;  // LoRA (null: the base model)
+  float adapter_scale = 1;
+  uint64_t salt = 0;  // the prefix cache's key of adapter and scale (BlockManager)
 };
 
 StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name) {
@@ -161,6 +165,14 @@ StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(GenerateInput input) {
     seq->stop = std::make_unique<StopChecker>(input.params, eog_tokens_);
   }
   seq->tokens = std::move(input.prompt);
+  if (input.adapter) {
+    seq->adapter = std::move(input.adapter);
+    seq->adapter_scale = input.adapter_scale;
+    uint32_t bits = 0;
+    static_assert(sizeof(bits) == sizeof(seq->adapter_scale));
+    std::memcpy(&bits, &seq->adapter_scale, sizeof(bits));
+    seq->salt = (static_cast<uint64_t>(seq->adapter->id()) << 32) | bits;
+  }
   auto stream = seq->stream;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -304,7 +316,8 @@ void Engine::SortWaiting() {
       }
       std::map<const Sequence*, int32_t> match;
       for (const auto& s : waiting_) {
-        match[s.get()] = blocks_.PeekPrefix(s->tokens, static_cast<int32_t>(s->tokens.size()) - 1);
+        match[s.get()] =
+            blocks_.PeekPrefix(s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, s->salt);
       }
       waiting_.sort([&](const auto& a, const auto& b) {
         const int32_t ma = match[a.get()], mb = match[b.get()];
@@ -327,7 +340,7 @@ void Engine::FreeBlocks(Sequence* seq, bool cache_prefix) {
   if (proposer_) proposer_->Release(seq->arrival);
   if (cache_prefix) {
     blocks_.InsertPrefix(std::span<const int32_t>(seq->tokens).first(seq->num_computed),
-                         &seq->blocks);
+                         &seq->blocks, seq->salt);
   }
   blocks_.Release(seq->blocks);
   seq->blocks.clear();
@@ -354,10 +367,27 @@ void Engine::Preempt(Sequence* seq) {
   ++stats_.preemptions;
 }
 
+bool Engine::TakeAdapter(const Sequence& s) {
+  if (!s.adapter) return true;
+  const int64_t id = s.adapter->id();
+  if (std::find(step_adapters_.begin(), step_adapters_.end(), id) != step_adapters_.end()) {
+    return true;
+  }
+  if (static_cast<int32_t>(step_adapters_.size()) >= std::max(1, options_.max_adapters_per_step)) {
+    return false;
+  }
+  step_adapters_.push_back(id);
+  return true;
+}
+
 bool Engine::PlanRunning(std::vector<Planned>* plan, int32_t* budget) {
   bool preempted = false;
   for (auto it = running_.begin(); it != running_.end();) {
     Sequence* s = it->get();
+    if (!TakeAdapter(*s)) {  // its adapter waits for a step with room
+      ++it;
+      continue;
+    }
     const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
     const int32_t n =
         remaining == 1 ? 1 : std::min({remaining, *budget, blocks_.MaxStepTokens()});
@@ -391,6 +421,7 @@ bool Engine::WaitsForSharedPrefill(const Sequence& s) const {
   for (const auto& r : running_) {
     if (r->num_computed >= r->prompt_len) continue;  // not prefilling
     if (r->embed != Pooling::kNone) continue;        // publishes nothing
+    if (r->salt != s.salt) continue;                 // another adapter's KV
     const size_t n = std::min<size_t>(limit, r->prompt_len);
     size_t common = 0;
     while (common < n && s.tokens[common] == r->tokens[common]) ++common;
@@ -409,11 +440,15 @@ void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
                                    static_cast<int32_t>(running_.size()) <
                                        options_.max_running_requests;) {
     Sequence* s = it->get();
+    if (!TakeAdapter(*s)) {
+      ++it;
+      continue;
+    }
     if (!s->matched) {
       // An embedding needs the hidden state of every prompt token: none comes from the cache.
       if (s->embed == Pooling::kNone) {
         s->num_computed = blocks_.MatchPrefix(
-            s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, &s->blocks);
+            s->tokens, static_cast<int32_t>(s->tokens.size()) - 1, &s->blocks, s->salt);
         blocks_.SlideWindow(s->blocks, s->num_computed);
       }
       s->matched = true;
@@ -547,6 +582,7 @@ std::vector<Engine::Planned> Engine::Schedule() {
   DropCancelled();
   std::vector<Planned> plan;
   if (running_.empty() && waiting_.empty()) return plan;
+  step_adapters_.clear();
   SortRunning();
   int32_t budget = PrefillBudget();
   // After a preemption the cache is tight: let the survivors run before admitting more.
@@ -575,6 +611,8 @@ Status Engine::RunPlan(const std::vector<Planned>& plan, std::vector<SequenceSte
     st.tokens = std::span<const int32_t>(p.seq->tokens).subspan(p.seq->num_computed, p.n_tokens);
     st.start_pos = p.seq->num_computed;
     st.block_table = p.seq->blocks;
+    st.adapter = p.seq->adapter.get();
+    st.adapter_scale = p.seq->adapter_scale;
     if (blocks_.has_window_pool()) {
       // Released shares read the pool's spare block (num_window_blocks()), which stays zero.
       p.seq->window_table.clear();
@@ -693,7 +731,7 @@ void Engine::ProcessResults(const std::vector<Planned>& plan,
       // A prefill chunk (the last one too): publish its full blocks now, so that concurrent
       // requests with the same prefix (a shared system prompt) reuse them.
       blocks_.InsertPrefix(std::span<const int32_t>(s->tokens).first(s->num_computed),
-                           &s->blocks);
+                           &s->blocks, s->salt);
     }
     if (steps[i].logits != LogitsMode::kLast) continue;
     std::span<const float> row_logits(out, vocab_size_);

@@ -55,6 +55,9 @@ struct EngineOptions {
   SchedulePolicy policy = SchedulePolicy::kFcfs;
   // Speculative decoding (kDraft needs the draft runner given to the constructor).
   SpeculativeOptions speculative;
+  // Distinct LoRA adapters one step may use (the runner's resident ones); sequences of other
+  // adapters wait for a later step, the oldest running sequence's adapter always first.
+  int32_t max_adapters_per_step = 8;
 };
 
 // A point-in-time view for /metrics and /get_server_info.
@@ -181,6 +184,8 @@ class Engine {
   void DropCancelled();
   void SortRunning();
   void SortWaiting();
+  // Whether s's adapter fits this step (EngineOptions::max_adapters_per_step), taking it.
+  bool TakeAdapter(const Sequence& s);
   bool PlanRunning(std::vector<Planned>* plan, int32_t* budget);
   void AdmitWaiting(std::vector<Planned>* plan, int32_t* budget);
   bool WaitsForSharedPrefill(const Sequence& s) const;
@@ -215,6 +220,7 @@ class Engine {
   std::list<std::unique_ptr<Sequence>> running_;
   std::list<std::unique_ptr<Sequence>> waiting_;
   int64_t next_arrival_ = 0;
+  std::vector<int64_t> step_adapters_;  // the adapters of the step being planned
 
   // Shared with the submitting threads.
   mutable std::mutex mu_;

@@ -28,6 +28,15 @@ inline bool IsHidden(LogitsMode m) {
   return m == LogitsMode::kHiddenLast || m == LogitsMode::kHiddenAll;
 }
 
+// A LoRA adapter (model/lora.h) as the engine sees it: an identity, never reused, that keys the
+// prefix cache (KV computed under one adapter is never another's) and counts towards
+// EngineOptions::max_adapters_per_step.
+class Adapter {
+ public:
+  virtual ~Adapter() = default;
+  virtual int64_t id() const = 0;
+};
+
 // One sequence's share of a forward step.
 struct SequenceStep {
   int64_t seq_id = 0;
@@ -38,6 +47,9 @@ struct SequenceStep {
   // With a window pool (ModelRunner::num_window_kv_blocks() > 0): the sliding layers' blocks
   // for the same positions; num_window_kv_blocks() (a spare block) where released.
   std::span<const int32_t> window_block_table;
+  // The LoRA adapter applied to this sequence (null: the base model) at `adapter_scale`.
+  const Adapter* adapter = nullptr;
+  float adapter_scale = 1;
 };
 
 class ModelRunner {

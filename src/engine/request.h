@@ -7,10 +7,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "util/status.h"
 
@@ -34,6 +36,9 @@ struct GenerateInput {
   Pooling embed = Pooling::kNone;
   // false: this request never speculates, whatever the server's --speculative-* options.
   bool speculative = true;
+  // A LoRA adapter (null: the base model) at `adapter_scale`; held until the request ends.
+  std::shared_ptr<const Adapter> adapter;
+  float adapter_scale = 1;
 };
 
 // One or more generated tokens, or the end of the request.

@@ -64,6 +64,9 @@ Status Validate(const LaunchSpec& spec) {
     return InvalidArgument("--pooling must be mean or last, not '" + spec.pooling + "'");
   }
   PC_RETURN_IF_ERROR(engine::ParseSchedulePolicy(spec.schedule_policy).status());
+  if (!spec.lora.empty() && (spec.tp_size > 1 || spec.pp_size > 1)) {
+    return Unimplemented("--lora with --tp-size or --pp-size above 1 is not supported yet");
+  }
   if (spec.page_size < 1) return InvalidArgument("--page-size must be at least 1");
   if (spec.max_running_requests < 1) {
     return InvalidArgument("--max-running-requests must be at least 1");
@@ -198,6 +201,7 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
   ro.block_size = spec.page_size;
   ro.kv_dtype = kv_dtype;
   ro.swa_full_tokens_ratio = spec.swa_full_tokens_ratio;
+  ro.max_loras = spec.max_loras_per_batch;
   ro.max_tokens_per_step = spec.max_tokens_per_step > 0 ? spec.max_tokens_per_step
                                                         : std::max(spec.chunked_prefill_size, 64) +
                                                               int64_t(spec.max_running_requests);
@@ -219,6 +223,7 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
   eo.context_length = static_cast<int32_t>(kv.context_length);
   eo.enable_prefix_cache = !spec.disable_radix_cache;
   eo.policy = *engine::ParseSchedulePolicy(spec.schedule_policy);
+  eo.max_adapters_per_step = spec.max_loras_per_batch;
   return r;
 }
 
@@ -319,6 +324,26 @@ Status CheckModelPath(const std::string& path) {
     return InvalidArgument(path + " is not a GGUF file (no GGUF magic)" + how);
   }
   return Status::Ok();
+}
+
+Status LoadLoras(const LaunchSpec& spec, model::LoraRegistry& registry) {
+  for (const std::string& text : spec.lora) {
+    PC_ASSIGN_OR_RETURN(model::LoraSpec l, model::ParseLoraSpec(text));
+    if (auto a = registry.Load(l); !a.ok()) return InvalidArgument("--lora " + text + ": " + a.status().message());
+  }
+  return Status::Ok();
+}
+
+StatusOr<OfflineLora> LoadOfflineLora(const LaunchSpec& spec, const model::ModelConfig& config) {
+  OfflineLora o;
+  if (spec.lora.empty()) return o;
+  model::LoraRegistry registry(config);
+  LaunchSpec first = spec;
+  first.lora.resize(1);
+  PC_RETURN_IF_ERROR(LoadLoras(first, registry));
+  o.adapter = registry.List().front();
+  o.scale = o.adapter->default_scale();
+  return o;
 }
 
 }  // namespace polychip::launch

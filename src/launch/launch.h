@@ -14,6 +14,7 @@
 #include "dist/parallel.h"
 #include "engine/engine.h"
 #include "model/hot_reload.h"
+#include "model/lora.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 #include "runtime/config.h"
@@ -38,6 +39,11 @@ struct LaunchSpec {
   int tp_size = 1;
   int pp_size = 1;
   dist::LaunchFlags dist;  // multi-node launch and comm pins
+  // LoRA adapters (model/lora.h): NAME=PATH[:SCALE] each (--lora, repeated). serve serves each
+  // under its name; run, perplexity and bench apply the first to every sequence.
+  std::vector<std::string> lora;
+  // Adapters resident on the device, the most one step uses (SGLang's --max-loras-per-batch).
+  int max_loras_per_batch = 8;
 
   // The KV cache and the scheduler.
   int64_t context_length = 0;    // 0: the model's trained context, bounded by the KV budget
@@ -165,5 +171,21 @@ Status CheckDraftVocabulary(const model::Tokenizer& target, const model::Tokeniz
 // "GGUF only" for a path that is not a GGUF file (a folder, a Hugging Face model id, a
 // safetensors file), with how to convert it; Ok for anything that may be one.
 Status CheckModelPath(const std::string& path);
+
+// Opens each adapter of spec.lora against the registry's base and adds it, in order; an error
+// names the flag's value and the first mismatch.
+Status LoadLoras(const LaunchSpec& spec, model::LoraRegistry& registry);
+
+// run, perplexity and bench: the first adapter of spec.lora (null: none), applied to every
+// sequence at its NAME=PATH:SCALE scale.
+struct OfflineLora {
+  std::shared_ptr<const model::LoraAdapter> adapter;
+  float scale = 1;
+  void Apply(engine::SequenceStep& step) const {
+    step.adapter = adapter.get();
+    step.adapter_scale = scale;
+  }
+};
+StatusOr<OfflineLora> LoadOfflineLora(const LaunchSpec& spec, const model::ModelConfig& config);
 
 }  // namespace polychip::launch

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "model/lora.h"
 #include "runtime/dtype.h"
 #include "server/tool_format.h"
 
@@ -146,6 +147,33 @@ std::vector<Option> MakeOptions() {
       Text("model-path", {"-m", "--model"}, "GGUF model file", kModel, PC_FIELD(model_path)));
   t.push_back(Int("threads", {"-t"}, "cpu plugin threads (auto: one per core)", kModel,
                   PC_FIELD(threads), 1, 4096, /*zero_is_auto=*/true));
+  {
+    Option o{"lora",
+             {"--lora-modules"},
+             "a LoRA adapter NAME=PATH[:SCALE] (GGUF; repeat for more): serve serves it as model "
+             "NAME; run, perplexity and bench apply the first to every sequence",
+             Kind::kText,
+             kModel,
+             {},
+             {}};
+    o.repeated = true;
+    o.set = [](LaunchSpec& s, const std::string& v) -> Status {
+      PC_RETURN_IF_ERROR(model::ParseLoraSpec(v).status());
+      s.lora.push_back(v);
+      return Status::Ok();
+    };
+    o.get = [](const LaunchSpec& s) {
+      if (s.lora.empty()) return std::string();
+      std::string list;
+      for (const std::string& l : s.lora) list += (list.empty() ? "" : ", ") + l;
+      return "[" + list + "]";
+    };
+    t.push_back(std::move(o));
+  }
+  t.push_back(Int("max-loras-per-batch", {"--max-loras"},
+                  "LoRA adapters resident on the device, the most one step uses (others are "
+                  "loaded on demand, the least recently used out)",
+                  kModel, PC_FIELD(max_loras_per_batch), 1, 1024));
   {
     Option o = Text("kv-cache-dtype", {"--kv-type"},
                     "KV cache element type: f16, bf16, f32, or auto (f16)", kModel,
@@ -494,6 +522,18 @@ Status ApplyConfigFile(const std::string& path, uint32_t scope,
   }
   for (const auto& [name, value] : entries) {
     const std::string where = path + ": " + Underscored(name);
+    const Option* repeated = FindOption(name);
+    if (repeated != nullptr && repeated->repeated && value.IsSequence()) {
+      if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
+      for (const auto& item : value) {
+        if (!item.IsScalar()) return InvalidArgument(where + ": expected a list of values");
+        if (Status s = repeated->set(*spec, item.as<std::string>()); !s.ok()) {
+          return InvalidArgument(where + ": " + s.message());
+        }
+      }
+      if (sources) (*sources)[name] = "config " + path;
+      continue;
+    }
     if (!value.IsScalar()) return InvalidArgument(where + ": expected a single value");
     const std::string text = value.as<std::string>();
     if (name == "device") {

@@ -35,6 +35,9 @@ struct Option {
   std::function<Status(LaunchSpec&, const std::string&)> set;  // parses and checks
   std::function<std::string(const LaunchSpec&)> get;           // as a config value
   bool secret = false;  // printed as "<set>" by --print-config
+  // Given more than once (a flag repeated, a YAML list): each value goes through `set`, which
+  // appends; `get` prints the list in YAML's flow style.
+  bool repeated = false;
 };
 
 const std::vector<Option>& Options();

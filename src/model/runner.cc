@@ -275,6 +275,7 @@ Status TransformerRunner::Forward(std::span<const SequenceStep> batch,
   // The step's device time, from the plugin's per-op counters (two reads of a few records).
   last_step_device_s_.reset();
   const auto counters_before = device_->backend()->ReadOpCounters(*device_);
+  PC_RETURN_IF_ERROR(PrepareLoras(batch));
 
   // Pack the batch into sub-steps of at most max_tokens_per_step tokens.
   const int64_t cap = options_.max_tokens_per_step;
@@ -305,6 +306,41 @@ Status TransformerRunner::Forward(std::span<const SequenceStep> batch,
   return Status::Ok();
 }
 
+Status TransformerRunner::PrepareLoras(std::span<const SequenceStep> batch) {
+  std::vector<std::shared_ptr<const LoraAdapter>> wanted;
+  for (const SequenceStep& s : batch) {
+    if (s.adapter == nullptr) continue;
+    const auto* a = dynamic_cast<const LoraAdapter*>(s.adapter);
+    if (a == nullptr) return InvalidArgument("the step's adapter is not a LoRA adapter");
+    bool seen = false;
+    for (const auto& w : wanted) seen = seen || w->id() == a->id();
+    if (!seen) wanted.push_back(a->shared_from_this());
+  }
+  if (wanted.empty()) return Status::Ok();
+  if (options_.tensor_parallel.size > 1) {
+    return Unimplemented("LoRA adapters under tensor parallelism");
+  }
+  if (options_.max_loras <= 0) return InvalidArgument("LoRA adapters are off (max loras 0)");
+  if (!loras_) loras_ = std::make_unique<LoraCache>(device_, options_.max_loras);
+  const PipelineStage& pp = options_.pipeline;
+  const bool pipeline = pp.n_stages > 1;
+  PC_RETURN_IF_ERROR(loras_->Prepare(wanted, config_, pipeline ? pp.first_layer : 0,
+                                     pipeline ? pp.end_layer : config_.n_layer));
+  if (loras_->max_rank() > lora_scratch_rank_) {
+    const int64_t rows = std::max(options_.max_tokens_per_step, options_.max_logit_rows);
+    PC_ASSIGN_OR_RETURN(lora_scratch_,
+                        PoolBuffer::Allocate(pool_, uint64_t(rows * loras_->max_rank()) * 4));
+    lora_scratch_rank_ = loras_->max_rank();
+    buf_.lora = lora_scratch_.ptr();
+  }
+  return Status::Ok();
+}
+
+const DeviceLora* TransformerRunner::LoraOf(const SequenceStep& s) const {
+  if (s.adapter == nullptr || !loras_) return nullptr;
+  return loras_->Get(s.adapter->id());
+}
+
 Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t bs = options_.block_size;
@@ -331,9 +367,21 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
                 o_wtables = o_wslots + Align64(n_tokens);
   int64_t t = 0, n_rows = 0;
   row_hidden_.clear();
+  lora_tokens_.clear();
+  row_lora_.clear();
   for (int64_t s = 0; s < n_seqs; ++s) {
     const Piece& p = pieces[s];
     const SequenceStep& seq = *p.seq;
+    const LoraSegment lora{t, p.count, LoraOf(seq), seq.adapter_scale};
+    if (lora.lora != nullptr) {  // runs of one adapter at one scale
+      LoraSegment* last = lora_tokens_.empty() ? nullptr : &lora_tokens_.back();
+      if (last && last->lora == lora.lora && last->scale == lora.scale &&
+          last->begin + last->rows == t) {
+        last->rows += p.count;
+      } else {
+        lora_tokens_.push_back(lora);
+      }
+    }
     m[o_qstart + s] = static_cast<int32_t>(t);
     m[o_lens + s] = static_cast<int32_t>(seq.start_pos + p.begin + p.count);
     for (int64_t b = 0; b < max_blocks; ++b) {
@@ -361,6 +409,7 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
       if (every || last) {
         m[o_rows + n_rows++] = static_cast<int32_t>(t);
         row_hidden_.push_back(engine::IsHidden(seq.logits));
+        row_lora_.push_back(lora);
       }
     }
   }
@@ -404,6 +453,7 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   }
   in.max_blocks_per_seq = max_blocks;
   in.max_seq_len = max_len;
+  in.lora = lora_tokens_;
   PC_RETURN_IF_ERROR(transformer_->Layers(*stream_, in, buf_, kv_));
 
   // Logits (or hidden states), max_logit_rows at a time over runs of rows of one kind, copied
@@ -427,8 +477,19 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
       PC_RETURN_IF_ERROR(stream_->CopyD2H(logits->data() + out, h_, uint64_t(rows) * c.n_embd * 4));
       out += size_t(rows) * c.n_embd;
     } else {
-      PC_RETURN_IF_ERROR(
-          transformer_->Logits(*stream_, buf_.x, n_tokens, row_ids, rows, h_, logits_));
+      lora_rows_.clear();  // runs of one adapter among these rows
+      for (int64_t i = 0; i < rows; ++i) {
+        const LoraSegment& l = row_lora_[size_t(r + i)];
+        if (l.lora == nullptr) continue;
+        if (!lora_rows_.empty() && lora_rows_.back().lora == l.lora &&
+            lora_rows_.back().scale == l.scale && lora_rows_.back().begin + lora_rows_.back().rows == i) {
+          ++lora_rows_.back().rows;
+        } else {
+          lora_rows_.push_back({i, 1, l.lora, l.scale});
+        }
+      }
+      PC_RETURN_IF_ERROR(transformer_->Logits(*stream_, buf_.x, n_tokens, row_ids, rows, h_,
+                                              logits_, lora_rows_, buf_.lora));
       PC_RETURN_IF_ERROR(CopyLogits(logits->data() + out, rows));
       out += size_t(rows) * c.n_vocab;
     }

@@ -41,6 +41,10 @@ struct RunnerOptions {
   TensorParallel tensor_parallel;
   // Pipeline parallel: this runner holds one stage's layers (and their KV cache).
   PipelineStage pipeline;
+  // LoRA adapters (lora.h) resident on the device at once (--max-loras-per-batch): a step uses
+  // at most this many distinct adapters; others are uploaded on demand, the least recently
+  // used evicted. 0: a step with an adapter fails.
+  int64_t max_loras = 8;
 };
 
 class TransformerRunner : public engine::ModelRunner {
@@ -85,6 +89,10 @@ class TransformerRunner : public engine::ModelRunner {
   Status Init(const GgufFile& file);
   Status Validate(const engine::SequenceStep& s) const;
   Status RunPieces(std::span<const Piece> pieces, std::vector<float>* logits);
+  // Makes the batch's adapters resident and the scratch of their x A^T large enough.
+  Status PrepareLoras(std::span<const engine::SequenceStep> batch);
+  // The resident adapter of a step's sequence (null: the base model).
+  const DeviceLora* LoraOf(const engine::SequenceStep& s) const;
   // The logits of `rows` rows just left in logits_, into dst [rows, n_vocab] (host memory). A
   // tensor-parallel rank's are its vocabulary shard's, gathered from every rank here.
   Status CopyLogits(float* dst, int64_t rows);
@@ -115,6 +123,15 @@ class TransformerRunner : public engine::ModelRunner {
   uint64_t meta_bytes_ = 0;
   std::vector<int32_t> host_meta_;  // staging for meta_ (alive until the step synchronizes)
   std::vector<bool> row_hidden_;    // per output row of a sub-step: hidden state, not logits
+
+  // LoRA: the resident adapters, the scratch [max(T, max_logit_rows), max rank] of x A^T, the
+  // sub-step's runs of token rows and each output row's adapter.
+  std::unique_ptr<LoraCache> loras_;
+  PoolBuffer lora_scratch_;
+  int64_t lora_scratch_rank_ = 0;
+  std::vector<LoraSegment> lora_tokens_;
+  std::vector<LoraSegment> row_lora_;  // per output row (begin, rows unused)
+  std::vector<LoraSegment> lora_rows_;  // a logits launch's runs
 };
 
 }  // namespace polychip::model

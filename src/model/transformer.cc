@@ -25,8 +25,54 @@ StatusOr<Transformer> Transformer::Create(const ModelConfig& config,
   return Transformer(config, weights, GetArch(config.arch).rope_mode);
 }
 
+Status Transformer::ApplyLora(Launcher& ops, DevPtr x, const MatrixRef& w, DevPtr out,
+                              const LoraRuns& lora, int32_t slot) const {
+  for (const LoraSegment& seg : lora.segments) {
+    const DeviceLora::Matrix* ab = seg.lora->Find(slot);
+    if (ab == nullptr) continue;
+    const float factor = seg.lora->adapter->Factor(ab->rank, seg.scale);
+    if (factor == 0) continue;
+    // t [rows, rank] = x A^T; t *= factor; out += t B^T
+    runtime::MatmulArgs down;
+    down.x = x + uint64_t(seg.begin * w.cols) * 4;
+    down.w = ab->a.data;
+    down.w_dtype = ab->a.dtype;
+    down.w_layout = ab->a.layout;
+    down.out = lora.scratch;
+    down.m = seg.rows;
+    down.n = ab->rank;
+    down.k = w.cols;
+    PC_RETURN_IF_ERROR(ops.Launch(down));
+    if (factor != 1) {
+      runtime::ScaleArgs scale;
+      scale.x = lora.scratch;
+      scale.out = lora.scratch;
+      scale.n = seg.rows * ab->rank;
+      scale.scale = factor;
+      PC_RETURN_IF_ERROR(ops.Launch(scale));
+    }
+    runtime::MatmulArgs up;
+    up.x = lora.scratch;
+    up.w = ab->b.data;
+    up.w_dtype = ab->b.dtype;
+    up.w_layout = ab->b.layout;
+    up.out = out + uint64_t(seg.begin * w.rows) * 4;
+    up.m = seg.rows;
+    up.n = w.rows;
+    up.k = ab->rank;
+    up.accumulate = 1;
+    PC_RETURN_IF_ERROR(ops.Launch(up));
+  }
+  return Status::Ok();
+}
+
 Status Transformer::Matmul(Launcher& ops, DevPtr x, const MatrixRef& w,
-                           DevPtr bias, DevPtr out, int64_t m, bool accumulate) const {
+                           DevPtr bias, DevPtr out, int64_t m, bool accumulate,
+                           const LoraRuns& lora, int32_t slot) const {
+  if (!lora.segments.empty() && slot >= 0) {
+    PC_RETURN_IF_ERROR(Matmul(ops, x, w, bias, out, m, accumulate));
+    return ApplyLora(ops, x, w, out, lora, slot);
+  }
   if (!w.pieces.empty()) {
     // Split by rows (model_loader.h): each piece writes its columns of out [m, w.rows].
     for (const MatrixRef& piece : w.pieces) {
@@ -157,6 +203,7 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     PC_RETURN_IF_ERROR(ops.Recv(*pp_, b.x, T));  // the previous stage's hidden states
   }
 
+  const LoraRuns lora{in.lora, b.lora};
   const int64_t first_layer = pipeline ? pp_->first_layer : 0;
   const int64_t end_layer = pipeline ? pp_->end_layer : c.n_layer;
   for (int64_t l = first_layer; l < end_layer; ++l) {
@@ -173,9 +220,10 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     norm.eps = c.rms_eps;
     PC_RETURN_IF_ERROR(ops.Launch(norm));
 
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wq, L.bq, b.q, T, false));  // [T, n_head*hd]
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wk, L.bk, b.k, T, false));  // [T, n_head_kv*hd]
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wv, L.bv, b.v, T, false));  // [T, n_head_kv*hd]
+    // [T, n_head*hd], [T, n_head_kv*hd], [T, n_head_kv*hd]
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wq, L.bq, b.q, T, false, lora, LoraSlot(l, kLoraQ)));
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wk, L.bk, b.k, T, false, lora, LoraSlot(l, kLoraK)));
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wv, L.bv, b.v, T, false, lora, LoraSlot(l, kLoraV)));
     if (L.q_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(ops, b.q, L.q_norm, T, c.n_head));
     if (L.k_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(ops, b.k, L.k_norm, T, c.n_head_kv));
     PC_RETURN_IF_ERROR(Rope(ops, b.q, in.positions, T, c.n_head, sliding));
@@ -218,17 +266,20 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     PC_RETURN_IF_ERROR(ops.Launch(att));
 
     // x += (post_norm)(attn Wo^T (+ bo))
-    PC_RETURN_IF_ERROR(Residual(ops, b.attn, L.wo, L.bo, L.post_attn_norm, b.xn, b.x, T));
+    PC_RETURN_IF_ERROR(Residual(ops, b.attn, L.wo, L.bo, L.post_attn_norm, b.xn, b.x, T, lora,
+                                LoraSlot(l, kLoraO)));
 
     // ---- feed-forward ----
     norm.weight = L.ffn_norm;
     PC_RETURN_IF_ERROR(ops.Launch(norm));
     if (c.n_expert > 0) {
-      PC_RETURN_IF_ERROR(Experts(ops, L, b, T));
+      PC_RETURN_IF_ERROR(Experts(ops, L, b, T, lora, l));
       continue;
     }
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.w_gate, 0, b.gate, T, false));  // [T, n_ff]
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.w_up, 0, b.up, T, false));      // [T, n_ff]
+    PC_RETURN_IF_ERROR(  // [T, n_ff]
+        Matmul(ops, b.xn, L.w_gate, 0, b.gate, T, false, lora, LoraSlot(l, kLoraGate)));
+    PC_RETURN_IF_ERROR(  // [T, n_ff]
+        Matmul(ops, b.xn, L.w_up, 0, b.up, T, false, lora, LoraSlot(l, kLoraUp)));
     // gate = act(gate) * up; GEGLU and SWIGLU take the same arguments.
     auto gated = [&](auto act) {
       act.gate = b.gate;
@@ -238,18 +289,20 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
       return ops.Launch(act);
     };
     PC_RETURN_IF_ERROR(c.gelu_ffn ? gated(runtime::GegluArgs{}) : gated(runtime::SwigluArgs{}));
-    PC_RETURN_IF_ERROR(Residual(ops, b.gate, L.w_down, 0, L.post_ffn_norm, b.xn, b.x, T));
+    PC_RETURN_IF_ERROR(Residual(ops, b.gate, L.w_down, 0, L.post_ffn_norm, b.xn, b.x, T, lora,
+                                LoraSlot(l, kLoraDown)));
   }
   if (pipeline && !pp_->last()) PC_RETURN_IF_ERROR(ops.Send(*pp_, b.x, T));
   return Status::Ok();
 }
 
-Status Transformer::Experts(Launcher& ops, const LayerWeights& L,
-                            const StepBuffers& b, int64_t T) const {
+Status Transformer::Experts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
+                            int64_t T, const LoraRuns& lora, int64_t layer) const {
   const ModelConfig& c = *c_;
   // Router logits [T, n_expert] in the gate buffer; the op routes, runs the chosen experts and
   // adds their weighted sum into the residual stream.
-  PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.router, 0, b.gate, T, false));
+  PC_RETURN_IF_ERROR(
+      Matmul(ops, b.xn, L.router, 0, b.gate, T, false, lora, LoraSlot(layer, kLoraRouter)));
   runtime::MoeArgs moe;
   moe.x = b.xn;
   moe.logits = b.gate;
@@ -275,11 +328,12 @@ Status Transformer::Experts(Launcher& ops, const LayerWeights& L,
 
 Status Transformer::Residual(Launcher& ops, DevPtr in, const MatrixRef& w,
                              DevPtr bias, DevPtr post_norm, DevPtr scratch, DevPtr x,
-                             int64_t m) const {
+                             int64_t m, const LoraRuns& lora, int32_t slot) const {
   const bool reduce = tp_ != nullptr && tp_->size > 1;
   // The plain residual connection is fused into the matmul.
-  if (!reduce && post_norm == 0) return Matmul(ops, in, w, bias, x, m, true);
-  PC_RETURN_IF_ERROR(Matmul(ops, in, w, bias, scratch, m, false));  // [m, n_embd] (partial)
+  if (!reduce && post_norm == 0) return Matmul(ops, in, w, bias, x, m, true, lora, slot);
+  // [m, n_embd] (partial)
+  PC_RETURN_IF_ERROR(Matmul(ops, in, w, bias, scratch, m, false, lora, slot));
   if (reduce) PC_RETURN_IF_ERROR(ops.AllReduce(*tp_, scratch, m));
   if (post_norm != 0) {
     runtime::RmsNormArgs norm;
@@ -323,10 +377,12 @@ Status Transformer::FinalHidden(Launcher& ops, DevPtr x, int64_t n_tokens,
   return ops.Launch(norm);
 }
 
-Status Transformer::Logits(Launcher& ops, DevPtr x, int64_t n_tokens,
-                           DevPtr row_ids, int64_t n_rows, DevPtr h, DevPtr logits) const {
+Status Transformer::Logits(Launcher& ops, DevPtr x, int64_t n_tokens, DevPtr row_ids,
+                           int64_t n_rows, DevPtr h, DevPtr logits,
+                           std::span<const LoraSegment> lora, DevPtr lora_scratch) const {
   PC_RETURN_IF_ERROR(FinalHidden(ops, x, n_tokens, row_ids, n_rows, h));
-  return Matmul(ops, h, w_->output, w_->output_bias, logits, n_rows, false);
+  return Matmul(ops, h, w_->output, w_->output_bias, logits, n_rows, false,
+                LoraRuns{lora, lora_scratch}, LoraOutputSlot(c_->n_layer));
 }
 
 }  // namespace polychip::model

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/lora.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
 #include "model/tensor_parallel.h"
@@ -97,6 +98,8 @@ struct StepInputs {
   runtime::DevPtr window_block_tables = 0;
   int64_t max_blocks_per_seq = 0;
   int64_t max_seq_len = 0;
+  // LoRA adapters (lora.h) over runs of the step's tokens; empty: the base model only.
+  std::span<const LoraSegment> lora;
 };
 
 // F32 activation buffers, sized for at least n_tokens rows.
@@ -109,6 +112,13 @@ struct StepBuffers {
   runtime::DevPtr attn = 0;  // [n_tokens, n_head, head_dim]
   runtime::DevPtr gate = 0;  // [n_tokens, n_ff]
   runtime::DevPtr up = 0;    // [n_tokens, n_ff]
+  runtime::DevPtr lora = 0;  // [n_tokens, max LoRA rank]: x A^T (with adapters only)
+};
+
+// The adapters of a launch: runs of its rows and the scratch for x A^T.
+struct LoraRuns {
+  std::span<const LoraSegment> segments;
+  runtime::DevPtr scratch = 0;
 };
 
 class Transformer {
@@ -126,9 +136,11 @@ class Transformer {
   Status FinalHidden(Launcher& ops, runtime::DevPtr x, int64_t n_tokens, runtime::DevPtr row_ids,
                      int64_t n_rows, runtime::DevPtr h) const;
   // logits [n_rows, n_vocab] of the rows `row_ids` (int32 [n_rows]) of x [n_tokens, n_embd];
-  // h is scratch [n_rows, n_embd] (left holding FinalHidden).
+  // h is scratch [n_rows, n_embd] (left holding FinalHidden). `lora`: adapters over runs of
+  // the n_rows rows, their x A^T in `lora_scratch` [n_rows, max rank].
   Status Logits(Launcher& ops, runtime::DevPtr x, int64_t n_tokens, runtime::DevPtr row_ids,
-                int64_t n_rows, runtime::DevPtr h, runtime::DevPtr logits) const;
+                int64_t n_rows, runtime::DevPtr h, runtime::DevPtr logits,
+                std::span<const LoraSegment> lora = {}, runtime::DevPtr lora_scratch = 0) const;
 
   // The same on a stream.
   Status Layers(const runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
@@ -143,9 +155,10 @@ class Transformer {
   }
   Status Logits(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
                 runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h,
-                runtime::DevPtr logits) const {
+                runtime::DevPtr logits, std::span<const LoraSegment> lora = {},
+                runtime::DevPtr lora_scratch = 0) const {
     StreamLauncher ops(stream);
-    return Logits(ops, x, n_tokens, row_ids, n_rows, h, logits);
+    return Logits(ops, x, n_tokens, row_ids, n_rows, h, logits, lora, lora_scratch);
   }
 
   // Tensor parallel (tensor_parallel.h): the weights are this rank's shard, and the partial
@@ -159,8 +172,13 @@ class Transformer {
  private:
   Transformer(const ModelConfig& config, const ModelWeights& weights, runtime::RopeMode rope_mode)
       : c_(&config), w_(&weights), rope_mode_(rope_mode) {}
+  // out [m, w.rows] (+)= x [m, w.cols] W^T (+ bias), plus each segment's adapter of matrix
+  // `slot` (lora.h) over its rows: out += s (x A^T) B^T.
   Status Matmul(Launcher& ops, runtime::DevPtr x, const MatrixRef& w, runtime::DevPtr bias,
-                runtime::DevPtr out, int64_t m, bool accumulate) const;
+                runtime::DevPtr out, int64_t m, bool accumulate, const LoraRuns& lora = {},
+                int32_t slot = -1) const;
+  Status ApplyLora(Launcher& ops, runtime::DevPtr x, const MatrixRef& w, runtime::DevPtr out,
+                   const LoraRuns& lora, int32_t slot) const;
   // `sliding`: a local layer of interleaved sliding-window attention (its own RoPE base).
   Status Rope(Launcher& ops, runtime::DevPtr x, runtime::DevPtr positions, int64_t n_tokens,
               int64_t n_heads, bool sliding) const;
@@ -169,12 +187,12 @@ class Transformer {
                   int64_t n_heads) const;
   // x += the routed experts of b.xn (n_expert > 0): the router's matmul into b.gate, then MOE.
   Status Experts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
-                 int64_t n_tokens) const;
+                 int64_t n_tokens, const LoraRuns& lora, int64_t layer) const;
   // x += post_norm(all_reduce(in W^T + bias)): the all-reduce over the tensor-parallel ranks,
   // the RMSNorm by post_norm [n_embd] only where it is not 0 (gemma3); scratch [m, n_embd].
   Status Residual(Launcher& ops, runtime::DevPtr in, const MatrixRef& w, runtime::DevPtr bias,
                   runtime::DevPtr post_norm, runtime::DevPtr scratch, runtime::DevPtr x,
-                  int64_t m) const;
+                  int64_t m, const LoraRuns& lora, int32_t slot) const;
 
   const ModelConfig* c_;
   const ModelWeights* w_;

@@ -20,6 +20,7 @@
 #include "server/embeddings.h"
 #include "server/http_transport.h"
 #include "server/job.h"
+#include "server/lora_api.h"
 #include "server/response_util.h"
 #include "server/response_writer.h"
 #include "server/tools.h"
@@ -160,7 +161,7 @@ class HttpServer::Impl {
     std::optional<ApiError> e;
     if (draining_) {
       e = Error(503, "the server is shutting down", "server_error");
-    } else if (req.path.rfind("/admin/", 0) == 0) {
+    } else if (req.path.rfind("/admin/", 0) == 0 || IsAdapterRoute(req.path)) {
       e = CheckAdminKey(req);
     } else if (req.path != "/health" && req.path != "/live" && req.path != "/") {
       e = CheckKey(req);
@@ -171,6 +172,21 @@ class HttpServer::Impl {
     // The body was not read: the connection cannot carry another request.
     res.set_header("Connection", "close");
     return HttpTransport::HookResult::kHandled;
+  }
+
+  static bool IsAdapterRoute(const std::string& path) {
+    return path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter";
+  }
+
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (admin key, as vLLM's answers).
+  void AdapterRoute(bool load, const httplib::Request& req, httplib::Response& res) {
+    json body;
+    if (!ParseBody(req, res, &body)) return;
+    if (!body.is_object()) return SendError(res, Error(400, "the body must be a JSON object"));
+    auto [status, text] = load ? LoadAdapter(options_.loras.get(), body)
+                               : UnloadAdapter(options_.loras.get(), body);
+    res.status = status;
+    res.set_content(text, status == 200 ? "text/plain" : "application/json");
   }
 
   // Parses a JSON body; on failure writes the 400 and returns false.
@@ -189,6 +205,7 @@ class HttpServer::Impl {
 
   bool KnownModel(const std::string& name) const {
     if (name.empty() || name == options_.model_name) return true;
+    if (IsAdapterModel(options_.loras.get(), name)) return true;
     for (const auto& a : options_.model_aliases) {
       if (a == name) return true;
     }
@@ -277,6 +294,13 @@ class HttpServer::Impl {
                 if (auto e = CheckAdminKey(req)) return SendError(res, *e);
                 ReloadPlugin(req, res);
               }, false));
+    for (const bool load : {true, false}) {
+      http_.Post(load ? "/v1/load_lora_adapter" : "/v1/unload_lora_adapter",
+                 Guard([this, load](const auto& req, auto& res) {
+                   if (auto e = CheckAdminKey(req)) return SendError(res, *e);
+                   AdapterRoute(load, req, res);
+                 }, false));
+    }
     // The transport's own refusals (400, 404, 413, 431, 503 over the per-client cap) carry
     // their reason in res.reason.
     http_.SetErrorHandler([](const httplib::Request& req, httplib::Response& res) {
@@ -314,6 +338,10 @@ class HttpServer::Impl {
                     {"owned_by", "polychip"},
                     {"root", options_.model_name},
                     {"max_model_len", engine_->context_length()}});
+    for (json& m : AdapterModels(options_.loras.get(), options_.model_name, started_,
+                                 engine_->context_length())) {
+      data.push_back(std::move(m));
+    }
     SendJson(res, 200, {{"object", "list"}, {"data", data}});
   }
 
@@ -330,6 +358,8 @@ class HttpServer::Impl {
     info["chunked_prefill_size"] = engine_->options().chunked_prefill_size;
     info["max_itl_ms"] = engine_->options().max_itl_ms;
     info["disable_radix_cache"] = !engine_->options().enable_prefix_cache;
+    info["lora_adapters"] = AdapterInfo(options_.loras.get());
+    info["max_loras_per_batch"] = engine_->options().max_adapters_per_step;
     info["num_running_reqs"] = s.running;
     info["num_queue_reqs"] = s.queued;
     info["kv_blocks_used"] = s.kv_blocks_held;
@@ -553,10 +583,14 @@ class HttpServer::Impl {
     limits.responses = &responses_;
     limits.reasoning_parser = options_.reasoning_parser;
     if (auto e = ParseApiRequest(kind, body, *codec_, limits, &job->req)) return SendError(res, *e);
-    job->writer = MakeResponseWriter(kind, codec_, options_.model_name, &responses_);
     if (!KnownModel(job->req.model)) {
       return SendError(res, Error(404, "the model '" + job->req.model + "' does not exist; this server serves '" + options_.model_name + "'", "not_found_error", "model"));
     }
+    if (auto e = ResolveAdapter(options_.loras.get(), body, &job->req)) return SendError(res, *e);
+    const bool adapter_model = IsAdapterModel(options_.loras.get(), job->req.model);
+    job->writer = MakeResponseWriter(kind, codec_,
+                                     adapter_model ? job->req.model : options_.model_name,
+                                     &responses_);
     job->id = kind == ApiKind::kChat        ? RandomId("chatcmpl-")
               : kind == ApiKind::kMessages  ? RandomId("msg_")
               : kind == ApiKind::kResponses ? RandomId("resp_")

@@ -20,6 +20,10 @@
 #include "server/text_codec.h"
 #include "util/status.h"
 
+namespace polychip::model {
+class LoraRegistry;  // model/lora.h
+}  // namespace polychip::model
+
 namespace polychip::server {
 
 struct DeviceMemory {
@@ -60,6 +64,9 @@ struct ServerOptions {
   std::function<std::string()> unavailable;
   bool enable_metrics = true;  // false: /metrics answers 404
   bool vllm_metrics = true;    // /metrics also carries the vllm: families (docs/metrics.md)
+  // The LoRA adapters served beside the base model (server/lora_api.h); null: none, and the
+  // load route answers 400.
+  std::shared_ptr<model::LoraRegistry> loras;
 };
 
 class HttpServer {

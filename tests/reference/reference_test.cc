@@ -285,6 +285,107 @@ INSTANTIATE_TEST_SUITE_P(Models, ReferenceTest, ::testing::ValuesIn(Cases()),
                            return n;
                          });
 
+// LoRA adapters (model/lora.h): perplexity with an adapter against llama-perplexity --lora /
+// --lora-scaled on the same files, for adapters of rank 8 and 64 with alpha != rank, at scale 1
+// and 0.5, over F16 and Q4_K_M bases of llama, qwen2 and qwen3moe shapes.
+struct LoraCase {
+  ModelCase base;
+  int rank = 8;
+  float alpha = 16;
+  std::string type = "F16";  // the adapter's
+  float scale = 1;
+};
+
+std::string LoraCaseName(const LoraCase& c) {
+  char scale[16];
+  std::snprintf(scale, sizeof(scale), "%g", c.scale);
+  std::string n = CaseName(c.base) + "_r" + std::to_string(c.rank) + "_" + c.type + "_s" + scale;
+  for (char& ch : n) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return n;
+}
+void PrintTo(const LoraCase& c, std::ostream* os) { *os << LoraCaseName(c); }
+
+// A random adapter for `model` (`gguf synth --lora-for`); "" after adding a failure.
+std::string AdapterFor(const std::string& model, const LoraCase& c) {
+  const std::string out = model + ".lora-r" + std::to_string(c.rank) + "-" + c.type + ".gguf";
+  const std::string tmp = out + ".tmp" + std::to_string(getpid());
+  char alpha[16];
+  std::snprintf(alpha, sizeof(alpha), "%g", c.alpha);
+  const std::string cmd = kPolychip + " gguf synth --lora-for " + ShellQuote(model) +
+                          " --lora-rank " + std::to_string(c.rank) + " --lora-alpha " + alpha +
+                          " --type " + c.type + " --weight-std 0.15 --quiet --out " +
+                          ShellQuote(tmp);
+  const CommandResult r = RunCommand(cmd);
+  if (r.exit_code != 0) {
+    ADD_FAILURE() << cmd << " failed:\n" << r.err;
+    return "";
+  }
+  fs::rename(tmp, out);
+  return out;
+}
+
+std::string OursPerplexity(const std::string& model, const std::string& extra) {
+  return kPolychip + " perplexity --device cpu:0 --model-path " + ShellQuote(model) + " -f " +
+         ShellQuote(kText) + " --ctx " + std::to_string(kCtx) + " --batch " +
+         std::to_string(kCtx) + " --chunks 2 " + extra;
+}
+
+class LoraReferenceTest : public ::testing::TestWithParam<LoraCase> {};
+
+TEST_P(LoraReferenceTest, PerplexityAgreesWithLlamaCpp) {
+  if (!HaveLlamaCpp()) return;
+  const LoraCase& c = GetParam();
+  const std::string model = ModelFor(c.base);
+  if (model.empty()) return;
+  const std::string adapter = AdapterFor(model, c);
+  if (adapter.empty()) return;
+  char scale[16];
+  std::snprintf(scale, sizeof(scale), "%g", c.scale);
+
+  const CommandResult ours =
+      RunCommand(OursPerplexity(model, "--lora " + ShellQuote("a=" + adapter + ":" + scale)));
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  const CommandResult base = RunCommand(OursPerplexity(model, ""));
+  ASSERT_EQ(base.exit_code, 0) << base.err;
+  CommandResult ref;
+  const std::string lora_arg = c.scale == 1 ? "--lora " + ShellQuote(adapter)
+                                            : "--lora-scaled " + ShellQuote(adapter + ":" + scale);
+  const double p_ref = LlamaCppPerplexity(
+      model, kText,
+      "-c " + std::to_string(kCtx) + " -b " + std::to_string(kCtx) + " -t 2 --chunks 2 " + lora_arg,
+      &ref);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  const double p_ours = ParsePpl(ours.out + ours.err), p_base = ParsePpl(base.out + base.err);
+  ASSERT_FALSE(std::isnan(p_ours)) << ours.out << ours.err;
+  ASSERT_FALSE(std::isnan(p_ref)) << ref.out << ref.err;
+  const double rel = std::abs(p_ours - p_ref) / p_ref;
+  std::printf("[ agreement ] %s: polychip PPL %.4f (base %.4f), llama.cpp PPL %.4f, relative "
+              "difference %.5f%%\n",
+              LoraCaseName(c).c_str(), p_ours, p_base, p_ref, 100 * rel);
+  EXPECT_LT(rel, 0.005) << "polychip " << p_ours << " vs llama.cpp " << p_ref;
+  // The adapter must matter, or the agreement says nothing.
+  EXPECT_GT(std::abs(p_ours - p_base) / p_base, 0.02) << "the adapter barely changed the model";
+}
+
+std::vector<LoraCase> LoraCases() {
+  const ModelCase llama_f16{"llama-bpe", "llama", "F16"}, llama_q4{"llama-bpe", "llama", "Q4_K_M"};
+  const ModelCase qwen2_f16{"qwen2", "qwen2", "F16"}, qwen2_q4{"qwen2", "qwen2", "Q4_K_M"};
+  const ModelCase moe_f16{"qwen2", "qwen3moe", "F16", "qwen3moe-tiny", false};
+  const ModelCase moe_q4{"qwen2", "qwen3moe", "Q4_K_M", "qwen3moe-tiny", false};
+  return {
+      {llama_f16, 8, 16, "F16", 1},   {llama_q4, 64, 32, "F32", 0.5f},
+      {qwen2_f16, 64, 16, "BF16", 1}, {qwen2_q4, 8, 32, "Q8_0", 0.5f},
+      {moe_f16, 8, 4, "F16", 0.5f},   {moe_q4, 64, 32, "F16", 1},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Adapters, LoraReferenceTest, ::testing::ValuesIn(LoraCases()),
+                         [](const ::testing::TestParamInfo<LoraCase>& info) {
+                           return LoraCaseName(info.param);
+                         });
+
 // The bundled demo model (models/polychip-tiny.gguf, trained by tools/train-tiny): its held-out
 // perplexity is far below the vocabulary size, equal to llama.cpp's within 0.5% on the same
 // file. (Its greedy tokens on every backend against cpu's: tests/model/backend_run_test.cc.)

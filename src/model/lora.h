@@ -1,0 +1,189 @@
+// LoRA adapters in GGUF, as llama.cpp's convert_lora_to_gguf.py writes them: general.type =
+// "adapter", adapter.type = "lora", adapter.lora.alpha, and for each adapted matrix W [n, k]
+// of the base a pair `<W's name>.lora_a` [rank, k] and `<W's name>.lora_b` [n, rank] (GGUF
+// dims {k, rank} and {rank, n}), in F32, F16, BF16 or Q8_0. The adapted matrix is
+//   W' = W + s B A,   s = scale * alpha / rank (scale when alpha is 0),
+// so a matmul through W' is y = x W^T + s (x A^T) B^T: two thin MATMULs and a SCALE, launched
+// by the transformer after the base matrix's (transformer.h), per run of rows of one adapter.
+//
+// This file: the adapter as read and checked against its base (LoraAdapter), the registry of a
+// server's adapters (LoraRegistry), the adapters resident on a device (LoraCache, the runner's),
+// and the tools: a random adapter for a base (SynthesizeLora) and the merge into the base
+// (MergeLora).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/model_loader.h"
+#include "runtime/device.h"
+#include "runtime/ops.h"
+#include "util/status.h"
+
+namespace polychip::model {
+
+// The matrices an adapter may adapt, each layer's then the output: slot = layer * kLoraKinds +
+// kind, the output's n_layer * kLoraKinds. Experts' 3-D tensors (ffn_*_exps) and the embedding
+// table are not adaptable here (an adapter holding them is refused, naming the tensor).
+enum LoraKind : int32_t {
+  kLoraQ, kLoraK, kLoraV, kLoraQkv, kLoraO, kLoraGate, kLoraUp, kLoraDown, kLoraRouter,
+  kLoraKinds
+};
+inline int32_t LoraSlot(int64_t layer, LoraKind kind) {
+  return static_cast<int32_t>(layer * kLoraKinds + kind);
+}
+inline int32_t LoraOutputSlot(int64_t n_layer) { return static_cast<int32_t>(n_layer * kLoraKinds); }
+// The slot of a base tensor's name ("blk.3.attn_q.weight", "output.weight"), or -1.
+int32_t LoraSlotOfTensor(const std::string& name, int64_t n_layer);
+
+// One adapted matrix: A [rank, k] and B [n, rank] in the file.
+struct LoraPair {
+  std::string base;  // the base tensor's name
+  int32_t slot = -1;
+  const GgufTensor* a = nullptr;
+  const GgufTensor* b = nullptr;
+  int64_t rank = 0;
+};
+
+// An adapter file, opened (mapped) and checked against a base model's configuration. Immutable
+// once opened; shared by the registry, the requests using it and the runner's device cache.
+class LoraAdapter : public engine::Adapter, public std::enable_shared_from_this<LoraAdapter> {
+ public:
+  // Fails naming the first mismatch: not an adapter, another architecture, a tensor the base
+  // does not have (or that cannot be adapted), a shape that does not fit, a missing half.
+  static StatusOr<std::shared_ptr<LoraAdapter>> Open(const std::string& path,
+                                                     const ModelConfig& base);
+
+  int64_t id() const override { return id_; }
+  const std::string& name() const { return name_; }
+  const std::string& path() const { return path_; }
+  float alpha() const { return alpha_; }
+  float default_scale() const { return default_scale_; }
+  int64_t max_rank() const { return max_rank_; }
+  const std::vector<LoraPair>& pairs() const { return pairs_; }
+  const GgufFile& file() const { return *file_; }
+  // The factor s of W + s B A for a matrix of `rank` at the user's `scale`.
+  float Factor(int64_t rank, float scale) const {
+    return alpha_ != 0 ? scale * alpha_ / static_cast<float>(rank) : scale;
+  }
+
+ private:
+  friend class LoraRegistry;
+  LoraAdapter() = default;
+  int64_t id_ = 0;
+  std::string name_, path_;
+  float alpha_ = 0;
+  float default_scale_ = 1;
+  int64_t max_rank_ = 0;
+  std::unique_ptr<GgufFile> file_;
+  std::vector<LoraPair> pairs_;
+};
+
+// `NAME=PATH[:SCALE]` (the --lora flag): a name of letters, digits and -_./, the scale a
+// number (default 1).
+struct LoraSpec {
+  std::string name, path;
+  float scale = 1;
+};
+StatusOr<LoraSpec> ParseLoraSpec(const std::string& text);
+
+// A server's adapters by name. Thread-safe: HTTP threads load and unload while requests hold
+// what they resolved (an unloaded adapter lives on until its last request ends). Ids are never
+// reused, so the prefix cache and the runner's device cache cannot confuse two loads.
+class LoraRegistry {
+ public:
+  explicit LoraRegistry(ModelConfig base) : base_(std::move(base)) {}
+  StatusOr<std::shared_ptr<const LoraAdapter>> Load(const LoraSpec& spec);
+  Status Unload(const std::string& name);  // NOT_FOUND when no such adapter
+  std::shared_ptr<const LoraAdapter> Find(const std::string& name) const;
+  // Also accepts a path of a loaded adapter (SGLang's lora_path may be either).
+  std::shared_ptr<const LoraAdapter> FindByNameOrPath(const std::string& key) const;
+  std::vector<std::shared_ptr<const LoraAdapter>> List() const;  // in load order
+
+ private:
+  ModelConfig base_;
+  mutable std::mutex mu_;
+  int64_t next_id_ = 1;
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
+};
+
+// One adapter's matrices on a device, by slot: A [rank, k], B [n, rank] as MATMUL weights.
+struct DeviceLora {
+  struct Matrix {
+    MatrixRef a, b;
+    int64_t rank = 0;
+  };
+  std::shared_ptr<const LoraAdapter> adapter;
+  std::vector<Matrix> by_slot;  // rank 0: not adapted
+  std::vector<std::unique_ptr<runtime::DeviceWeight>> weights;
+  uint64_t bytes = 0;
+  const Matrix* Find(int32_t slot) const {
+    return slot >= 0 && slot < int32_t(by_slot.size()) && by_slot[slot].rank > 0 ? &by_slot[slot]
+                                                                                  : nullptr;
+  }
+};
+
+// Uploads an adapter's matrices (F16 and F32 as they are, Q8_0 where the device multiplies it,
+// anything else as F32). `config` is the runner's (layers [layer_begin, layer_end) only).
+StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapter> adapter,
+                                                 const ModelConfig& config,
+                                                 const std::shared_ptr<runtime::Device>& device,
+                                                 int64_t layer_begin, int64_t layer_end);
+
+// A run of consecutive rows of a step that one adapter applies to, at factor scale.
+struct LoraSegment {
+  int64_t begin = 0, rows = 0;
+  const DeviceLora* lora = nullptr;
+  float scale = 1;  // the user's scale (times alpha / rank per matrix)
+};
+
+// The adapters resident on one device: at most `capacity`, the least recently used out.
+class LoraCache {
+ public:
+  LoraCache(std::shared_ptr<runtime::Device> device, int64_t capacity)
+      : device_(std::move(device)), capacity_(capacity) {}
+  // Makes every adapter of `wanted` resident (evicting the least recently used others);
+  // RESOURCE_EXHAUSTED when they are more than the capacity. Call between steps.
+  Status Prepare(const std::vector<std::shared_ptr<const LoraAdapter>>& wanted,
+                 const ModelConfig& config, int64_t layer_begin, int64_t layer_end);
+  const DeviceLora* Get(int64_t id) const;
+  int64_t max_rank() const { return max_rank_; }
+  int64_t uploads() const { return uploads_; }
+
+ private:
+  std::shared_ptr<runtime::Device> device_;
+  int64_t capacity_;
+  std::list<std::unique_ptr<DeviceLora>> resident_;  // most recently used first
+  int64_t max_rank_ = 0;
+  int64_t uploads_ = 0;
+};
+
+// ---- tools ----
+
+struct LoraSynthOptions {
+  int64_t rank = 8;
+  float alpha = 16;
+  DType type = DType::kF16;  // F32, F16, BF16 or Q8_0
+  // Which matrices: "attn" (q, k, v, output / qkv), "ffn" (gate, up, down; the router of a
+  // mixture of experts), "output" (untied output only).
+  std::vector<std::string> targets = {"attn", "ffn", "output"};
+  uint64_t seed = 7;
+  float std = 0.05f;  // A and B ~ N(0, std)
+};
+// Writes a random adapter for the base model `base` to `out`.
+Status SynthesizeLora(const GgufFile& base, const LoraSynthOptions& opts, const std::string& out);
+
+// Writes `base` with `scale` times the adapter merged into its matrices (W + s B A) to `out`;
+// each adapted matrix keeps its type (re-quantized when quantized).
+Status MergeLora(const std::string& base_path, const std::string& adapter_path, float scale,
+                 const std::string& out);
+
+}  // namespace polychip::model
