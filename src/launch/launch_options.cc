@@ -163,9 +163,13 @@ std::vector<Option> MakeOptions() {
       return Status::Ok();
     };
     o.get = [](const LaunchSpec& s) {
-      if (s.lora.empty()) return std::string();
+      if (s.lora.empty()) return std::string("[]");
       std::string list;
-      for (const std::string& l : s.lora) list += (list.empty() ? "" : ", ") + l;
+      for (const std::string& l : s.lora) {
+        std::string q = "\"";
+        for (char c : l) q += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+        list += (list.empty() ? "" : ", ") + q + "\"";
+      }
       return "[" + list + "]";
     };
     t.push_back(std::move(o));
@@ -556,10 +560,12 @@ Status ApplyConfigFile(const std::string& path, uint32_t scope,
 
 std::string PrintConfig(const LaunchSpec& spec, uint32_t scope, const Sources& sources) {
   std::ostringstream out;
-  auto line = [&](const std::string& key, const std::string& value, const std::string& source) {
+  // `raw`: already YAML (a repeated option's flow list).
+  auto line = [&](const std::string& key, const std::string& value, const std::string& source,
+                  bool raw = false) {
     std::string v = value;
     // Quoted where YAML would read it as something else (empty, a colon, a leading symbol).
-    if (v.empty() || v.find_first_of(":#{}[],&*!|>'\"%@`") != std::string::npos) {
+    if (!raw && (v.empty() || v.find_first_of(":#{}[],&*!|>'\"%@`") != std::string::npos)) {
       std::string q = "\"";
       for (char c : v) q += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
       v = q + "\"";
@@ -576,7 +582,8 @@ std::string PrintConfig(const LaunchSpec& spec, uint32_t scope, const Sources& s
   for (const Option& o : Options()) {
     if ((o.scope & scope) == 0) continue;
     const std::string value = o.get(spec);
-    line(Underscored(o.name), o.secret && !value.empty() ? "<set>" : value, source_of(o.name));
+    line(Underscored(o.name), o.secret && !value.empty() ? "<set>" : value, source_of(o.name),
+         o.repeated);
   }
   return out.str();
 }
