@@ -151,7 +151,8 @@ std::vector<Option> MakeOptions() {
     Option o{"lora",
              {"--lora-modules"},
              "a LoRA adapter NAME=PATH[:SCALE] (GGUF; repeat for more): serve serves it as model "
-             "NAME; run, perplexity and bench apply the first to every sequence",
+             "NAME; run and perplexity apply the first to every sequence, bench sequence s the "
+             "(s mod count)-th",
              Kind::kText,
              kModel,
              {},

@@ -386,6 +386,62 @@ INSTANTIATE_TEST_SUITE_P(Adapters, LoraReferenceTest, ::testing::ValuesIn(LoraCa
                            return LoraCaseName(info.param);
                          });
 
+// `polychip run --print-tokens` of `model` with `extra` flags: the greedy tokens.
+std::vector<GeneratedToken> RunTokens(const std::string& model, const std::string& extra) {
+  const CommandResult r = RunCommand(kPolychip + " run --device cpu:0 --print-tokens --model-path " +
+                                     ShellQuote(model) + " --prompt " + ShellQuote(kPrompt) +
+                                     " -n " + std::to_string(kPredict) + " " + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return ParseTokens(r.err);
+}
+
+// Equal up to the first close call (where rounding may legitimately part the runs).
+void ExpectSameTokens(const std::vector<GeneratedToken>& a, const std::vector<GeneratedToken>& b,
+                      const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].id == b[i].id) continue;
+    EXPECT_LT(std::min(a[i].margin, b[i].margin), kCloseCall) << what << ": token " << i;
+    return;
+  }
+}
+
+// Scale 0 is the base model; the merged model (`polychip lora merge`) is the adapter; an adapter
+// of another architecture is refused, naming the mismatch.
+TEST(LoraTest, ScaleZeroIsTheBaseAndTheMergedModelIsTheAdapter) {
+  const ModelCase base_case{"qwen2", "qwen2", "F16"};
+  const std::string model = ModelFor(base_case);
+  if (model.empty()) return;
+  const std::string adapter = AdapterFor(model, LoraCase{base_case, 8, 16, "F16", 1});
+  if (adapter.empty()) return;
+  const auto base = RunTokens(model, "");
+  const auto zero = RunTokens(model, "--lora " + ShellQuote("a=" + adapter + ":0"));
+  const auto with = RunTokens(model, "--lora " + ShellQuote("a=" + adapter));
+  ASSERT_EQ(base.size(), size_t(kPredict));
+  std::vector<int32_t> base_ids, zero_ids, with_ids;
+  for (const auto& t : base) base_ids.push_back(t.id);
+  for (const auto& t : zero) zero_ids.push_back(t.id);
+  for (const auto& t : with) with_ids.push_back(t.id);
+  EXPECT_EQ(zero_ids, base_ids) << "scale 0 must be the base model exactly";
+  EXPECT_NE(with_ids, base_ids) << "the adapter must change the greedy tokens";
+
+  const std::string merged = adapter + ".merged.gguf";
+  const CommandResult m = RunCommand(kPolychip + " lora merge " + ShellQuote(model) + " " +
+                                     ShellQuote(adapter) + " " + ShellQuote(merged));
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  ExpectSameTokens(RunTokens(merged, ""), with, "merged model vs --lora");
+
+  const std::string llama = ModelFor({"llama-bpe", "llama", "F16"});
+  if (llama.empty()) return;
+  const CommandResult wrong = RunCommand(kPolychip + " run --device cpu:0 --model-path " +
+                                         ShellQuote(llama) + " --prompt hi -n 1 --lora " +
+                                         ShellQuote("a=" + adapter));
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.err.find("architecture 'qwen2' does not match the base model's 'llama'"),
+            std::string::npos)
+      << wrong.err;
+}
+
 // The bundled demo model (models/polychip-tiny.gguf, trained by tools/train-tiny): its held-out
 // perplexity is far below the vocabulary size, equal to llama.cpp's within 0.5% on the same
 // file. (Its greedy tokens on every backend against cpu's: tests/model/backend_run_test.cc.)
