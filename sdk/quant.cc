@@ -33,6 +33,7 @@ const DtypeEntry kDtypes[] = {
     {PC_DTYPE_I8, {"I8", 1, 1, false}},        {PC_DTYPE_I16, {"I16", 1, 2, false}},
     {PC_DTYPE_I32, {"I32", 1, 4, false}},      {PC_DTYPE_I64, {"I64", 1, 8, false}},
     {PC_DTYPE_F64, {"F64", 1, 8, false}},      {PC_DTYPE_BF16, {"BF16", 1, 2, false}},
+    {PC_DTYPE_FP8_E4M3, {"FP8_E4M3", 32, 33, true}},
 };
 
 uint32_t FloatBits(float f) {
@@ -645,6 +646,30 @@ void QuantIQ4_XS(const float* x, uint8_t* b) {
   b[3] = scales_h >> 8;
 }
 
+// ---- FP8 E4M3 in MX blocks ----------------------------------------------------------------
+// [e:u8 E8M0 scale][32 E4M3 codes]. The scale is the smallest power of two s with
+// amax / s <= 448 (E4M3's largest finite value), so no code saturates and the block's largest
+// element keeps E4M3's full 3-bit mantissa; a power of two multiplies exactly.
+
+void DequantFP8_E4M3(const uint8_t* b, float* y) {
+  const float s = std::ldexp(1.0f, int(b[0]) - 127);
+  for (int j = 0; j < 32; ++j) y[j] = s * Fp8E4M3ToFp32(b[1 + j]);
+}
+void QuantFP8_E4M3(const float* x, uint8_t* b) {
+  float amax = 0;
+  for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+  int e = 0;  // log2 of the scale
+  if (amax > 0) {
+    int exp;
+    const float f = std::frexp(amax / 448.0f, &exp);  // amax / 448 = f * 2^exp, f in [0.5, 1)
+    e = f == 0.5f ? exp - 1 : exp;
+  }
+  e = std::clamp(e, -127, 127);
+  b[0] = static_cast<uint8_t>(e + 127);
+  const float inv = std::ldexp(1.0f, -e);
+  for (int j = 0; j < kQK; ++j) b[1 + j] = Fp32ToFp8E4M3(x[j] * inv);
+}
+
 using DequantFn = void (*)(const uint8_t*, float*);
 using QuantFn = void (*)(const float*, uint8_t*);
 
@@ -667,6 +692,7 @@ DequantFn BlockDequant(pc_dtype_t t) {
     case PC_DTYPE_Q6_K: return DequantQ6_K;
     case PC_DTYPE_IQ4_NL: return DequantIQ4_NL;
     case PC_DTYPE_IQ4_XS: return DequantIQ4_XS;
+    case PC_DTYPE_FP8_E4M3: return DequantFP8_E4M3;
     default: return nullptr;
   }
 }
@@ -684,6 +710,7 @@ QuantFn BlockQuant(pc_dtype_t t) {
     case PC_DTYPE_Q6_K: return QuantQ6_K;
     case PC_DTYPE_IQ4_NL: return QuantIQ4_NL;
     case PC_DTYPE_IQ4_XS: return QuantIQ4_XS;
+    case PC_DTYPE_FP8_E4M3: return QuantFP8_E4M3;
     default: return nullptr;
   }
 }
@@ -769,6 +796,40 @@ uint16_t Fp32ToFp16(float f) {
   const uint32_t rebased = abs - (112u << 23);
   const uint32_t round = 0xFFF + ((rebased >> 13) & 1);
   return sign | static_cast<uint16_t>((rebased + round) >> 13);
+}
+
+float Fp8E4M3ToFp32(uint8_t c) {
+  const int exp = (c >> 3) & 0xF, mant = c & 7;
+  float v;
+  if ((c & 0x7F) == 0x7F) {
+    v = NAN;
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant * 2^-9
+  } else {
+    v = std::ldexp(static_cast<float>(8 + mant), exp - 10);  // (1 + mant/8) * 2^(exp - 7)
+  }
+  return (c & 0x80) ? -v : v;
+}
+
+uint8_t Fp32ToFp8E4M3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (std::isnan(a)) return sign | 0x7F;
+  if (a >= 448.0f) return sign | 0x7E;  // saturate: E4M3 has no infinity
+  int exp;
+  std::frexp(a, &exp);  // a = f * 2^exp, f in [0.5, 1): the leading bit is 2^(exp - 1)
+  // The quantum of a's binade (2^(exp - 4): three mantissa bits), or the subnormals' 2^-9.
+  const int q_exp = std::max(exp - 4, -9);
+  // Nearest even, in units of the quantum; 16 units (or 8 from a subnormal) carries into the
+  // next binade, which the code below encodes as such.
+  const int units = static_cast<int>(std::lrintf(std::ldexp(a, -q_exp)));
+  if (units == 0) return sign;
+  int e = q_exp + 3 + 7;  // biased exponent of a normal value whose quantum is 2^q_exp
+  int m = units;
+  if (m < 8) return sign | static_cast<uint8_t>(m);  // subnormal (q_exp == -9)
+  if (m == 16) m = 8, ++e;
+  if (e > 15 || (e == 15 && m - 8 == 7)) return sign | 0x7E;
+  return sign | static_cast<uint8_t>((e << 3) | (m - 8));
 }
 
 float Bf16ToFp32(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b) << 16); }

@@ -23,24 +23,13 @@ T* Map(const DeviceMemory& mem, pc_devptr_t ptr, uint64_t bytes) {
   return static_cast<T*>(mem.to_host(mem.ctx, ptr, bytes));
 }
 
+// The KV cache types (pc_ops.h): floats, and (1.6) block types quantizing each head's row.
 bool IsCacheDtype(pc_dtype_t t) {
+  return t == PC_DTYPE_F32 || t == PC_DTYPE_F16 || t == PC_DTYPE_BF16 || t == PC_DTYPE_Q8_0 ||
+         t == PC_DTYPE_Q4_0 || t == PC_DTYPE_FP8_E4M3;
+}
+bool IsFloatType(pc_dtype_t t) {
   return t == PC_DTYPE_F32 || t == PC_DTYPE_F16 || t == PC_DTYPE_BF16;
-}
-int64_t CacheElemBytes(pc_dtype_t t) { return t == PC_DTYPE_F32 ? 4 : 2; }
-
-float LoadCache(pc_dtype_t t, const void* base, int64_t i) {
-  switch (t) {
-    case PC_DTYPE_F16: return Fp16ToFp32(static_cast<const uint16_t*>(base)[i]);
-    case PC_DTYPE_BF16: return Bf16ToFp32(static_cast<const uint16_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
-}
-void StoreCache(pc_dtype_t t, void* base, int64_t i, float v) {
-  switch (t) {
-    case PC_DTYPE_F16: static_cast<uint16_t*>(base)[i] = Fp32ToFp16(v); break;
-    case PC_DTYPE_BF16: static_cast<uint16_t*>(base)[i] = Fp32ToBf16(v); break;
-    default: static_cast<float*>(base)[i] = v; break;
-  }
 }
 
 constexpr const char* kBadAddress = "operand address is not valid device memory";
@@ -168,20 +157,33 @@ const char* RefKernel(const pc_kv_store_args_t& a, const DeviceMemory& mem) {
   auto* slots = Map<const int32_t>(mem, a.slots, a.n_tokens * 4);
   if (!k || !v || !slots) return kBadAddress;
   if (mem.validate_only) return nullptr;
-  const int64_t esize = CacheElemBytes(a.cache_dtype);
+  const pc_dtype_t kt = a.cache_dtype, vt = KvStoreVDtype(a);
+  const int64_t k_head = RowBytes(kt, a.head_dim), v_head = RowBytes(vt, a.head_dim);
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     if (slots[t] < 0) continue;
-    // Slot s lives at element s * row of the cache ([n_blocks, block_size] flattens to slots).
-    const uint64_t offset = static_cast<uint64_t>(slots[t]) * row * esize;
-    void* kc = Map<void>(mem, a.k_cache + offset, row * esize);
-    void* vc = Map<void>(mem, a.v_cache + offset, row * esize);
+    // Slot s holds n_kv_heads rows of head_dim ([n_blocks, block_size] flattens to slots).
+    const uint64_t slot = static_cast<uint64_t>(slots[t]);
+    auto* kc = Map<uint8_t>(mem, a.k_cache + slot * a.n_kv_heads * k_head, a.n_kv_heads * k_head);
+    auto* vc = Map<uint8_t>(mem, a.v_cache + slot * a.n_kv_heads * v_head, a.n_kv_heads * v_head);
     if (!kc || !vc) return "kv slot outside the cache allocation";
-    for (int64_t i = 0; i < row; ++i) {
-      StoreCache(a.cache_dtype, kc, i, k[t * row + i]);
-      StoreCache(a.cache_dtype, vc, i, v[t * row + i]);
+    // Each head's row on its own: a block type's blocks never straddle two heads.
+    for (int64_t h = 0; h < a.n_kv_heads; ++h) {
+      QuantizeRow(kt, k + t * row + h * a.head_dim, kc + h * k_head, a.head_dim);
+      QuantizeRow(vt, v + t * row + h * a.head_dim, vc + h * v_head, a.head_dim);
     }
   }
   return nullptr;
+}
+
+pc_dtype_t KvStoreVDtype(const pc_kv_store_args_t& a) {
+  const bool has = a.struct_size >= offsetof(pc_kv_store_args_t, v_cache_dtype) + sizeof(pc_dtype_t);
+  return has ? a.v_cache_dtype : a.cache_dtype;
+}
+
+pc_dtype_t AttentionVDtype(const pc_attention_args_t& a) {
+  const bool has =
+      a.struct_size >= offsetof(pc_attention_args_t, v_cache_dtype) + sizeof(pc_dtype_t);
+  return has ? a.v_cache_dtype : a.cache_dtype;
 }
 
 int64_t AttentionWindow(const pc_attention_args_t& a) {
@@ -203,10 +205,12 @@ const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
   if (!q || !out || !qstart || !seq_lens || !tables) return kBadAddress;
   if (mem.validate_only) return nullptr;
   const int64_t group = a.n_heads / a.n_kv_heads;         // query heads per KV head
-  const int64_t kv_row = a.n_kv_heads * a.head_dim;       // elements per cached token
-  const int64_t block_bytes = a.block_size * kv_row * CacheElemBytes(a.cache_dtype);
-  std::vector<float> scores;
-  std::vector<const void*> k_blocks, v_blocks;
+  const pc_dtype_t kt = a.cache_dtype, vt = AttentionVDtype(a);
+  const int64_t k_head = RowBytes(kt, a.head_dim), v_head = RowBytes(vt, a.head_dim);
+  const int64_t k_block = a.block_size * a.n_kv_heads * k_head;  // bytes of one cache block
+  const int64_t v_block = a.block_size * a.n_kv_heads * v_head;
+  std::vector<float> scores, row(a.head_dim);
+  std::vector<const uint8_t*> k_blocks, v_blocks;
   for (int64_t s = 0; s < a.n_seqs; ++s) {
     const int64_t q0 = qstart[s], q1 = qstart[s + 1], len = seq_lens[s];
     const int64_t n_q = q1 - q0;
@@ -219,11 +223,17 @@ const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
     for (int64_t b = 0; b < n_blocks; ++b) {
       const int32_t block = tables[s * a.max_blocks_per_seq + b];
       if (block < 0) return "negative block index";
-      const uint64_t offset = static_cast<uint64_t>(block) * block_bytes;
-      k_blocks[b] = Map<const void>(mem, a.k_cache + offset, block_bytes);
-      v_blocks[b] = Map<const void>(mem, a.v_cache + offset, block_bytes);
+      k_blocks[b] = Map<const uint8_t>(mem, a.k_cache + uint64_t(block) * k_block, k_block);
+      v_blocks[b] = Map<const uint8_t>(mem, a.v_cache + uint64_t(block) * v_block, v_block);
       if (!k_blocks[b] || !v_blocks[b]) return "block index outside the cache allocation";
     }
+    // The row of KV head kvh at position p, dequantized into `row`.
+    auto load = [&](const std::vector<const uint8_t*>& blocks, pc_dtype_t dtype, int64_t head,
+                    int64_t p, int64_t kvh) {
+      const uint8_t* b = blocks[p / a.block_size];
+      DequantizeRow(dtype, b + ((p % a.block_size) * a.n_kv_heads + kvh) * head, row.data(),
+                    a.head_dim);
+    };
     for (int64_t j = 0; j < n_q; ++j) {
       const int64_t t = q0 + j;
       const int64_t last = len - n_q + j;  // causal: attend to positions first..last
@@ -234,12 +244,9 @@ const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
         const int64_t kvh = h / group;
         float max_score = -INFINITY;
         for (int64_t p = first; p <= last; ++p) {
-          const void* kb = k_blocks[p / a.block_size];
-          const int64_t base = (p % a.block_size) * kv_row + kvh * a.head_dim;
+          load(k_blocks, kt, k_head, p, kvh);
           float dot = 0;
-          for (int64_t d = 0; d < a.head_dim; ++d) {
-            dot += qv[d] * LoadCache(a.cache_dtype, kb, base + d);
-          }
+          for (int64_t d = 0; d < a.head_dim; ++d) dot += qv[d] * row[d];
           scores[p] = dot * a.scale;
           max_score = std::max(max_score, scores[p]);
         }
@@ -252,12 +259,9 @@ const char* RefKernel(const pc_attention_args_t& a, const DeviceMemory& mem) {
         float* o = out + (t * a.n_heads + h) * a.head_dim;  // [head_dim]
         for (int64_t d = 0; d < a.head_dim; ++d) o[d] = 0;
         for (int64_t p = first; p <= last; ++p) {
-          const void* vb = v_blocks[p / a.block_size];
-          const int64_t base = (p % a.block_size) * kv_row + kvh * a.head_dim;
+          load(v_blocks, vt, v_head, p, kvh);
           const float w = scores[p] / denom;
-          for (int64_t d = 0; d < a.head_dim; ++d) {
-            o[d] += w * LoadCache(a.cache_dtype, vb, base + d);
-          }
+          for (int64_t d = 0; d < a.head_dim; ++d) o[d] += w * row[d];
         }
       }
     }
@@ -401,10 +405,10 @@ const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem) {
 
 namespace {
 
-bool IsFloatType(pc_dtype_t t) { return IsCacheDtype(t); }
+// A weight's types: FP8_E4M3 is a KV cache type only (pc_common.h).
 bool Decodable(pc_dtype_t t) {
   const DtypeInfo* info = GetDtypeInfo(t);
-  return info != nullptr && (info->quantized || IsFloatType(t));
+  return info != nullptr && t != PC_DTYPE_FP8_E4M3 && (info->quantized || IsFloatType(t));
 }
 
 }  // namespace
@@ -444,15 +448,28 @@ const char* Validate(const pc_rope_args_t& a) {
   return nullptr;
 }
 
+namespace {
+
+const char* ValidateCacheDtypes(pc_dtype_t k, pc_dtype_t v, int64_t head_dim) {
+  if (!IsCacheDtype(k) || !IsCacheDtype(v)) return "unsupported cache dtype";
+  if (head_dim > 0 && (RowBytes(k, head_dim) < 0 || RowBytes(v, head_dim) < 0))
+    return "head_dim not a multiple of the cache dtype's block";
+  return nullptr;
+}
+
+}  // namespace
+
 const char* Validate(const pc_kv_store_args_t& a) {
-  if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
+  if (const char* why = ValidateCacheDtypes(a.cache_dtype, KvStoreVDtype(a), a.head_dim))
+    return why;
   if (a.n_tokens < 0 || a.n_kv_heads <= 0 || a.head_dim <= 0 || a.block_size <= 0)
     return "bad shape";
   return nullptr;
 }
 
 const char* Validate(const pc_attention_args_t& a) {
-  if (!IsCacheDtype(a.cache_dtype)) return "unsupported cache dtype";
+  if (const char* why = ValidateCacheDtypes(a.cache_dtype, AttentionVDtype(a), a.head_dim))
+    return why;
   if (a.n_tokens < 0 || a.n_seqs < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
       a.head_dim <= 0 || a.block_size <= 0 || a.max_blocks_per_seq < 0)
     return "bad shape";
@@ -528,8 +545,12 @@ bool RefSupports(const pc_op_query_t& q) {
     bool ok = true;
     int i = 0;
     decltype(t)::Dtypes([&](auto, const char*, DtypeKind kind) {
-      const pc_dtype_t d = q.dtypes[i++];
-      ok = ok && (kind == DtypeKind::kWeight ? Decodable(d) : IsCacheDtype(d));
+      pc_dtype_t d = q.dtypes[i++];
+      // V's cache dtype from a host older than 1.6: the same as K's.
+      if (kind == DtypeKind::kCache && i == 2 && d == PC_DTYPE_INVALID) d = q.dtypes[0];
+      ok = ok && (kind == DtypeKind::kWeight ? Decodable(d)
+                  : kind == DtypeKind::kCache ? IsCacheDtype(d)
+                                              : IsFloatType(d));
     });
     // An op without dtype members reads F32 activations only.
     if (i == 0) ok = q.dtypes[0] == PC_DTYPE_F32 || q.dtypes[0] == PC_DTYPE_INVALID;

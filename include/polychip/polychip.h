@@ -140,7 +140,8 @@ typedef struct polychip_model_params {
   const char* config_path;
   /* Further settings: `polychip serve`'s options by their config key, with the flag's checks
    * and defaults (docs/configuration.md): threads, context_length, max_total_tokens,
-   * mem_fraction_static, kv_cache_dtype (f16, bf16, f32, auto), max_running_requests,
+   * mem_fraction_static, kv_cache_dtype (f16, bf16, f32, q8_0, q4_0, fp8_e4m3, auto; K's and
+   * V's; kv_cache_dtype_k and kv_cache_dtype_v for one alone), max_running_requests,
    * chunked_prefill_size, page_size, disable_radix_cache (true/false, 1/0), ... An unknown key
    * or a bad value is INVALID_ARGUMENT. The backend's own parameters apply when it is first
    * loaded. */

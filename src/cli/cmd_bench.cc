@@ -41,6 +41,7 @@ struct BenchOptions {
   GivenFlags flags;  // the model and where it runs (launch/launch_options.h)
   int n_prompt = 128;
   int n_gen = 64;
+  int depth = 0;  // positions already in the cache before each test (llama-bench's -d)
   int reps = 3;
   int batch = 1;
   std::string output = "md";
@@ -49,8 +50,9 @@ struct BenchOptions {
 };
 
 struct Record {
-  std::string test;  // "pp128", "tg64", "pp128+tg64@16"
+  std::string test;  // "pp128", "tg64", "pp128+tg64@16", "tg64 @ d4096"
   int n_prompt = 0, n_gen = 0, n_seqs = 1;
+  int n_depth = 0;
   std::vector<double> ts;  // tokens/s per repetition
   std::vector<double> ns;  // nanoseconds per repetition
   // The plugin's per-op counters over the timed repetitions (absent without them), and the
@@ -107,20 +109,23 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
   }
   if (spec->model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
   if (Status s = launch::CheckModelPath(spec->model_path); !s.ok()) return Fail(s);
-  if (o.batch < 1 || o.reps < 1 || o.n_prompt < 0 || o.n_gen < 0)
-    return Fail(InvalidArgument("--batch, -r must be >= 1; -p, -n >= 0"));
+  if (o.batch < 1 || o.reps < 1 || o.n_prompt < 0 || o.n_gen < 0 || o.depth < 0)
+    return Fail(InvalidArgument("--batch, -r must be >= 1; -p, -n, -d >= 0"));
   const auto t0 = Clock::now();
   auto mf = model::OpenModelFile(spec->model_path);
   if (!mf.ok()) return Fail(mf.status());
 
-  // B sequences of n_prompt + n_gen positions, each owning its blocks.
+  // B sequences of depth + n_prompt + n_gen positions, each owning its blocks. The depth is
+  // prefilled in chunks of at most kDepthChunk tokens, untimed, before each repetition.
+  constexpr int kDepthChunk = 512;
   const int B = o.batch;
   const int64_t bs = spec->page_size;
-  spec->context_length = o.n_prompt + o.n_gen + 1;
+  spec->context_length = o.depth + o.n_prompt + o.n_gen + 1;
   const int64_t blocks_per_seq = (spec->context_length + bs - 1) / bs;
   spec->max_total_tokens = blocks_per_seq * bs * B;
   spec->max_running_requests = B;
-  spec->max_tokens_per_step = std::max<int64_t>({int64_t(o.n_prompt), int64_t(B), 1});
+  spec->max_tokens_per_step = std::max<int64_t>(
+      {int64_t(o.n_prompt), int64_t(B), int64_t(std::min(o.depth, kDepthChunk)), 1});
   spec->tp_size = spec->pp_size = 1;
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
@@ -151,19 +156,27 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
       tables[s].push_back(static_cast<int32_t>(s * blocks_per_seq + b));
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(r.vocab_size() - 1));
-  std::vector<int32_t> prompt(std::max(o.n_prompt, 1));
+  std::vector<int32_t> prompt(std::max(o.depth + o.n_prompt, 1));
   for (auto& t : prompt) t = tok(rng);
   std::vector<float> logits;
 
-  auto prefill = [&](int seq, int n) -> Status {
+  // Positions [start, start + n) of sequence `seq` in one step.
+  auto prefill = [&](int seq, int n, int start) -> Status {
     engine::SequenceStep st;
     st.seq_id = seq;
-    st.tokens = {prompt.data(), size_t(n)};
-    st.start_pos = 0;
+    st.tokens = {prompt.data() + start, size_t(n)};
+    st.start_pos = start;
     st.block_table = tables[seq];
     st.logits = engine::LogitsMode::kLast;
     apply_lora(st, seq);
     return r.Forward({&st, 1}, &logits);
+  };
+  // Positions [0, n) of every sequence, in chunks: the context a test starts from.
+  auto fill = [&](int n) -> Status {
+    for (int s = 0; s < B; ++s)
+      for (int p = 0; p < n; p += kDepthChunk)
+        PC_RETURN_IF_ERROR(prefill(s, std::min(kDepthChunk, n - p), p));
+    return Status::Ok();
   };
   // n steps of `seqs` sequences decoding together from position `start`.
   auto decode = [&](int seqs, int start, int n) -> Status {
@@ -211,31 +224,30 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
     records.push_back(std::move(rec));
     return Status::Ok();
   };
-  auto nothing = [] { return Status::Ok(); };
+  const int d = o.depth;
+  auto at_depth = [&] { return fill(d); };
+  const std::string suffix = d > 0 ? " @ d" + std::to_string(d) : "";
   if (B == 1) {
     if (o.n_prompt > 0) {
-      Record rec{"pp" + std::to_string(o.n_prompt), o.n_prompt, 0, 1, {}, {}};
+      Record rec{"pp" + std::to_string(o.n_prompt) + suffix, o.n_prompt, 0, 1, d, {}, {}};
       if (Status s =
-              measure(rec, nothing, [&] { return prefill(0, o.n_prompt); }, o.n_prompt, 1);
+              measure(rec, at_depth, [&] { return prefill(0, o.n_prompt, d); }, o.n_prompt, 1);
           !s.ok())
         return Fail(s);
     }
     if (o.n_gen > 0) {
-      Record rec{"tg" + std::to_string(o.n_gen), 0, o.n_gen, 1, {}, {}};
+      Record rec{"tg" + std::to_string(o.n_gen) + suffix, 0, o.n_gen, 1, d, {}, {}};
       if (Status s =
-              measure(rec, nothing, [&] { return decode(1, 0, o.n_gen); }, o.n_gen, o.n_gen);
+              measure(rec, at_depth, [&] { return decode(1, d, o.n_gen); }, o.n_gen, o.n_gen);
           !s.ok())
         return Fail(s);
     }
   } else {
     Record rec{"pp" + std::to_string(o.n_prompt) + "+tg" + std::to_string(o.n_gen) + "@" +
-                   std::to_string(B),
-               o.n_prompt, o.n_gen, B, {}, {}};
-    auto setup = [&]() -> Status {
-      for (int s = 0; s < B && o.n_prompt > 0; ++s) PC_RETURN_IF_ERROR(prefill(s, o.n_prompt));
-      return Status::Ok();
-    };
-    if (Status s = measure(rec, setup, [&] { return decode(B, o.n_prompt, o.n_gen); },
+                   std::to_string(B) + suffix,
+               o.n_prompt, o.n_gen, B, d, {}, {}};
+    auto setup = [&]() -> Status { return fill(d + o.n_prompt); };
+    if (Status s = measure(rec, setup, [&] { return decode(B, d + o.n_prompt, o.n_gen); },
                            o.n_gen * B, o.n_gen);
         !s.ok())
       return Fail(s);
@@ -276,8 +288,10 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
                      {"n_prompt", rec.n_prompt},
                      {"n_gen", rec.n_gen},
                      {"n_seqs", rec.n_seqs},
+                     {"n_depth", rec.n_depth},
                      {"test", rec.test},
-                     {"type_k", spec->kv_cache_dtype},
+                     {"type_k", model::KvCacheDtypeName(launch::KvCacheDtypesOf(*spec).k)},
+                     {"type_v", model::KvCacheDtypeName(launch::KvCacheDtypesOf(*spec).v)},
                      {"load_s", load_s},
                      {"avg_ns", Mean(rec.ns)},
                      {"stddev_ns", Stdev(rec.ns)},
@@ -306,6 +320,8 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& globals) {
   AddLaunchOptions(app, launch::kScopeModel, &o->flags);
   app.add_option("-p,--n-prompt", o->n_prompt, "prompt tokens (default 128; 0 skips pp)");
   app.add_option("-n,--n-gen", o->n_gen, "generated tokens (default 64; 0 skips tg)");
+  app.add_option("-d,--n-depth", o->depth,
+                 "tokens already in the KV cache before each test (default 0), as llama-bench's -d");
   app.add_option("-r,--repetitions", o->reps, "timed repetitions after a warm-up (default 3)");
   app.add_option("--batch", o->batch, "sequences decoding together (default 1)");
   app.add_option("-o,--output", o->output, "md (default) or json")

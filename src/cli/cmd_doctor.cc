@@ -64,7 +64,7 @@ int PrintModelCoverage(std::ostream& out, const DoctorOptions& o,
         << d.op_fallback()->device().physical_id();
   }
   out << "\n\n";
-  const auto rows = model::CheckCoverage(d, model::RequiredOps(**file, *config, *kv));
+  const auto rows = model::CheckCoverage(d, model::RequiredOps(**file, *config, {*kv, *kv}));
   std::istringstream table(model::FormatCoverage(rows));
   for (std::string line; std::getline(table, line);) out << "  " << line << "\n";
   const Status status = model::CoverageStatus(d, rows);
@@ -161,7 +161,8 @@ std::function<int()> SetupDoctor(CLI::App& app, const GlobalOptions& globals) {
   auto o = std::make_shared<DoctorOptions>();
   app.add_option("--model-path,-m", o->model_path,
                  "also print this model's op coverage on the device (--device, --op-fallback)");
-  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type, "KV cache type of the coverage (f16)");
+  app.add_option("--kv-type,--kv-cache-dtype", o->kv_type,
+                 "KV cache type of the coverage (f16; bf16, f32, q8_0, q4_0, fp8_e4m3)");
   return [o, &globals] { return RunDoctor(*o, globals); };
 }
 

@@ -162,7 +162,7 @@ int Serve(const GlobalOptions& globals, const ServeCli& cli) {
   };
   so.server_info = {{"model_path", spec.model_path}, {"schedule_policy", spec.schedule_policy},
                     {"device", spec.device}, {"threads", spec.threads},
-                    {"kv_cache_dtype", spec.kv_cache_dtype}, {"tp_size", spec.tp_size},
+                    {"kv_cache_dtype", model::KvCacheDtypesText(launch::KvCacheDtypesOf(spec))}, {"tp_size", spec.tp_size},
                     {"pp_size", spec.pp_size}, {"nnodes", spec.dist.nnodes},
                     {"max_total_tokens", resolved->kv.kv_tokens},
                     {"speculative_algorithm",

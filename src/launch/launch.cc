@@ -56,9 +56,14 @@ StatusOr<runtime::RuntimeConfig> RuntimeConfigOf(const LaunchSpec& spec) {
 }
 
 Status Validate(const LaunchSpec& spec) {
-  if (!DTypeFromName(spec.kv_cache_dtype)) {
-    return InvalidArgument("unknown KV cache type '" + spec.kv_cache_dtype +
-                           "' (f16, bf16, f32 or auto)");
+  for (const std::string* t : {&spec.kv_cache_dtype, &spec.kv_cache_dtype_k,
+                                &spec.kv_cache_dtype_v}) {
+    if (t->empty() && t != &spec.kv_cache_dtype) continue;
+    const std::optional<DType> d = DTypeFromName(*t);
+    if (!d || !model::IsKvCacheDtype(*d)) {
+      return InvalidArgument("unknown KV cache type '" + *t +
+                             "' (f16, bf16, f32, q8_0, q4_0, fp8_e4m3 or auto)");
+    }
   }
   if (spec.pooling != "mean" && spec.pooling != "last") {
     return InvalidArgument("--pooling must be mean or last, not '" + spec.pooling + "'");
@@ -87,13 +92,22 @@ Status Validate(const LaunchSpec& spec) {
   return Status::Ok();
 }
 
-uint64_t KvTokenBytes(const model::ModelConfig& cfg, DType kv_dtype, double swa_ratio, int tp_size,
-                      int pp_size) {
-  // A token of the main pool costs every layer's K and V, less the sliding layers' share
-  // beyond the window pool's ratio (where that pool is used).
-  const double per_layer = double(cfg.n_head_kv) *
-                           (cfg.head_dim + std::max(cfg.head_dim_v, cfg.head_dim)) *
-                           RowBytes(kv_dtype, 1);
+model::KvCacheDtypes KvCacheDtypesOf(const LaunchSpec& spec) {
+  auto of = [&](const std::string& t) {
+    return *DTypeFromName(t.empty() ? spec.kv_cache_dtype : t);
+  };
+  return {of(spec.kv_cache_dtype_k), of(spec.kv_cache_dtype_v)};
+}
+
+uint64_t KvTokenBytes(const model::ModelConfig& cfg, const model::KvCacheDtypes& kv_dtypes,
+                      double swa_ratio, int tp_size, int pp_size) {
+  // A token of the main pool costs every layer's K and V rows in their types (a block type's
+  // scales included), less the sliding layers' share beyond the window pool's ratio (where that
+  // pool is used). A head size the type cannot split is refused later, by the runner.
+  const int64_t k_row = model::KvRowBytes(kv_dtypes.k, cfg.n_head_kv, cfg.head_dim);
+  const int64_t v_row =
+      model::KvRowBytes(kv_dtypes.v, cfg.n_head_kv, std::max(cfg.head_dim_v, cfg.head_dim));
+  const double per_layer = double(std::max<int64_t>(k_row, 1) + std::max<int64_t>(v_row, 1));
   const double ratio = std::clamp(swa_ratio, 0.0, 1.0);
   const int64_t sliding = ratio > 0 ? cfg.NumSlidingLayers() : 0;
   const double all = per_layer * (double(cfg.n_layer - sliding) + ratio * double(sliding));
@@ -110,13 +124,13 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
   r.parallel.tp_size = spec.tp_size;
   r.parallel.pp_size = spec.pp_size;
   r.parallel.launch = spec.dist;
-  const DType kv_dtype = *DTypeFromName(spec.kv_cache_dtype);
+  const model::KvCacheDtypes kv_dtypes = KvCacheDtypesOf(spec);
   const model::ModelConfig& cfg = model.config;
   const int ranks = spec.tp_size * spec.pp_size;
 
   KvSizing& kv = r.kv;
   kv.token_bytes =
-      KvTokenBytes(cfg, kv_dtype, spec.swa_full_tokens_ratio, spec.tp_size, spec.pp_size);
+      KvTokenBytes(cfg, kv_dtypes, spec.swa_full_tokens_ratio, spec.tp_size, spec.pp_size);
 
   // Speculative decoding. A draft model on the model's device takes its weights from the KV
   // budget, and keeps as many KV tokens as the model (each budgeted token pays for both).
@@ -140,7 +154,7 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
     PC_ASSIGN_OR_RETURN(auto draft_file, model::GgufFile::Open(spec.speculative_draft_model));
     PC_ASSIGN_OR_RETURN(model::ModelConfig draft_cfg, model::ModelConfig::FromGguf(*draft_file));
     if (spec.speculative_draft_device.empty()) {
-      kv.token_bytes += KvTokenBytes(draft_cfg, kv_dtype, 0, 1, 1);
+      kv.token_bytes += KvTokenBytes(draft_cfg, kv_dtypes, 0, 1, 1);
       for (const model::GgufTensor& t : draft_file->tensors()) draft_weight_bytes += t.n_bytes;
     }
   }
@@ -199,7 +213,7 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
   ro.context_length = kv.context_length;
   ro.kv_tokens = kv.kv_tokens;
   ro.block_size = spec.page_size;
-  ro.kv_dtype = kv_dtype;
+  ro.kv_dtypes = kv_dtypes;
   ro.swa_full_tokens_ratio = spec.swa_full_tokens_ratio;
   ro.max_loras = spec.max_loras_per_batch;
   ro.max_tokens_per_step = spec.max_tokens_per_step > 0 ? spec.max_tokens_per_step

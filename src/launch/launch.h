@@ -35,7 +35,9 @@ struct LaunchSpec {
   std::string config_path;  // --config FILE.yaml
   std::string op_fallback;  // --op-fallback BACKEND ("none" turns the config's off)
   int threads = 0;          // the cpu plugin's threads; 0: its own choice
-  std::string kv_cache_dtype = "f16";
+  std::string kv_cache_dtype = "f16";  // K's and V's
+  std::string kv_cache_dtype_k;        // empty: kv_cache_dtype
+  std::string kv_cache_dtype_v;        // empty: kv_cache_dtype
   int tp_size = 1;
   int pp_size = 1;
   dist::LaunchFlags dist;  // multi-node launch and comm pins
@@ -130,8 +132,11 @@ Status Validate(const LaunchSpec& spec);
 
 // The KV cache's bytes per token for `config` on one rank of tp x pp (K and V of every layer,
 // sliding layers at the window pool's ratio).
-uint64_t KvTokenBytes(const model::ModelConfig& config, DType kv_dtype, double swa_ratio,
-                      int tp_size, int pp_size);
+uint64_t KvTokenBytes(const model::ModelConfig& config, const model::KvCacheDtypes& kv_dtypes,
+                      double swa_ratio, int tp_size, int pp_size);
+
+// K's and V's KV cache types of a spec that passed Validate.
+model::KvCacheDtypes KvCacheDtypesOf(const LaunchSpec& spec);
 
 // Decides everything. `device`: the device the runner will use (its free memory sizes the KV
 // cache); may be null when the spec fixes the KV size (max_total_tokens > 0), else the

@@ -180,16 +180,34 @@ std::vector<Option> MakeOptions() {
                   "loaded on demand, the least recently used out)",
                   kModel, PC_FIELD(max_loras_per_batch), 1, 1024));
   {
-    Option o = Text("kv-cache-dtype", {"--kv-type"},
-                    "KV cache element type: f16, bf16, f32, or auto (f16)", kModel,
-                    PC_FIELD(kv_cache_dtype), {"auto", "f16", "bf16", "f32"});
-    auto set = o.set;
-    o.set = [set](LaunchSpec& s, const std::string& v) -> Status {
-      PC_RETURN_IF_ERROR(set(s, v));
-      if (v == "auto") s.kv_cache_dtype = "f16";
-      return Status::Ok();
+    // auto is f16 (as llama.cpp's default), fp8 is fp8_e4m3 (as vLLM's).
+    const std::vector<std::string> kv_types = {"auto", "f16",  "bf16",     "f32",
+                                               "q8_0", "q4_0", "fp8_e4m3", "fp8"};
+    auto canonical = [](std::string v) {
+      return v == "auto" ? std::string("f16") : v == "fp8" ? std::string("fp8_e4m3") : v;
     };
-    t.push_back(std::move(o));
+    Option o = Text("kv-cache-dtype", {"--kv-type"},
+                    "KV cache element type of K and V: f16, bf16, f32, q8_0, q4_0, fp8_e4m3 "
+                    "(fp8), or auto (f16)",
+                    kModel, PC_FIELD(kv_cache_dtype), kv_types);
+    Option k = Text("kv-cache-dtype-k", {"--cache-type-k"},
+                    "K's KV cache type (as --kv-cache-dtype; default: --kv-cache-dtype)", kModel,
+                    PC_FIELD(kv_cache_dtype_k), kv_types);
+    Option v = Text("kv-cache-dtype-v", {"--cache-type-v"},
+                    "V's KV cache type (as --kv-cache-dtype; default: --kv-cache-dtype)", kModel,
+                    PC_FIELD(kv_cache_dtype_v), kv_types);
+    for (const auto& row : {std::pair{&o, &LaunchSpec::kv_cache_dtype},
+                            {&k, &LaunchSpec::kv_cache_dtype_k},
+                            {&v, &LaunchSpec::kv_cache_dtype_v}}) {
+      Option* option = row.first;
+      auto set = option->set;
+      option->set = [set, canonical, member = row.second](LaunchSpec& s, const std::string& value) {
+        PC_RETURN_IF_ERROR(set(s, value));
+        s.*member = canonical(value);
+        return Status::Ok();
+      };
+      t.push_back(std::move(*option));
+    }
   }
   t.push_back(Text("log-level", {}, "trace, debug, info, warn, error, critical or off", kModel,
                    PC_FIELD(log_level),

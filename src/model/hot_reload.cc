@@ -285,7 +285,7 @@ ReloadOutcome ReloadableRunner::Reload(const runtime::PluginSpec& spec) {
     co.plugin_path = *path;
     co.device = runtime_config_.devices.empty() ? 0 : runtime_config_.devices.front();
     co.params = spec.params;
-    co.filter = ConformanceFilter(RequiredOps(file_, config_, options_.kv_dtype));
+    co.filter = ConformanceFilter(RequiredOps(file_, config_, options_.kv_dtypes));
     stage = "conformance";
     auto report = runtime::conformance::Run(co);
     if (!report.ok()) {

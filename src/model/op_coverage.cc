@@ -39,6 +39,9 @@ bool Supported(const runtime::Device& device, const OpUse& use) {
 
 std::string OpUse::DtypeText() const {
   if (dtypes.empty()) return "f32";
+  // The KV ops' {K, V}: "q8_0" when they agree, else "k=q8_0 v=f16".
+  if ((op == runtime::Op::kKvStore || op == runtime::Op::kAttention) && dtypes.size() == 2)
+    return KvCacheDtypesText({dtypes[0], dtypes[1]});
   std::string s;
   for (DType d : dtypes) s += (s.empty() ? "" : "->") + Lower(DTypeName(d));
   return s;
@@ -67,8 +70,9 @@ class Recorder final : public Launcher {
 
 #define PC_DT(member, role, kind) dtypes.push_back(a.member);
 #define PC_LAYOUT(member)
-#define PC_M(type, m, since) \
-  if (Newer(since, kOpSince) && a.m != decltype(a.m){}) minor = std::max<uint32_t>(minor, since);
+#define PC_M(type, m, since)                                                          \
+  if (Newer(since, kOpSince) && a.m != decltype(a.m){} && !runtime::ReadsAsAbsent(a, #m)) \
+    minor = std::max<uint32_t>(minor, since);
 #define PC_PTR(m, access, bytes, since) \
   PC_M(DevPtr, m, since)                \
   operands.push_back(a.m);
@@ -228,7 +232,7 @@ ModelWeights PlaceWeights(const GgufFile& file, const ModelConfig& c, Recorder& 
 
 }  // namespace
 
-std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType kv_dtype,
+std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, KvCacheDtypes kv_dtypes,
                                bool tensor_parallel) {
   Recorder rec;
   const ModelWeights w = PlaceWeights(file, c, rec);
@@ -252,7 +256,7 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, DType
   b.gate = rec.Place("feed-forward gate", false);
   b.up = rec.Place("feed-forward up", false);
   KvCacheView kv;
-  kv.dtype = kv_dtype;
+  kv.dtypes = kv_dtypes;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     kv.k.push_back(rec.Place(LayerTensorName(l, "k_cache"), true));
     kv.v.push_back(rec.Place(LayerTensorName(l, "v_cache"), true));

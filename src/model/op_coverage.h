@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "model/kv_cache_dtypes.h"
 #include "model/model_config.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -25,12 +26,13 @@ struct OpUse {
   // The ABI minor of the newest member its launches set (ATTENTION's window: 4); a plugin older
   // than that cannot run them (runtime::Launch refuses, the fallback takes them).
   uint32_t abi_minor = 0;
-  std::string DtypeText() const;   // "q4_0", "f16", "f32"
+  std::string DtypeText() const;   // "q4_0", "f16", "f32", "k=q8_0 v=f16"
 };
 
 // The launches of the transformer (transformer.cc) for this model: `tensor_parallel` adds the
 // ADD of the reduced residual.
-std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& config, DType kv_dtype,
+std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& config,
+                               KvCacheDtypes kv_dtypes,
                                bool tensor_parallel = false);
 
 enum class OpState { kSupported, kFallback, kMissing };

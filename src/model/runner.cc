@@ -22,8 +22,6 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Sub-arrays of the packed index buffer start on 64-element (256-byte) boundaries.
 int64_t Align64(int64_t n) { return CeilDiv(n, 64) * 64; }
 
-int64_t ElementBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
-
 }  // namespace
 
 TransformerRunner::TransformerRunner(ModelConfig config, std::shared_ptr<runtime::Device> device,
@@ -47,10 +45,7 @@ StatusOr<std::unique_ptr<TransformerRunner>> TransformerRunner::Create(
 Status TransformerRunner::Init(const GgufFile& file) {
   const ModelConfig& c = config_;
   RunnerOptions& o = options_;
-  if (o.kv_dtype != DType::kF16 && o.kv_dtype != DType::kF32 && o.kv_dtype != DType::kBF16) {
-    return InvalidArgument(std::string("KV cache type must be F16, F32 or BF16, not ") +
-                           DTypeName(o.kv_dtype));
-  }
+  PC_RETURN_IF_ERROR(CheckKvCacheDtypes(o.kv_dtypes, c.head_dim, c.head_dim));
   if (o.block_size <= 0 || o.max_tokens_per_step <= 0 || o.max_logit_rows <= 0) {
     return InvalidArgument("block size, tokens per step and logit rows must be positive");
   }
@@ -99,7 +94,7 @@ Status TransformerRunner::Init(const GgufFile& file) {
   // Before anything is allocated: every op this model launches, asked of the device (and of
   // its fallback device); a gap is one error naming the ops and the tensors that need them.
   const std::vector<CoverageRow> coverage =
-      CheckCoverage(*device_, RequiredOps(file, config_, o.kv_dtype, tp.size > 1));
+      CheckCoverage(*device_, RequiredOps(file, config_, o.kv_dtypes, tp.size > 1));
   PC_RETURN_IF_ERROR(CoverageStatus(*device_, coverage));
   std::string fallen_back;
   for (const CoverageRow& r : coverage) {
@@ -134,8 +129,12 @@ Status TransformerRunner::Init(const GgufFile& file) {
   // KV cache: per layer, K and V of [n_blocks, block_size, n_head_kv, head_dim]; a sliding
   // layer with the window pool has its blocks plus a spare one, zeroed, that released blocks'
   // table entries point to (the window masks what it holds; it is never written).
-  const uint64_t kv_block_bytes =
-      uint64_t(o.block_size) * c.n_head_kv * c.head_dim * ElementBytes(o.kv_dtype);
+  // K's and V's blocks differ in size when their types do.
+  const uint64_t k_block_bytes =
+      uint64_t(o.block_size) * KvRowBytes(o.kv_dtypes.k, c.n_head_kv, c.head_dim);
+  const uint64_t v_block_bytes =
+      uint64_t(o.block_size) * KvRowBytes(o.kv_dtypes.v, c.n_head_kv, c.head_dim);
+  const uint64_t kv_block_bytes = std::max(k_block_bytes, v_block_bytes);
   // A layer's K (or V) is one operand of ATTENTION, so one allocation: no more blocks than the
   // device's max single allocation holds (the sliding layers' pool keeps a spare block).
   const uint64_t max_alloc = device_->props().max_alloc_size;
@@ -150,7 +149,7 @@ Status TransformerRunner::Init(const GgufFile& file) {
     }
     if (num_window_blocks_ + 1 > fit) num_window_blocks_ = fit - 1;
   }
-  kv_.dtype = o.kv_dtype;
+  kv_.dtypes = o.kv_dtypes;
   kv_.block_size = o.block_size;
   kv_.window_pool = num_window_blocks_ > 0;
   for (int64_t l = 0; l < c.n_layer; ++l) {
@@ -160,13 +159,13 @@ Status TransformerRunner::Init(const GgufFile& file) {
       continue;
     }
     const bool windowed = kv_.window_pool && c.IsSlidingLayer(l);
-    const uint64_t kv_layer_bytes =
-        uint64_t(windowed ? num_window_blocks_ + 1 : num_blocks_) * kv_block_bytes;
-    for (auto* list : {&kv_.k, &kv_.v}) {
+    const uint64_t layer_blocks = uint64_t(windowed ? num_window_blocks_ + 1 : num_blocks_);
+    for (auto [list, block_bytes] : {std::pair{&kv_.k, k_block_bytes}, {&kv_.v, v_block_bytes}}) {
+      const uint64_t kv_layer_bytes = layer_blocks * block_bytes;
       PC_ASSIGN_OR_RETURN(PoolBuffer b, PoolBuffer::Allocate(pool_, kv_layer_bytes));
       if (windowed) {
-        PC_RETURN_IF_ERROR(stream_->Memset(b.ptr() + num_window_blocks_ * kv_block_bytes, 0,
-                                           kv_block_bytes));
+        PC_RETURN_IF_ERROR(
+            stream_->Memset(b.ptr() + num_window_blocks_ * block_bytes, 0, block_bytes));
       }
       list->push_back(b.ptr());
       kv_buffers_.push_back(std::move(b));

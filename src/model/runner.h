@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/model_runner.h"
+#include "model/kv_cache_dtypes.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
@@ -32,7 +33,8 @@ struct RunnerOptions {
   // main one: those layers share the main blocks (callers that build steps without the engine
   // must leave it 0). Never below what one sequence needs to make progress.
   double swa_full_tokens_ratio = 0;
-  DType kv_dtype = DType::kF16;      // F16 (default, as llama.cpp), F32 or BF16
+  // K's and V's: F16 (default, as llama.cpp), F32, BF16, Q8_0, Q4_0 or FP8_E4M3
+  KvCacheDtypes kv_dtypes;
   int64_t max_tokens_per_step = 512; // activation workspace rows
   int64_t max_logit_rows = 64;       // logits computed per output launch
   uint64_t arena_bytes = 64ull << 20;  // memory pool arena size

@@ -236,7 +236,8 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     store.v_cache = kv.v[l];
     const bool own_pool = sliding && kv.window_pool;
     store.slots = own_pool ? in.window_slots : in.slots;
-    store.cache_dtype = kv.dtype;
+    store.cache_dtype = kv.dtypes.k;
+    store.v_cache_dtype = kv.dtypes.v;
     store.n_tokens = T;
     store.n_kv_heads = c.n_head_kv;
     store.head_dim = c.head_dim;
@@ -251,7 +252,8 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     att.query_start = in.query_start;
     att.seq_lens = in.seq_lens;
     att.block_tables = own_pool ? in.window_block_tables : in.block_tables;
-    att.cache_dtype = kv.dtype;
+    att.cache_dtype = kv.dtypes.k;
+    att.v_cache_dtype = kv.dtypes.v;
     att.n_tokens = T;
     att.n_seqs = in.n_seqs;
     att.n_heads = c.n_head;

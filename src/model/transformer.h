@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/kv_cache_dtypes.h"
 #include "model/lora.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
@@ -74,7 +75,7 @@ class StreamLauncher final : public Launcher {
 // StepInputs' window_slots and window_block_tables.
 struct KvCacheView {
   std::vector<runtime::DevPtr> k, v;  // [n_layer]
-  DType dtype = DType::kF16;
+  KvCacheDtypes dtypes;  // K's and V's element types
   int64_t block_size = 16;
   bool window_pool = false;
 };

@@ -30,6 +30,7 @@ enum class DType : int32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  kFP8_E4M3 = 100,  // KV caches only: MX blocks of 32 (pc_common.h); not a GGUF type
 };
 
 // False for numbers that are not a known type (e.g. from a corrupt GGUF file).

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "polychip/sdk/op_list.h"
+#include "polychip/sdk/ref_kernels.h"
 #include "runtime/abi_internal.h"
 #include "runtime/log.h"
 #include "runtime/ops.h"
@@ -245,8 +246,10 @@ Status OpFallback::LaunchKvStore(Stream& stream, const void* raw) {
   pc_kv_store_args_t a = *static_cast<const pc_kv_store_args_t*>(raw);
   const int64_t n = a.n_tokens;
   if (n <= 0) return Status::Ok();
-  const int64_t elem = a.cache_dtype == PC_DTYPE_F32 ? 4 : 2;
-  const uint64_t row_bytes = static_cast<uint64_t>(a.n_kv_heads * a.head_dim * elem);
+  // Bytes of one slot (every KV head's row) of each cache.
+  const uint64_t k_bytes = uint64_t(a.n_kv_heads * sdk::RowBytes(a.cache_dtype, a.head_dim));
+  const uint64_t v_bytes =
+      uint64_t(a.n_kv_heads * sdk::RowBytes(sdk::KvStoreVDtype(a), a.head_dim));
   const uint64_t in_bytes = static_cast<uint64_t>(n * a.n_kv_heads * a.head_dim * 4);
   std::vector<int32_t> slots(n);
   PC_RETURN_IF_ERROR(stream.CopyD2H(slots.data(), a.slots, n * 4));
@@ -256,8 +259,8 @@ Status OpFallback::LaunchKvStore(Stream& stream, const void* raw) {
   std::vector<int32_t> identity(n);
   for (int64_t t = 0; t < n; ++t) identity[t] = slots[t] < 0 ? -1 : static_cast<int32_t>(t);
   PC_ASSIGN_OR_RETURN(auto slot_buf, fallback_->Allocate(n * 4));
-  PC_ASSIGN_OR_RETURN(auto k_rows, fallback_->Allocate(n * row_bytes));
-  PC_ASSIGN_OR_RETURN(auto v_rows, fallback_->Allocate(n * row_bytes));
+  PC_ASSIGN_OR_RETURN(auto k_rows, fallback_->Allocate(n * k_bytes));
+  PC_ASSIGN_OR_RETURN(auto v_rows, fallback_->Allocate(n * v_bytes));
   PC_RETURN_IF_ERROR(stream_->CopyH2D(slot_buf->ptr(), identity.data(), n * 4));
   const pc_devptr_t k_cache = a.k_cache, v_cache = a.v_cache;
   a.k = k->ptr();
@@ -267,7 +270,7 @@ Status OpFallback::LaunchKvStore(Stream& stream, const void* raw) {
   a.slots = slot_buf->ptr();
   a.block_size = 1;
   PC_RETURN_IF_ERROR(LaunchOnStream(*stream_, PC_OP_KV_STORE, &a));
-  std::vector<uint8_t> k_out(n * row_bytes), v_out(n * row_bytes);
+  std::vector<uint8_t> k_out(n * k_bytes), v_out(n * v_bytes);
   PC_RETURN_IF_ERROR(stream_->CopyD2H(k_out.data(), k_rows->ptr(), k_out.size()));
   PC_RETURN_IF_ERROR(stream_->CopyD2H(v_out.data(), v_rows->ptr(), v_out.size()));
   PC_RETURN_IF_ERROR(stream_->Synchronize());
@@ -275,9 +278,9 @@ Status OpFallback::LaunchKvStore(Stream& stream, const void* raw) {
   Stream& main = stream;
   for (int64_t t = 0; t < n; ++t) {
     if (slots[t] < 0) continue;
-    const uint64_t offset = static_cast<uint64_t>(slots[t]) * row_bytes;
-    PC_RETURN_IF_ERROR(main.CopyH2D(k_cache + offset, &k_out[t * row_bytes], row_bytes));
-    PC_RETURN_IF_ERROR(main.CopyH2D(v_cache + offset, &v_out[t * row_bytes], row_bytes));
+    const uint64_t slot = static_cast<uint64_t>(slots[t]);
+    PC_RETURN_IF_ERROR(main.CopyH2D(k_cache + slot * k_bytes, &k_out[t * k_bytes], k_bytes));
+    PC_RETURN_IF_ERROR(main.CopyH2D(v_cache + slot * v_bytes, &v_out[t * v_bytes], v_bytes));
   }
   return main.Synchronize();
 }
@@ -288,9 +291,11 @@ Status OpFallback::LaunchAttention(Stream& stream, const void* raw) {
   pc_attention_args_t a = *static_cast<const pc_attention_args_t*>(raw);
   if (a.n_tokens <= 0 || a.n_seqs <= 0) return Status::Ok();
   Stream& main = stream;
-  const int64_t elem = a.cache_dtype == PC_DTYPE_F32 ? 4 : 2;
-  const uint64_t block_bytes =
-      static_cast<uint64_t>(a.block_size * a.n_kv_heads * a.head_dim * elem);
+  // Bytes of one block of each cache.
+  const uint64_t k_block =
+      uint64_t(a.block_size * a.n_kv_heads * sdk::RowBytes(a.cache_dtype, a.head_dim));
+  const uint64_t v_block =
+      uint64_t(a.block_size * a.n_kv_heads * sdk::RowBytes(sdk::AttentionVDtype(a), a.head_dim));
   std::vector<int32_t> seq_lens(a.n_seqs), query_start(a.n_seqs + 1);
   std::vector<int32_t> tables(a.n_seqs * a.max_blocks_per_seq);
   PC_RETURN_IF_ERROR(main.CopyD2H(seq_lens.data(), a.seq_lens, seq_lens.size() * 4));
@@ -307,24 +312,25 @@ Status OpFallback::LaunchAttention(Stream& stream, const void* raw) {
       entry = it->second;
     }
   }
-  const uint64_t cache_bytes = std::max<uint64_t>(compact.size() * block_bytes, 1);
-  std::vector<uint8_t> k_host(cache_bytes), v_host(cache_bytes);
+  const uint64_t k_cache_bytes = std::max<uint64_t>(compact.size() * k_block, 1);
+  const uint64_t v_cache_bytes = std::max<uint64_t>(compact.size() * v_block, 1);
+  std::vector<uint8_t> k_host(k_cache_bytes), v_host(v_cache_bytes);
   for (auto [real, index] : compact) {
-    const uint64_t from = static_cast<uint64_t>(real) * block_bytes;
-    PC_RETURN_IF_ERROR(main.CopyD2H(&k_host[index * block_bytes], a.k_cache + from, block_bytes));
-    PC_RETURN_IF_ERROR(main.CopyD2H(&v_host[index * block_bytes], a.v_cache + from, block_bytes));
+    const uint64_t block = static_cast<uint64_t>(real);
+    PC_RETURN_IF_ERROR(main.CopyD2H(&k_host[index * k_block], a.k_cache + block * k_block, k_block));
+    PC_RETURN_IF_ERROR(main.CopyD2H(&v_host[index * v_block], a.v_cache + block * v_block, v_block));
   }
   const uint64_t q_bytes = static_cast<uint64_t>(a.n_tokens * a.n_heads * a.head_dim * 4);
   std::vector<uint8_t> q_host;
   PC_ASSIGN_OR_RETURN(auto q, StageIn(stream, *stream_, *fallback_, a.q, q_bytes, &q_host));
-  PC_ASSIGN_OR_RETURN(auto k_cache, fallback_->Allocate(cache_bytes));
-  PC_ASSIGN_OR_RETURN(auto v_cache, fallback_->Allocate(cache_bytes));
+  PC_ASSIGN_OR_RETURN(auto k_cache, fallback_->Allocate(k_cache_bytes));
+  PC_ASSIGN_OR_RETURN(auto v_cache, fallback_->Allocate(v_cache_bytes));
   PC_ASSIGN_OR_RETURN(auto out, fallback_->Allocate(q_bytes));
   PC_ASSIGN_OR_RETURN(auto lens, fallback_->Allocate(seq_lens.size() * 4));
   PC_ASSIGN_OR_RETURN(auto starts, fallback_->Allocate(query_start.size() * 4));
   PC_ASSIGN_OR_RETURN(auto table_buf, fallback_->Allocate(std::max<size_t>(tables.size() * 4, 4)));
-  PC_RETURN_IF_ERROR(stream_->CopyH2D(k_cache->ptr(), k_host.data(), cache_bytes));
-  PC_RETURN_IF_ERROR(stream_->CopyH2D(v_cache->ptr(), v_host.data(), cache_bytes));
+  PC_RETURN_IF_ERROR(stream_->CopyH2D(k_cache->ptr(), k_host.data(), k_cache_bytes));
+  PC_RETURN_IF_ERROR(stream_->CopyH2D(v_cache->ptr(), v_host.data(), v_cache_bytes));
   PC_RETURN_IF_ERROR(stream_->CopyH2D(lens->ptr(), seq_lens.data(), seq_lens.size() * 4));
   PC_RETURN_IF_ERROR(stream_->CopyH2D(starts->ptr(), query_start.data(), query_start.size() * 4));
   PC_RETURN_IF_ERROR(stream_->CopyH2D(table_buf->ptr(), tables.data(), tables.size() * 4));

@@ -40,6 +40,11 @@ std::vector<Op> AllOps() {
 bool AskOpSupports(const Device& device, const pc_op_query_t& q) {
   // The query's layout member came in 1.2: an older plugin would answer for the GGUF layout.
   if (q.layout != kLayoutGguf && device.backend()->abi_minor() < 2) return false;
+  // V's cache dtype came in 1.6: an older plugin reads K's for both, so it can only be asked
+  // about a pair of equal types.
+  if ((q.op == PC_OP_KV_STORE || q.op == PC_OP_ATTENTION) && device.backend()->abi_minor() < 6 &&
+      q.dtypes[1] != PC_DTYPE_INVALID && q.dtypes[1] != q.dtypes[0])
+    return false;
   const pc_backend_iface_t* t = TableOf(*device.backend());
   return t->op_supports(static_cast<pc_device_t*>(device.raw()), &q) != 0;
 }
@@ -65,6 +70,7 @@ const char* NewerMemberInUse(pc_op_t op, const void* args, uint32_t minor) {
     const char* found = nullptr;
     auto check = [&](const char* name, uint32_t since, size_t offset, size_t size) {
       if (found != nullptr || since <= T::kSince || since <= minor) return;
+      if (ReadsAsAbsent(*static_cast<const typename T::Args*>(args), name)) return;
       const auto* bytes = static_cast<const uint8_t*>(args) + offset;
       for (size_t i = 0; i < size; ++i) {
         if (bytes[i] != 0) found = name;

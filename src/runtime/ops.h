@@ -40,6 +40,17 @@ bool SupportsOp(const Device& device, Op op, std::initializer_list<DType> dtypes
 
 enum class RopeMode : int32_t { kNormal = 0, kNeox = 2 };
 
+// True when `member`, appended in a later ABI minor, holds what a plugin older than it assumes
+// in its absence, so that such a plugin may run the launch: KV_STORE's and ATTENTION's
+// v_cache_dtype (1.6) equal to cache_dtype. Of an ABI args struct or its C++ mirror.
+template <typename Args>
+bool ReadsAsAbsent(const Args& a, std::string_view member) {
+  if constexpr (requires { a.v_cache_dtype; }) {
+    return member == "v_cache_dtype" && a.v_cache_dtype == a.cache_dtype;
+  }
+  return false;
+}
+
 // The C++ mirrors of the ABI's args structs, generated from the op list: <Name>Args has the
 // members of pc_<name>_args_t in the same order (pc_ops.h documents each one's meaning and
 // shape), with C++ types (DevPtr, DType, RopeMode), all zero by default. Launch(stream, args)

@@ -149,7 +149,7 @@ std::vector<OpUse> Coverage(const std::string& path, bool tensor_parallel = fals
   auto c = ModelConfig::FromGguf(**f);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (!c.ok()) return {};
-  return RequiredOps(**f, *c, DType::kF16, tensor_parallel);
+  return RequiredOps(**f, *c, model::KvCacheDtypes{}, tensor_parallel);
 }
 
 std::string UsersOf(const std::vector<OpUse>& uses, Op op) {

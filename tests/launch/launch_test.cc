@@ -198,6 +198,43 @@ TEST(LaunchResolve, ContextIsBoundedByTheCacheAndSaysSo) {
   EXPECT_EQ(r->kv.kv_tokens, 16384);
 }
 
+// A quantized KV cache counts its real bytes per token (a block's scale included), so a budget
+// holds more tokens; K and V are chosen apart, each defaulting to --kv-cache-dtype.
+TEST(LaunchResolve, KvTypesCountTheirBytesPerToken) {
+  LaunchSpec spec;
+  spec.max_total_tokens = 4096;
+  ASSERT_TRUE(Options().size() > 0);
+  auto set = [&](const std::string& name, const std::string& value) {
+    for (const Option& o : Options())
+      if (o.name == name) return o.set(spec, value);
+    return InvalidArgument("no option " + name);
+  };
+  ASSERT_TRUE(set("kv-cache-dtype", "q8_0").ok());
+  auto r = Resolve(spec, Model32k(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // 4 layers x 2 heads x (K + V) x 2 blocks of 34 bytes per head of 64
+  EXPECT_EQ(r->kv.token_bytes, 4u * 2 * 2 * 2 * 34);
+  EXPECT_EQ(r->runner.kv_dtypes, (model::KvCacheDtypes{DType::kQ8_0, DType::kQ8_0}));
+  // f16 takes 2048 bytes a token: q8_0 holds 2048 / 1088 = 1.88x the tokens in one budget.
+  EXPECT_GT(2048.0 / double(r->kv.token_bytes), 1.8);
+
+  ASSERT_TRUE(set("kv-cache-dtype-v", "q4_0").ok());
+  ASSERT_TRUE(set("kv-cache-dtype-k", "fp8").ok());  // vLLM's spelling of fp8_e4m3
+  EXPECT_EQ(spec.kv_cache_dtype_k, "fp8_e4m3");
+  r = Resolve(spec, Model32k(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->runner.kv_dtypes, (model::KvCacheDtypes{DType::kFP8_E4M3, DType::kQ4_0}));
+  EXPECT_EQ(r->kv.token_bytes, 4u * 2 * 2 * (33 + 18));
+  EXPECT_EQ(model::KvCacheDtypesText(r->runner.kv_dtypes), "k=fp8_e4m3 v=q4_0");
+
+  EXPECT_FALSE(set("kv-cache-dtype-k", "q5_1").ok());  // not a KV cache type
+  // A head size the blocks do not divide is refused by name.
+  const Status odd = model::CheckKvCacheDtypes({DType::kQ8_0, DType::kF16}, 80, 80);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.message().find("q8_0 of K quantizes blocks of 32"), std::string::npos)
+      << odd.message();
+}
+
 TEST(LaunchResolve, StepBudgetAndEngineOptionsComeFromOnePlace) {
   LaunchSpec spec;
   spec.max_total_tokens = 4096;

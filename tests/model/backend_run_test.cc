@@ -142,6 +142,29 @@ TEST_P(BackendRunTest, GreedyTokensOfASynthesizedGemma3) {
   ExpectCpuTokens(GetParam(), "gemma3-tiny");
 }
 
+// A quantized KV cache, K and V of two types: every backend gives the cpu plugin's tokens. A
+// backend without them (vulkan) is refused at load with the ops and types named, and runs them
+// on the cpu plugin with --op-fallback.
+TEST_P(BackendRunTest, GreedyTokensWithAQuantizedKvCache) {
+  const std::string kv = " --kv-cache-dtype-k q8_0 --kv-cache-dtype-v q4_0";
+  CommandResult ours = RunOn(GetParam(), kBundledModel, kv);
+  const bool have_cpu = std::ranges::find(Backends(), "cpu") != Backends().end();
+  if (ours.exit_code != 0) {
+    EXPECT_NE(ours.err.find("attention (k=q8_0 v=q4_0)"), std::string::npos) << ours.err;
+    if (!have_cpu) return;
+    ours = RunOn(GetParam(), kBundledModel, kv + " --op-fallback cpu");
+    EXPECT_NE(ours.err.find("op fallback: kv_store(k=q8_0 v=q4_0)"), std::string::npos)
+        << ours.err;
+  }
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  const std::vector<int> ids = TokenIds(ours.err);
+  ASSERT_EQ(ids.size(), static_cast<size_t>(kTokens)) << ours.err;
+  if (GetParam() == "cpu" || !have_cpu) return;
+  const CommandResult cpu = RunOn("cpu", kBundledModel, kv);
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_EQ(ids, TokenIds(cpu.err)) << GetParam() << ":\n" << ours.err << "\ncpu:\n" << cpu.err;
+}
+
 bool HaveEmuAndCpu() {
   return std::ranges::find(Backends(), "emu") != Backends().end() &&
          std::ranges::find(Backends(), "cpu") != Backends().end();

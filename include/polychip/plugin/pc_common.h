@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define PC_ABI_MAJOR 1
-#define PC_ABI_MINOR 5
+#define PC_ABI_MINOR 6
 
 /* Exported symbols are marked so, whatever the visibility default of the plugin's build. */
 #if defined(_WIN32)
@@ -88,6 +88,12 @@ typedef enum pc_dtype {
   PC_DTYPE_I64 = 27,
   PC_DTYPE_F64 = 28,
   PC_DTYPE_BF16 = 30,
+  /* (1.6) 32 values/block: one E8M0 scale byte (2^(e - 127)) + 32 FP8 E4M3 codes (1 sign, 4
+   * exponent bits biased by 7, 3 mantissa bits; no infinities; 0x7F/0xFF are NaN; largest
+   * finite 448): value i = scale * e4m3(code i)                                       (33 B).
+   * OCP's MX block (MXFP8 E4M3). Not a GGUF type: numbered above GGUF's range. KV caches only
+   * (KV_STORE, ATTENTION); no plugin needs to read it as a weight. */
+  PC_DTYPE_FP8_E4M3 = 100,
   PC_DTYPE_INVALID = -1,
   /* Not a type: widens the enum to 32 bits, as PC_OP_MAX_ENUM_ does for pc_op_t, so that a
    * GGUF type id this header does not know is still a valid value (refused, never undefined). */

@@ -63,7 +63,8 @@ typedef enum pc_shape_class {
 typedef struct pc_op_query {
   size_t struct_size;
   pc_op_t op;
-  /* Op-specific: EMBEDDING {table}; MATMUL {weight}; KV_STORE and ATTENTION {cache};
+  /* Op-specific: EMBEDDING {table}; MATMUL {weight}; KV_STORE and ATTENTION {K cache, V cache}
+   * (V's came in 1.6: PC_DTYPE_INVALID from an older host means the same as K's);
    * CONVERT {src, dst}; MOE {gate, up, down}; others {F32}. Unused entries are PC_DTYPE_INVALID. */
   pc_dtype_t dtypes[4];
   pc_shape_class_t shape_class;
@@ -149,8 +150,21 @@ typedef struct pc_rope_args {
 } pc_rope_args_t;
 
 /* Paged KV cache layout, shared by KV_STORE and ATTENTION: K and V are separate buffers of
- * [n_blocks, block_size, n_kv_heads, head_dim] elements of cache_dtype (F32, F16 or BF16).
- * A slot is block_index * block_size + offset_in_block. */
+ * [n_blocks, block_size, n_kv_heads, head_dim] elements, K's of cache_dtype and V's of
+ * v_cache_dtype (1.6; before 1.6 both were cache_dtype). A slot is
+ * block_index * block_size + offset_in_block. The cache types: F32, F16, BF16, and (1.6) the
+ * block types Q8_0, Q4_0 (GGUF's layouts) and FP8_E4M3 (pc_common.h). A block type quantizes
+ * each (token, KV head) row of head_dim elements on its own (head_dim is then a multiple of 32):
+ * the row takes head_dim / 32 blocks, and a row of a slot lies
+ * kv_head * RowBytes(dtype, head_dim) bytes into it. KV_STORE quantizes as the SDK's
+ * QuantizeRow does (Q8_0: d = amax / 127, q = round(x / d); Q4_0: d = m / -8 where m is the
+ * element of largest magnitude, q = min(15, trunc(x / d + 8.5)); FP8_E4M3: the smallest power
+ * of two s with amax / s <= 448, codes rounded to nearest even); ATTENTION reads the blocks as
+ * they are (an implementation may quantize q as its dot product needs: llama.cpp quantizes q to
+ * Q8_0 against a Q8_0 or Q4_0 K; the tolerance of the conformance kit allows it).
+ *
+ * (1.6) Query dtypes of both ops: {K cache, V cache}. A host older than 1.6 sends dtypes[1] =
+ * PC_DTYPE_INVALID, which reads as "the same as dtypes[0]". A plugin answers per pair. */
 
 /* PC_OP_KV_STORE. Writes token t's K/V rows into slot slots[t]; slots[t] < 0 skips the token. */
 typedef struct pc_kv_store_args {
@@ -160,11 +174,14 @@ typedef struct pc_kv_store_args {
   pc_devptr_t k_cache;
   pc_devptr_t v_cache;
   pc_devptr_t slots;   /* int32 [n_tokens] */
-  pc_dtype_t cache_dtype;
+  pc_dtype_t cache_dtype; /* K cache's (and, absent v_cache_dtype, V cache's) */
   int64_t n_tokens;
   int64_t n_kv_heads;
   int64_t head_dim;
   int64_t block_size;
+  /* (1.6) V cache's dtype; cache_dtype is then K's. Absent (an older host's shorter struct):
+   * cache_dtype. */
+  pc_dtype_t v_cache_dtype;
 } pc_kv_store_args_t;
 
 /* PC_OP_ATTENTION. The batch holds n_seqs sequences; sequence s owns query rows
@@ -184,7 +201,7 @@ typedef struct pc_attention_args {
   pc_devptr_t query_start;  /* int32 [n_seqs + 1] */
   pc_devptr_t seq_lens;     /* int32 [n_seqs] */
   pc_devptr_t block_tables; /* int32 [n_seqs, max_blocks_per_seq] */
-  pc_dtype_t cache_dtype;
+  pc_dtype_t cache_dtype;   /* K cache's (and, absent v_cache_dtype, V cache's) */
   int64_t n_tokens;
   int64_t n_seqs;
   int64_t n_heads;
@@ -199,6 +216,9 @@ typedef struct pc_attention_args {
    * older than 1.4 for a window (it would ignore the member): such a launch runs on the
    * --op-fallback device or fails. */
   int64_t window;
+  /* (1.6) V cache's dtype; cache_dtype is then K's. Absent (an older host's shorter struct):
+   * cache_dtype. */
+  pc_dtype_t v_cache_dtype;
 } pc_attention_args_t;
 
 /* PC_OP_SWIGLU. out[i] = gate[i] / (1 + exp(-gate[i])) * up[i]. out may alias gate or up. */

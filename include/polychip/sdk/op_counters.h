@@ -124,11 +124,18 @@ inline OpWork OpWorkOf(pc_op_t op, const void* args, const DeviceMemory* mem) {
       uint64_t pairs = 0, keys = 0;
       op_counters_internal::AttentionPairs(a, mem, &pairs, &keys);
       // K and V rows of every key read, once per KV head.
-      w.bytes_read += 2 * keys * Pos(a.n_kv_heads) * Pos(RowBytes(a.cache_dtype, a.head_dim));
+      const pc_dtype_t vt =
+          a.struct_size >= offsetof(pc_attention_args_t, v_cache_dtype) + sizeof(pc_dtype_t)
+              ? a.v_cache_dtype : a.cache_dtype;
+      w.bytes_read += keys * Pos(a.n_kv_heads) *
+                      (Pos(RowBytes(a.cache_dtype, a.head_dim)) + Pos(RowBytes(vt, a.head_dim)));
       w.flops = 4 * pairs * Pos(a.n_heads) * Pos(a.head_dim);
     } else if constexpr (T::kOp == PC_OP_KV_STORE) {
-      w.bytes_written +=
-          2 * Pos(a.n_tokens) * Pos(a.n_kv_heads) * Pos(RowBytes(a.cache_dtype, a.head_dim));
+      const pc_dtype_t vt =
+          a.struct_size >= offsetof(pc_kv_store_args_t, v_cache_dtype) + sizeof(pc_dtype_t)
+              ? a.v_cache_dtype : a.cache_dtype;
+      w.bytes_written += Pos(a.n_tokens) * Pos(a.n_kv_heads) *
+                         (Pos(RowBytes(a.cache_dtype, a.head_dim)) + Pos(RowBytes(vt, a.head_dim)));
     } else if constexpr (T::kOp == PC_OP_RMS_NORM) {
       w.flops = 4 * Pos(a.n_rows) * Pos(a.dim);
     } else if constexpr (T::kOp == PC_OP_ROPE) {

@@ -33,6 +33,9 @@ float Fp16ToFp32(uint16_t h);
 uint16_t Fp32ToFp16(float f);     // round to nearest even
 float Bf16ToFp32(uint16_t b);
 uint16_t Fp32ToBf16(float f);     // round to nearest even
+// FP8 E4M3 (OCP): 0x7F/0xFF are NaN; no infinity, so values past 448 saturate to +-448.
+float Fp8E4M3ToFp32(uint8_t c);
+uint8_t Fp32ToFp8E4M3(float f);   // round to nearest even, saturating
 
 // The codebook of IQ4_NL and IQ4_XS: a 4-bit code q stands for kIq4nlValues[q] times the block's
 // scale (the GGUF format's values, sorted).

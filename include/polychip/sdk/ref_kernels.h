@@ -80,6 +80,10 @@ void RopeCosSin(const pc_rope_args_t& a, int32_t position, int64_t pair, float f
 // kernels and tests).
 float GeluTanh(float x);
 
+// The V cache's dtype: v_cache_dtype (1.6), or cache_dtype in an older host's shorter struct.
+pc_dtype_t KvStoreVDtype(const pc_kv_store_args_t& a);
+pc_dtype_t AttentionVDtype(const pc_attention_args_t& a);
+
 // ATTENTION's window (1.4; 0 = none, also when the caller's struct predates the member) and the
 // first position a query at `position` sees.
 int64_t AttentionWindow(const pc_attention_args_t& a);

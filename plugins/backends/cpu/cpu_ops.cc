@@ -422,7 +422,9 @@ const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
   return ok ? nullptr : "unsupported weight dtype";
 }
 
-int64_t CacheElemBytes(pc_dtype_t t) { return t == PC_DTYPE_F32 ? 4 : 2; }
+// Bytes of one KV head's row of head_dim elements in a cache of dtype (a block type's row is
+// head_dim / 32 blocks).
+int64_t CacheRowBytes(pc_dtype_t t, int64_t head_dim) { return sdk::RowBytes(t, head_dim); }
 
 // Positions per attention step (the width of one gemm_t_f32 column tile).
 constexpr int64_t kAttnChunk = kGemmTCols;
@@ -465,12 +467,11 @@ void GemmT(const OpContext& c, const float* w, int64_t ldw, int64_t nw, const fl
   }
 }
 
-// Byte offsets of cache positions [p0, p0 + n) of KV head kvh (n <= kAttnChunk). K and V caches
-// share the layout, so one computation serves prefetching and gathering both; addresses advance
-// slot by slot within a page, with no division per row.
+// Byte offsets of cache positions [p0, p0 + n) of KV head kvh (n <= kAttnChunk) in a cache of
+// rows of row_bytes (K's, or V's where its type differs); addresses advance slot by slot within
+// a page, with no division per row.
 void ChunkRowOffsets(const pc_attention_args_t& a, const int32_t* table, int64_t kvh, int64_t p0,
-                     int64_t n, int64_t* offsets) {
-  const int64_t row_bytes = a.head_dim * CacheElemBytes(a.cache_dtype);
+                     int64_t n, int64_t row_bytes, int64_t* offsets) {
   const int64_t slot_bytes = a.n_kv_heads * row_bytes;
   int64_t page = p0 / a.block_size, in_page = p0 % a.block_size;
   for (int64_t j = 0; j < n; ++j) {
@@ -485,22 +486,41 @@ void ChunkRowOffsets(const pc_attention_args_t& a, const int32_t* table, int64_t
 // Asks for a chunk's rows of both caches at once: the rows are scattered over pages, and
 // fetching them one miss after another made attention latency-bound in batched decode (~9% of a
 // serving step with 16 sequences of 256 tokens).
+// K's offsets serve V's too when the types agree; else V's are K's rescaled (an offset is a
+// row index times the row's bytes).
 void PrefetchChunk(const pc_attention_args_t& a, const int64_t* offsets, int64_t n) {
-  const int64_t row_bytes = a.head_dim * CacheElemBytes(a.cache_dtype);
-  for (const uint8_t* cache : {Ptr<const uint8_t>(a.k_cache), Ptr<const uint8_t>(a.v_cache)}) {
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t off = 0; off < row_bytes; off += 64)
-        __builtin_prefetch(cache + offsets[j] + off, 0, 3);
+  const int64_t k_row = CacheRowBytes(a.cache_dtype, a.head_dim);
+  const int64_t v_row = CacheRowBytes(sdk::AttentionVDtype(a), a.head_dim);
+  const auto* kc = Ptr<const uint8_t>(a.k_cache);
+  const auto* vc = Ptr<const uint8_t>(a.v_cache);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t off = 0; off < k_row; off += 64) __builtin_prefetch(kc + offsets[j] + off, 0, 3);
+    const int64_t v_at = v_row == k_row ? offsets[j] : offsets[j] / k_row * v_row;
+    for (int64_t off = 0; off < v_row; off += 64) __builtin_prefetch(vc + v_at + off, 0, 3);
   }
 }
 
-// q . (row of the cache), the row in the cache's dtype.
+// V's offsets from K's (the same rows; their sizes differ when the types do).
+void VRowOffsets(const int64_t* k_offsets, int64_t n, int64_t k_row, int64_t v_row,
+                 int64_t* v_offsets) {
+  for (int64_t j = 0; j < n; ++j) v_offsets[j] = k_offsets[j] / k_row * v_row;
+}
+
+// q . (row of the cache), the row in the cache's dtype. A block type's row is dequantized into
+// a small buffer first (head_dim values, never more than one row).
 float DotCacheRow(const OpContext& c, pc_dtype_t dtype, const float* q, const uint8_t* row,
                   int64_t n) {
   switch (dtype) {
     case PC_DTYPE_F32: return c.k->dot_f32(q, reinterpret_cast<const float*>(row), n);
     case PC_DTYPE_BF16: return c.k->dot_bf16(q, reinterpret_cast<const uint16_t*>(row), n);
-    default: return c.k->dot_f16(q, reinterpret_cast<const uint16_t*>(row), n);
+    case PC_DTYPE_F16: return c.k->dot_f16(q, reinterpret_cast<const uint16_t*>(row), n);
+    default: {
+      thread_local std::vector<float> f;
+      f.resize(n);
+      const int64_t offset = 0;
+      c.k->cache_rows_to_f32(dtype, row, &offset, 1, n, f.data());
+      return c.k->dot_f32(q, f.data(), n);
+    }
   }
 }
 
@@ -523,7 +543,9 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
   const auto* kc = Ptr<const uint8_t>(a.k_cache);
   const auto* vc = Ptr<const uint8_t>(a.v_cache);
   const int64_t hd = a.head_dim, nh = a.n_heads, n_kv = a.n_kv_heads, group = nh / n_kv;
-  const int64_t row_bytes = hd * CacheElemBytes(a.cache_dtype), slot_bytes = n_kv * row_bytes;
+  const pc_dtype_t kt = a.cache_dtype, vt = sdk::AttentionVDtype(a);
+  const int64_t row_bytes = CacheRowBytes(kt, hd), slot_bytes = n_kv * row_bytes;  // K's
+  const int64_t v_row_bytes = CacheRowBytes(vt, hd), v_slot_bytes = n_kv * v_row_bytes;
   struct Part {
     int32_t seq;
     int64_t p0, p1;  // positions
@@ -554,20 +576,21 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
     std::fill(m, m + nh, -INFINITY);
     std::fill(sum, sum + nh, 0.f);
     std::fill(o, o + nh * hd, 0.f);
-    thread_local std::vector<float> qs, sc, vf, kt;
-    thread_local std::vector<int64_t> row_offsets;
+    thread_local std::vector<float> qs, sc, vf, k_t;
+    thread_local std::vector<int64_t> row_offsets, v_offsets;
     qs.resize(nh * hd);
     for (int64_t i = 0; i < nh * hd; ++i) qs[i] = q[t * nh * hd + i] * a.scale;
     sc.resize(nh * kAttnChunk);  // [query vector, position in the chunk]
     vf.resize(kAttnChunk * n_kv * hd);
-    kt.resize(hd * kAttnChunk);  // one KV head's K rows of a chunk, [element][position]
+    k_t.resize(hd * kAttnChunk);  // one KV head's K rows of a chunk, [element][position]
     row_offsets.resize(kAttnChunk * n_kv);
+    v_offsets.resize(kAttnChunk * n_kv);
     // Byte offsets of the chunk's slots (KV head 0's rows), this chunk's and the next one's,
     // which is prefetched whole while this one is computed.
     int64_t slots[2][kAttnChunk];
     auto chunk_slots = [&](int64_t p, int64_t* out) {
       const int64_t n = std::min(kAttnChunk, part.p1 - p);
-      if (n > 0) ChunkRowOffsets(a, table, /*kvh=*/0, p, n, out);
+      if (n > 0) ChunkRowOffsets(a, table, /*kvh=*/0, p, n, row_bytes, out);
       return n;
     };
     chunk_slots(part.p0, slots[0]);
@@ -577,13 +600,17 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
       int64_t* next = slots[(chunk + 1) & 1];
       const int64_t next_n = chunk_slots(p0 + kAttnChunk, next);
       for (int64_t j = 0; j < next_n; ++j) {
-        for (const uint8_t* cache : {kc, vc})
-          for (int64_t off = 0; off < slot_bytes; off += 64)
-            __builtin_prefetch(cache + next[j] + off, 0, 3);
+        for (int64_t off = 0; off < slot_bytes; off += 64)
+          __builtin_prefetch(kc + next[j] + off, 0, 3);
+        const int64_t v_at = next[j] / slot_bytes * v_slot_bytes;
+        for (int64_t off = 0; off < v_slot_bytes; off += 64)
+          __builtin_prefetch(vc + v_at + off, 0, 3);
       }
       for (int64_t j = 0; j < pc; ++j)
-        for (int64_t kvh = 0; kvh < n_kv; ++kvh)
+        for (int64_t kvh = 0; kvh < n_kv; ++kvh) {
           row_offsets[j * n_kv + kvh] = here[j] + kvh * row_bytes;
+          v_offsets[j * n_kv + kvh] = here[j] / slot_bytes * v_slot_bytes + kvh * v_row_bytes;
+        }
       if (group > kFewQueries) {
         // A GQA group of several query vectors: the chunk's K rows once as f32, transposed to
         // [element][position], so each group's scores are one GEMM over 32 positions (broadcast
@@ -592,15 +619,15 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
         for (int64_t kvh = 0; kvh < n_kv; ++kvh) {
           int64_t k_rows[kAttnChunk];  // this KV head's rows of the chunk
           for (int64_t j = 0; j < pc; ++j) k_rows[j] = here[j] + kvh * row_bytes;
-          c.k->cache_rows_to_f32_t(a.cache_dtype, kc, k_rows, pc, hd, kt.data(), kAttnChunk);
+          c.k->cache_rows_to_f32_t(kt, kc, k_rows, pc, hd, k_t.data(), kAttnChunk);
           float* scores = sc.data() + kvh * group * kAttnChunk;
           std::fill(scores, scores + group * kAttnChunk, 0.f);
           // All kAttnChunk columns, also of a short chunk (every chunk of a context under 32
           // positions): the full-width kernel, where pc columns fell back to plain loops (~8 us
           // per layer of qwen2.5-0.5b at a few positions). Columns from pc on hold zeros or an
           // earlier chunk's K values; their scores are computed and never read.
-          GemmT(c, qs.data() + kvh * group * hd, hd, group, kt.data(), kAttnChunk, hd, kAttnChunk,
-                scores, kAttnChunk);
+          GemmT(c, qs.data() + kvh * group * hd, hd, group, k_t.data(), kAttnChunk, hd,
+                kAttnChunk, scores, kAttnChunk);
         }
       } else {
         for (int64_t j = 0; j < pc; ++j) {
@@ -609,7 +636,7 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
             for (int64_t g = 0; g < group; ++g) {
               const int64_t v = kvh * group + g;
               sc[v * kAttnChunk + j] =
-                  DotCacheRow(c, a.cache_dtype, qs.data() + v * hd, kc + row, hd);
+                  DotCacheRow(c, kt, qs.data() + v * hd, kc + row, hd);
             }
           }
         }
@@ -622,7 +649,7 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
         if (rescale != 1.f) c.k->scale_f32(rescale, o + v * hd, hd);
         m[v] = mx;
       }
-      c.k->cache_rows_to_f32(a.cache_dtype, vc, row_offsets.data(), pc * n_kv, hd, vf.data());
+      c.k->cache_rows_to_f32(vt, vc, v_offsets.data(), pc * n_kv, hd, vf.data());
       for (int64_t kvh = 0; kvh < n_kv; ++kvh) {
         GemmT(c, sc.data() + kvh * group * kAttnChunk, kAttnChunk, group, vf.data() + kvh * hd,
               n_kv * hd, pc, hd, o + kvh * group * hd, hd);
@@ -736,7 +763,9 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
     // query sees.
     const int64_t lo_pos = sdk::AttentionFirstPosition(a, first_pos);
     int64_t offsets[2][kAttnChunk];
-    ChunkRowOffsets(a, table, kvh, lo_pos, std::min(kAttnChunk, last_pos + 1 - lo_pos),
+    const pc_dtype_t kt = a.cache_dtype, vt = sdk::AttentionVDtype(a);
+    const int64_t k_row = CacheRowBytes(kt, hd), v_row = CacheRowBytes(vt, hd);
+    ChunkRowOffsets(a, table, kvh, lo_pos, std::min(kAttnChunk, last_pos + 1 - lo_pos), k_row,
                     offsets[0]);
     // The rows of the first kAttnLookahead chunks are asked for at once, then each chunk asks
     // for the one kAttnLookahead ahead: a head's rows are 256 B pieces 2 KB apart (every KV
@@ -745,7 +774,7 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
     auto prefetch = [&](int64_t p) {
       const int64_t n = std::min(kAttnChunk, last_pos + 1 - p);
       if (n <= 0) return;
-      ChunkRowOffsets(a, table, kvh, p, n, ahead);
+      ChunkRowOffsets(a, table, kvh, p, n, k_row, ahead);
       PrefetchChunk(a, ahead, n);
     };
     for (int64_t k = 0; k < kAttnLookahead; ++k) prefetch(lo_pos + k * kAttnChunk);
@@ -754,15 +783,15 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
       const int64_t* rows = offsets[chunk & 1];
       const int64_t next_pc = std::min(kAttnChunk, last_pos + 1 - (p0 + kAttnChunk));
       if (next_pc > 0) {
-        ChunkRowOffsets(a, table, kvh, p0 + kAttnChunk, next_pc, offsets[(chunk + 1) & 1]);
+        ChunkRowOffsets(a, table, kvh, p0 + kAttnChunk, next_pc, k_row, offsets[(chunk + 1) & 1]);
       }
       prefetch(p0 + kAttnLookahead * kAttnChunk);
       if (few) {
         for (int64_t j = 0; j < pc; ++j)
           for (int64_t v = 0; v < nv; ++v)
-            st[j * ncols + v] = DotCacheRow(c, a.cache_dtype, qt.data() + v * hd, kc + rows[j], hd);
+            st[j * ncols + v] = DotCacheRow(c, kt, qt.data() + v * hd, kc + rows[j], hd);
       } else {
-        c.k->cache_rows_to_f32(a.cache_dtype, kc, rows, pc, hd, kf.data());
+        c.k->cache_rows_to_f32(kt, kc, rows, pc, hd, kf.data());
         std::fill(st.begin(), st.begin() + pc * ncols, 0.f);
         GemmT(c, kf.data(), hd, pc, qt.data(), ncols, hd, ncols, st.data(), ncols);
       }
@@ -787,7 +816,13 @@ const char* Attention(const OpContext& c, const pc_attention_args_t& a) {
         if (rescale != 1.f) c.k->scale_f32(rescale, o.data() + v * hd, hd);
         mx[v] = m;
       }
-      c.k->cache_rows_to_f32(a.cache_dtype, vc, rows, pc, hd, vf.data());
+      const int64_t* v_rows = rows;
+      int64_t v_at[kAttnChunk];
+      if (v_row != k_row) {
+        VRowOffsets(rows, pc, k_row, v_row, v_at);
+        v_rows = v_at;
+      }
+      c.k->cache_rows_to_f32(vt, vc, v_rows, pc, hd, vf.data());
       GemmT(c, pm.data(), kAttnChunk, nv, vf.data(), hd, pc, hd, o.data(), hd);
     }
     for (int64_t v = 0; v < nv; ++v) {
@@ -811,24 +846,31 @@ const char* KvStore(const OpContext& c, const pc_kv_store_args_t& a) {
   auto* vc = Ptr<uint8_t>(a.v_cache);
   if (a.n_tokens == 0) return nullptr;
   if (!k || !v || !slots || !kc || !vc) return "null operand";
-  const int64_t row = a.n_kv_heads * a.head_dim, esize = CacheElemBytes(a.cache_dtype);
-  auto store = [&](const float* src, uint8_t* dst) {
-    switch (a.cache_dtype) {
+  const int64_t row = a.n_kv_heads * a.head_dim;  // elements per token
+  const pc_dtype_t kt = a.cache_dtype, vt = sdk::KvStoreVDtype(a);
+  const int64_t k_slot = a.n_kv_heads * CacheRowBytes(kt, a.head_dim);  // bytes per token
+  const int64_t v_slot = a.n_kv_heads * CacheRowBytes(vt, a.head_dim);
+  auto store = [&](pc_dtype_t dtype, const float* src, uint8_t* dst) {
+    switch (dtype) {
       case PC_DTYPE_F32: std::memcpy(dst, src, row * 4); break;
       case PC_DTYPE_BF16:
         for (int64_t i = 0; i < row; ++i)
           reinterpret_cast<uint16_t*>(dst)[i] = sdk::Fp32ToBf16(src[i]);
         break;
-      default: c.k->f32_to_f16(src, reinterpret_cast<uint16_t*>(dst), row);
+      case PC_DTYPE_F16: c.k->f32_to_f16(src, reinterpret_cast<uint16_t*>(dst), row); break;
+      default: {  // a block type: each head's row its own blocks
+        const int64_t head_bytes = CacheRowBytes(dtype, a.head_dim);
+        for (int64_t h = 0; h < a.n_kv_heads; ++h)
+          sdk::QuantizeRow(dtype, src + h * a.head_dim, dst + h * head_bytes, a.head_dim);
+      }
     }
   };
   ParallelRange(c, a.n_tokens, ChunkSize(a.n_tokens, c.pool->size(), 16),
                 [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (slots[t] < 0) continue;
-      const int64_t offset = int64_t(slots[t]) * row * esize;
-      store(k + t * row, kc + offset);
-      store(v + t * row, vc + offset);
+      store(kt, k + t * row, kc + int64_t(slots[t]) * k_slot);
+      store(vt, v + t * row, vc + int64_t(slots[t]) * v_slot);
     }
   });
   return nullptr;

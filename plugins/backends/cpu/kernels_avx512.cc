@@ -254,6 +254,9 @@ inline void Transpose16(__m512* r) {
 // ragged rows and elements one at a time.
 void CacheRowsToF32TTiles(pc_dtype_t dtype, const uint8_t* cache, const int64_t* offsets,
                      int64_t n_rows, int64_t n, float* dst, int64_t ld) {
+  if (dtype != PC_DTYPE_F16 && dtype != PC_DTYPE_BF16 && dtype != PC_DTYPE_F32) {
+    return CacheRowsToF32T(dtype, cache, offsets, n_rows, n, dst, ld);  // the block types
+  }
   const auto scalar = [&](int64_t r, int64_t e) {
     const uint8_t* row = cache + offsets[r];
     const uint16_t* h = reinterpret_cast<const uint16_t*>(row);

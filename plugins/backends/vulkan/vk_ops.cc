@@ -378,10 +378,17 @@ pc_error_t* Rope(Launcher& L, const pc_rope_args_t& a) {
 }
 
 uint32_t CacheCode(pc_dtype_t t) { return t == PC_DTYPE_F32 ? 0u : t == PC_DTYPE_F16 ? 1u : 30u; }
+// The float KV cache types, K and V of one type: the shaders read neither the block types (Q8_0,
+// Q4_0, FP8_E4M3) nor a V of another type yet, and op_supports says so (the host then runs
+// those ops on its --op-fallback device).
 bool CacheType(pc_dtype_t t) { return FloatType(t); }
+bool CacheTypes(pc_dtype_t k, pc_dtype_t v) {
+  return CacheType(k) && (v == k || v == PC_DTYPE_INVALID);
+}
 
 pc_error_t* KvStore(Launcher& L, const pc_kv_store_args_t& a) {
-  if (!CacheType(a.cache_dtype)) return MakeError(PC_CODE_UNIMPLEMENTED, "kv_store: cache dtype");
+  if (!CacheTypes(a.cache_dtype, polychip::sdk::KvStoreVDtype(a)))
+    return MakeError(PC_CODE_UNIMPLEMENTED, "kv_store: cache dtype");
   const int64_t row = a.n_kv_heads * a.head_dim;
   if (a.cache_dtype != PC_DTYPE_F32 && row % 2 != 0)
     return MakeError(PC_CODE_UNIMPLEMENTED, "kv_store: odd row length for a 16-bit cache");
@@ -402,7 +409,8 @@ pc_error_t* KvStore(Launcher& L, const pc_kv_store_args_t& a) {
 }
 
 pc_error_t* Attention(Launcher& L, const pc_attention_args_t& a) {
-  if (!CacheType(a.cache_dtype)) return MakeError(PC_CODE_UNIMPLEMENTED, "attention: cache dtype");
+  if (!CacheTypes(a.cache_dtype, polychip::sdk::AttentionVDtype(a)))
+    return MakeError(PC_CODE_UNIMPLEMENTED, "attention: cache dtype");
   if (a.head_dim > 256)
     return MakeError(PC_CODE_UNIMPLEMENTED, "attention: head_dim above 256");
   Kernel* k = nullptr;
@@ -466,7 +474,8 @@ int32_t OpSupports(const Device& d, const pc_op_query_t& q) {
     case PC_OP_EMBEDDING:
     case PC_OP_MATMUL: return gguf && weight(q.dtypes[0]);
     case PC_OP_KV_STORE:
-    case PC_OP_ATTENTION: return d.info.buffer_device_address && CacheType(q.dtypes[0]);
+    case PC_OP_ATTENTION:
+      return d.info.buffer_device_address && CacheTypes(q.dtypes[0], q.dtypes[1]);
     case PC_OP_CONVERT:
       if (FloatType(q.dtypes[0])) return FloatType(q.dtypes[1]);
       return weight(q.dtypes[0]) && q.dtypes[1] == PC_DTYPE_F32;

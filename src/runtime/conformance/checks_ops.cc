@@ -21,6 +21,13 @@ const pc_dtype_t kWeightDtypes[] = {PC_DTYPE_F32,  PC_DTYPE_F16,  PC_DTYPE_BF16,
                                     PC_DTYPE_Q2_K, PC_DTYPE_Q3_K, PC_DTYPE_Q4_K, PC_DTYPE_Q5_K,
                                     PC_DTYPE_Q6_K, PC_DTYPE_IQ4_NL, PC_DTYPE_IQ4_XS};
 const pc_dtype_t kFloatDtypes[] = {PC_DTYPE_F32, PC_DTYPE_F16, PC_DTYPE_BF16};
+// KV cache types (K and V of one type), and pairs of K's and V's types that differ (1.6).
+const pc_dtype_t kCacheDtypes[] = {PC_DTYPE_F32,  PC_DTYPE_F16,  PC_DTYPE_BF16,
+                                   PC_DTYPE_Q8_0, PC_DTYPE_Q4_0, PC_DTYPE_FP8_E4M3};
+struct CachePair {
+  pc_dtype_t k, v;
+};
+const CachePair kMixedCachePairs[] = {{PC_DTYPE_F16, PC_DTYPE_Q8_0}, {PC_DTYPE_Q8_0, PC_DTYPE_Q4_0}};
 
 std::string Lower(pc_dtype_t d) {
   std::string s = DTypeName(static_cast<DType>(d));
@@ -41,8 +48,13 @@ double MatmulTolerance(pc_dtype_t w) {
   }
 }
 // Attention tolerance by cache dtype (q may likewise be rounded to the cache precision).
-double AttentionTolerance(pc_dtype_t c) {
-  return c == PC_DTYPE_F32 ? 1e-4 : c == PC_DTYPE_F16 ? 3e-3 : 2e-2;
+// A block type's values are exact in the reference (it reads the dequantized cache); its
+// tolerance allows a plugin that quantizes q for an integer dot product (as llama.cpp does).
+double AttentionTolerance(CachePair c) {
+  if (c.k == PC_DTYPE_F32 && c.v == PC_DTYPE_F32) return 1e-4;
+  if ((c.k == PC_DTYPE_F32 || c.k == PC_DTYPE_F16) && (c.v == PC_DTYPE_F32 || c.v == PC_DTYPE_F16))
+    return 3e-3;
+  return 2e-2;
 }
 
 // Data of `rows` x `cols` values in `dtype`: the bytes for the device and the float values they
@@ -272,21 +284,37 @@ Verdict Rope(Harness& h, RopeCase c) {
 }
 
 // ---- KV_STORE ---------------------------------------------------------------------------------
-Verdict KvStore(Harness& h, pc_dtype_t cache_dtype) {
-  if (!h.Supports(PC_OP_KV_STORE, {cache_dtype})) return NotClaimed();
+// The cache as the device holds it, decoded with the kit's own converters: rows of head_dim
+// (a block type quantizes each head's row on its own).
+StatusOr<std::vector<float>> DecodeCache(Harness& h, pc_devptr_t dev, pc_dtype_t dtype,
+                                         int64_t elems, int64_t head_dim) {
+  const DType d = static_cast<DType>(dtype);
+  const int64_t row_bytes = RowBytes(d, head_dim), rows = elems / head_dim;
+  PC_ASSIGN_OR_RETURN(auto bytes, h.DownloadVec<uint8_t>(dev, rows * row_bytes));
+  std::vector<float> values(elems);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!DequantizeRow(d, &bytes[r * row_bytes], &values[r * head_dim], head_dim))
+      return Unimplemented("the SDK cannot decode " + Lower(dtype));
+  }
+  return values;
+}
+
+Verdict KvStore(Harness& h, CachePair types) {
+  if (!h.Supports(PC_OP_KV_STORE, {types.k, types.v})) return NotClaimed();
   const int64_t n_blocks = 6, block_size = 16, n_kv_heads = 2, head_dim = 64, n_tokens = 21;
   const int64_t row = n_kv_heads * head_dim, cache_elems = n_blocks * block_size * row;
+  const int64_t cache_rows = cache_elems / head_dim, new_rows = n_tokens * n_kv_heads;
   // The cache starts with random contents: slots not written must keep them.
-  PCC_ENCODE(Encoded k_cache, Encode(cache_dtype, h.RandomFloats(cache_elems), 1, cache_elems));
-  PCC_ENCODE(Encoded v_cache, Encode(cache_dtype, h.RandomFloats(cache_elems), 1, cache_elems));
+  PCC_ENCODE(Encoded k_cache, Encode(types.k, h.RandomFloats(cache_elems), cache_rows, head_dim));
+  PCC_ENCODE(Encoded v_cache, Encode(types.v, h.RandomFloats(cache_elems), cache_rows, head_dim));
   std::vector<int32_t> all_slots(n_blocks * block_size);
   std::iota(all_slots.begin(), all_slots.end(), 0);
   std::shuffle(all_slots.begin(), all_slots.end(), h.rng);
   std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + n_tokens);
   slots[3] = -1, slots[11] = -1;  // skipped tokens (padding)
   std::vector<float> k = h.RandomFloats(n_tokens * row), v = h.RandomFloats(n_tokens * row);
-  PCC_ENCODE(Encoded k_enc, Encode(cache_dtype, k, n_tokens, row));
-  PCC_ENCODE(Encoded v_enc, Encode(cache_dtype, v, n_tokens, row));
+  PCC_ENCODE(Encoded k_enc, Encode(types.k, k, new_rows, head_dim));
+  PCC_ENCODE(Encoded v_enc, Encode(types.v, v, new_rows, head_dim));
   std::vector<float> want_k = k_cache.values, want_v = v_cache.values;
   for (int64_t t = 0; t < n_tokens; ++t) {
     if (slots[t] < 0) continue;
@@ -301,30 +329,21 @@ Verdict KvStore(Harness& h, pc_dtype_t cache_dtype) {
   pc_kv_store_args_t a{};
   a.struct_size = sizeof(a);
   a.k = d_k, a.v = d_v, a.k_cache = d_kc, a.v_cache = d_vc, a.slots = d_slots;
-  a.cache_dtype = cache_dtype, a.n_tokens = n_tokens, a.n_kv_heads = n_kv_heads;
+  a.cache_dtype = types.k, a.n_tokens = n_tokens, a.n_kv_heads = n_kv_heads;
   a.head_dim = head_dim, a.block_size = block_size;
+  a.v_cache_dtype = types.v;
   PCC_TRY(h.Launch(PC_OP_KV_STORE, &a));
-  // Decode what the device holds with the kit's own converters.
-  const size_t elem = cache_dtype == PC_DTYPE_F32 ? 4 : 2;
-  std::vector<float> got_k(cache_elems), got_v(cache_elems);
-  for (auto [dev, got] : {std::pair{d_kc, &got_k}, std::pair{d_vc, &got_v}}) {
-    PCC_ASSIGN(auto bytes, h.DownloadVec<uint8_t>(dev, cache_elems * elem));
-    for (int64_t i = 0; i < cache_elems; ++i) {
-      if (elem == 4) {
-        std::memcpy(&(*got)[i], &bytes[i * 4], 4);
-      } else {
-        uint16_t u;
-        std::memcpy(&u, &bytes[i * 2], 2);
-        (*got)[i] = cache_dtype == PC_DTYPE_F16 ? ref::F16ToF32(u) : ref::Bf16ToF32(u);
-      }
-    }
-  }
-  // Stored values are the inputs rounded to nearest even: exact.
-  Verdict vk = CompareOutputs(got_k, want_k, 0);
+  PCC_ASSIGN(auto got_k, DecodeCache(h, d_kc, types.k, cache_elems, head_dim));
+  PCC_ASSIGN(auto got_v, DecodeCache(h, d_vc, types.v, cache_elems, head_dim));
+  // Float types: the inputs rounded to nearest even, exact. Block types: the SDK's encoding
+  // (pc_ops.h) up to a rounding tie or an f16 scale rounded apart, well under 1e-2.
+  const auto tol = [](pc_dtype_t d) { return Quantized(d) ? 1e-2 : 0.0; };
+  Verdict vk = CompareOutputs(got_k, want_k, tol(types.k));
   if (vk.outcome != Outcome::kPass) return Fail("K cache: " + vk.detail);
-  Verdict vv = CompareOutputs(got_v, want_v, 0);
+  Verdict vv = CompareOutputs(got_v, want_v, tol(types.v));
   if (vv.outcome != Outcome::kPass) return Fail("V cache: " + vv.detail);
-  return Pass("exact");
+  return Pass(Quantized(types.k) || Quantized(types.v) ? "K " + vk.detail + ", V " + vv.detail
+                                                       : "exact");
 }
 
 // ---- ATTENTION --------------------------------------------------------------------------------
@@ -332,7 +351,7 @@ Verdict KvStore(Harness& h, pc_dtype_t cache_dtype) {
 // blocks), asked only of a 1.4 plugin.
 enum class AttnCase { kDecode, kPrefill, kMixed, kWindow, kWindowPrefill };
 
-Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
+Verdict Attention(Harness& h, CachePair types, AttnCase c) {
   // Per sequence: its length in the cache and its number of new query rows.
   std::vector<int32_t> seq_lens, n_q;
   ref::AttentionShape s;
@@ -353,7 +372,7 @@ Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
                                  : c == AttnCase::kPrefill ? PC_SHAPE_PREFILL
                                                            : PC_SHAPE_ANY;
   if (s.window > 0 && h.api->abi_minor < 4) return NotClaimed();  // the member came in 1.4
-  if (!h.Supports(PC_OP_ATTENTION, {cache_dtype}, shape)) return NotClaimed();
+  if (!h.Supports(PC_OP_ATTENTION, {types.k, types.v}, shape)) return NotClaimed();
   s.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
 
   const int64_t n_seqs = seq_lens.size();
@@ -377,8 +396,10 @@ Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
   }
   const int64_t n_tokens = query_start[n_seqs];
   const int64_t cache_elems = n_blocks * s.block_size * s.n_kv_heads * s.head_dim;
-  PCC_ENCODE(Encoded kc, Encode(cache_dtype, h.RandomFloats(cache_elems, -2, 2), 1, cache_elems));
-  PCC_ENCODE(Encoded vc, Encode(cache_dtype, h.RandomFloats(cache_elems), 1, cache_elems));
+  const int64_t cache_rows = cache_elems / s.head_dim;  // a block type quantizes each head's row
+  PCC_ENCODE(Encoded kc,
+             Encode(types.k, h.RandomFloats(cache_elems, -2, 2), cache_rows, s.head_dim));
+  PCC_ENCODE(Encoded vc, Encode(types.v, h.RandomFloats(cache_elems), cache_rows, s.head_dim));
   std::vector<float> q = h.RandomFloats(n_tokens * s.n_heads * s.head_dim, -2, 2);
   std::vector<float> expected =
       ref::Attention(q, kc.values, vc.values, query_start, seq_lens, block_tables, s);
@@ -393,7 +414,8 @@ Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
   pc_attention_args_t a{};
   a.struct_size = sizeof(a);
   a.q = d_q, a.k_cache = d_kc, a.v_cache = d_vc, a.out = d_out;
-  a.query_start = d_qs, a.seq_lens = d_lens, a.block_tables = d_bt, a.cache_dtype = cache_dtype;
+  a.query_start = d_qs, a.seq_lens = d_lens, a.block_tables = d_bt, a.cache_dtype = types.k;
+  a.v_cache_dtype = types.v;
   a.n_tokens = n_tokens, a.n_seqs = n_seqs, a.n_heads = s.n_heads, a.n_kv_heads = s.n_kv_heads;
   a.head_dim = s.head_dim, a.block_size = s.block_size;
   a.max_blocks_per_seq = s.max_blocks_per_seq;
@@ -402,7 +424,7 @@ Verdict Attention(Harness& h, pc_dtype_t cache_dtype, AttnCase c) {
   a.window = s.window;
   PCC_TRY(h.Launch(PC_OP_ATTENTION, &a));
   PCC_ASSIGN(auto out, h.DownloadVec<float>(d_out, q.size()));
-  return CompareOutputs(out, expected, AttentionTolerance(cache_dtype));
+  return CompareOutputs(out, expected, AttentionTolerance(types));
 }
 
 // ---- SWIGLU, ADD ------------------------------------------------------------------------------
@@ -661,10 +683,15 @@ void AddOpChecks(std::vector<Check>& checks) {
       {"freq_factors", RopeCase::kFreqFactors}, {"yarn", RopeCase::kYarn},
       {"yarn_neox", RopeCase::kYarnNeox}};
   for (auto [name, c] : ropes) add(std::string("op.rope.") + name, [c](Harness& h) { return Rope(h, c); });
-  for (pc_dtype_t d : kFloatDtypes)
-    add("op.kv_store." + Lower(d), [d](Harness& h) { return KvStore(h, d); });
-  for (pc_dtype_t d : kFloatDtypes) {
-    const std::string base = "op.attention." + Lower(d);
+  // One KV type for K and V (op.kv_store.q8_0), then K and V apart (op.kv_store.f16_q8_0: K's
+  // type, V's type), which only a 1.6 plugin is asked about.
+  std::vector<std::pair<std::string, CachePair>> cache_types;
+  for (pc_dtype_t d : kCacheDtypes) cache_types.push_back({Lower(d), {d, d}});
+  for (CachePair p : kMixedCachePairs) cache_types.push_back({Lower(p.k) + "_" + Lower(p.v), p});
+  for (const auto& [name, pair] : cache_types) {
+    const CachePair d = pair;  // a copy: the lambdas below capture it by value
+    add("op.kv_store." + name, [d](Harness& h) { return KvStore(h, d); });
+    const std::string base = "op.attention." + name;
     add(base + ".decode", [d](Harness& h) { return Attention(h, d, AttnCase::kDecode); });
     add(base + ".prefill", [d](Harness& h) { return Attention(h, d, AttnCase::kPrefill); });
     add(base + ".mixed", [d](Harness& h) { return Attention(h, d, AttnCase::kMixed); });

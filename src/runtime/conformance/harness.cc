@@ -124,6 +124,11 @@ Status Harness::Launch(pc_op_t op, const void* args) const {
 bool Harness::Supports(pc_op_t op, std::initializer_list<pc_dtype_t> dtypes,
                        pc_shape_class_t shape, uint32_t layout) const {
   if (layout != PC_LAYOUT_GGUF && api->abi_minor < 2) return false;  // it would not read it
+  // V's cache type came in 1.6: an older plugin reads K's for both.
+  const pc_dtype_t* d = dtypes.begin();
+  if ((op == PC_OP_KV_STORE || op == PC_OP_ATTENTION) && api->abi_minor < 6 &&
+      dtypes.size() > 1 && d[1] != d[0])
+    return false;
   pc_op_query_t q{};
   q.struct_size = sizeof(q);
   q.op = op;
