@@ -202,6 +202,11 @@ std::vector<Option> MakeOptions() {
       Option* option = row.first;
       auto set = option->set;
       option->set = [set, canonical, member = row.second](LaunchSpec& s, const std::string& value) {
+        // K's or V's left empty (how --print-config writes the default): --kv-cache-dtype's.
+        if (value.empty() && member != &LaunchSpec::kv_cache_dtype) {
+          s.*member = "";
+          return Status::Ok();
+        }
         PC_RETURN_IF_ERROR(set(s, value));
         s.*member = canonical(value);
         return Status::Ok();
