@@ -413,6 +413,7 @@ TEST_P(CpuKernels, AttentionMatchesReference) {
     pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), 0,
                           D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
                           2, n_heads, n_kv, hd, bs, max_blocks, 13, 1.f / std::sqrt(40.f)};
+    a.v_cache_dtype = cache;
     ExpectAttentionMatchesReference(Ctx(), a, n_tokens * n_heads * hd);
   }
 }
@@ -441,6 +442,7 @@ TEST_P(CpuKernels, AttentionLongContextMatchesReference) {
     pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), 0,
                           D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
                           3, n_heads, n_kv, hd, bs, max_blocks, 128, 1.f / std::sqrt(64.f)};
+    a.v_cache_dtype = cache;
     // Sliding windows (1.4): one position, a part of a chunk, more than a chunk.
     for (int64_t window : {0, 1, 7, 40}) {
       SCOPED_TRACE("window " + std::to_string(window));
@@ -496,6 +498,7 @@ TEST_P(CpuKernels, AttentionDecodeMatchesReference) {
       pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), 0,
                             D(qstart.data()), D(lens.data()), D(tables.data()), cache, n_tokens,
                             3, n_heads, n_kv, hd, bs, max_blocks, 128, 1.f / std::sqrt(64.f)};
+      a.v_cache_dtype = cache;
       for (int64_t window : {0, 5, 40}) {
         SCOPED_TRACE("window " + std::to_string(window));
         a.window = window;

@@ -133,6 +133,13 @@ struct Row {
     return std::tie(op, dtypes, abi_minor) < std::tie(o.op, o.dtypes, o.abi_minor);
   }
   bool operator==(const Row& o) const = default;
+  // "attention f16,f16 1.4" in a failure message.
+  friend void PrintTo(const Row& r, std::ostream* os) {
+    *os << runtime::OpName(r.op);
+    for (size_t i = 0; i < r.dtypes.size(); ++i)
+      *os << (i == 0 ? " " : ",") << DTypeName(r.dtypes[i]);
+    if (r.abi_minor != 0) *os << " 1." << r.abi_minor;
+  }
 };
 
 std::vector<Row> Rows(const std::vector<OpUse>& uses) {
@@ -142,14 +149,15 @@ std::vector<Row> Rows(const std::vector<OpUse>& uses) {
   return rows;
 }
 
-std::vector<OpUse> Coverage(const std::string& path, bool tensor_parallel = false) {
+std::vector<OpUse> Coverage(const std::string& path, bool tensor_parallel = false,
+                            model::KvCacheDtypes kv = {}) {
   auto f = GgufFile::Open(path);
   EXPECT_TRUE(f.ok()) << f.status().ToString();
   if (!f.ok()) return {};
   auto c = ModelConfig::FromGguf(**f);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (!c.ok()) return {};
-  return RequiredOps(**f, *c, model::KvCacheDtypes{}, tensor_parallel);
+  return RequiredOps(**f, *c, kv, tensor_parallel);
 }
 
 std::string UsersOf(const std::vector<OpUse>& uses, Op op) {
@@ -168,7 +176,7 @@ TEST(OpCoverageTest, RecordedFromTheForwardPass) {
     const std::vector<OpUse> uses = Coverage(SynthShape("tiny", F16));
     std::vector<Row> want = {{Op::kEmbedding, {F16}, 0}, {Op::kRmsNorm, {}, 0},
                              {Op::kMatmul, {F16}, 0},    {Op::kRope, {}, 0},
-                             {Op::kKvStore, {F16}, 0},   {Op::kAttention, {F16}, 0},
+                             {Op::kKvStore, {F16, F16}, 0}, {Op::kAttention, {F16, F16}, 0},
                              {Op::kSwiglu, {}, 0},       {Op::kEmbedding, {F32}, 0}};
     std::sort(want.begin(), want.end());
     EXPECT_EQ(Rows(uses), want);
@@ -180,14 +188,21 @@ TEST(OpCoverageTest, RecordedFromTheForwardPass) {
     std::vector<Row> tp = Rows(Coverage(SynthShape("tiny", F16), /*tensor_parallel=*/true));
     EXPECT_EQ(tp.size(), want.size() + 1);
     EXPECT_TRUE(std::find(tp.begin(), tp.end(), Row{Op::kAdd, {}, 0}) != tp.end());
+    // A quantized K beside an F16 V: the KV ops carry both, and V apart needs ABI 1.6.
+    std::vector<Row> kq = Rows(Coverage(SynthShape("tiny", F16), false, {Q8, F16}));
+    EXPECT_TRUE(std::find(kq.begin(), kq.end(), Row{Op::kKvStore, {Q8, F16}, 6}) != kq.end());
+    EXPECT_TRUE(std::find(kq.begin(), kq.end(), Row{Op::kAttention, {Q8, F16}, 6}) != kq.end());
+    // Both quantized alike: a 1.5 plugin reads V's type from K's.
+    std::vector<Row> kk = Rows(Coverage(SynthShape("tiny", F16), false, {Q8, Q8}));
+    EXPECT_TRUE(std::find(kk.begin(), kk.end(), Row{Op::kAttention, {Q8, Q8}, 0}) != kk.end());
   }
   {
     SCOPED_TRACE("gemma3-tiny");
     const std::vector<OpUse> uses = Coverage(SynthShape("gemma3-tiny"));
     std::vector<Row> want = {
         {Op::kEmbedding, {Q8}, 0}, {Op::kScale, {}, 0},        {Op::kRmsNorm, {}, 0},
-        {Op::kMatmul, {Q8}, 0},    {Op::kRope, {}, 0},         {Op::kKvStore, {F16}, 0},
-        {Op::kAttention, {F16}, 4}, {Op::kAttention, {F16}, 0}, {Op::kAdd, {}, 0},
+        {Op::kMatmul, {Q8}, 0},    {Op::kRope, {}, 0},         {Op::kKvStore, {F16, F16}, 0},
+        {Op::kAttention, {F16, F16}, 4}, {Op::kAttention, {F16, F16}, 0}, {Op::kAdd, {}, 0},
         {Op::kGeglu, {}, 0},       {Op::kEmbedding, {F32}, 0}};
     std::sort(want.begin(), want.end());
     EXPECT_EQ(Rows(uses), want);
@@ -201,8 +216,8 @@ TEST(OpCoverageTest, RecordedFromTheForwardPass) {
     // The router stays F32 in a quantized file; the experts run inside MOE (no SWIGLU).
     std::vector<Row> want = {{Op::kEmbedding, {Q8}, 0}, {Op::kRmsNorm, {}, 0},
                              {Op::kMatmul, {Q8}, 0},    {Op::kMatmul, {F32}, 0},
-                             {Op::kRope, {}, 0},        {Op::kKvStore, {F16}, 0},
-                             {Op::kAttention, {F16}, 0}, {Op::kMoe, {Q8, Q8, Q8}, 0},
+                             {Op::kRope, {}, 0},        {Op::kKvStore, {F16, F16}, 0},
+                             {Op::kAttention, {F16, F16}, 0}, {Op::kMoe, {Q8, Q8, Q8}, 0},
                              {Op::kEmbedding, {F32}, 0}};
     std::sort(want.begin(), want.end());
     EXPECT_EQ(Rows(uses), want);

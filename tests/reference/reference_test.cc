@@ -376,7 +376,7 @@ std::vector<LoraCase> LoraCases() {
   const ModelCase moe_q4{"qwen2", "qwen3moe", "Q4_K_M", "qwen3moe-tiny", false};
   return {
       {llama_f16, 8, 16, "F16", 1},   {llama_q4, 64, 32, "F32", 0.5f},
-      {qwen2_f16, 64, 16, "BF16", 1}, {qwen2_q4, 8, 32, "Q8_0", 0.5f},
+      {qwen2_f16, 64, 16, "BF16", 1}, {qwen2_q4, 8, 16, "Q8_0", 0.5f},
       {moe_f16, 8, 4, "F16", 0.5f},   {moe_q4, 64, 32, "F16", 1},
   };
 }

@@ -140,6 +140,7 @@ TEST(RefKernels, PagedAttentionGqaCausalAgainstDense) {
       for (int p = 0; p < lens[s]; ++p) slots.push_back(table[s * 4 + p / bs] * bs + p % bs);
     pc_kv_store_args_t st{sizeof(st), D(k_all.data()), D(v_all.data()), D(kc.data()),
                           D(vc.data()), D(slots.data()), cache_t, 9, n_kv, hd, bs};
+    st.v_cache_dtype = cache_t;
     ASSERT_EQ(RefLaunch(PC_OP_KV_STORE, &st, IdentityMemory()), nullptr);
     // A skipped slot writes nothing.
     std::vector<uint8_t> before = kc;
@@ -156,6 +157,7 @@ TEST(RefKernels, PagedAttentionGqaCausalAgainstDense) {
     pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), D(out.data()),
                           D(qstart.data()), D(seq_lens.data()), D(table.data()), cache_t,
                           n_tok, 2, n_heads, n_kv, hd, bs, max_blocks, 6, 0.35f};
+    a.v_cache_dtype = cache_t;
     ASSERT_EQ(RefLaunch(PC_OP_ATTENTION, &a, IdentityMemory()), nullptr);
     auto round = [&](float v) { return cache_t == PC_DTYPE_F16 ? Fp16ToFp32(Fp32ToFp16(v)) : v; };
     const int64_t tok_base[2] = {0, 6};  // row of each sequence's position 0 in k_all
@@ -304,8 +306,11 @@ TEST(RefKernels, Supports) {
   q.dtypes[0] = PC_DTYPE_I32;
   EXPECT_FALSE(RefSupports(q));
   q.op = PC_OP_ATTENTION;
-  q.dtypes[0] = PC_DTYPE_Q8_0;
+  q.dtypes[0] = PC_DTYPE_Q5_K;  // not a KV cache type
   EXPECT_FALSE(RefSupports(q));
+  q.dtypes[0] = PC_DTYPE_Q8_0;  // a KV cache type (1.6), K = V
+  q.dtypes[1] = PC_DTYPE_Q8_0;
+  EXPECT_TRUE(RefSupports(q));
   q.op = static_cast<pc_op_t>(99);
   EXPECT_FALSE(RefSupports(q));
 }
