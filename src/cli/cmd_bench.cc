@@ -96,6 +96,11 @@ using Clock = std::chrono::steady_clock;
 int Run(const BenchOptions& o, const GlobalOptions& globals) {
   auto spec = BuildSpec(globals, launch::kScopeModel, o.flags, nullptr);
   if (!spec.ok()) return Fail(spec.status());
+  if (Status s = launch::RefuseSpeculation(*spec, "polychip bench",
+                                           "it times the model's plain prefill and decode");
+      !s.ok()) {
+    return Fail(s);
+  }
   const int threads = spec->threads > 0 ? spec->threads : int(std::thread::hardware_concurrency());
   if (o.membw) {
     const double bw = MeasureReadBandwidth(threads, size_t(o.membw_mib) << 20);

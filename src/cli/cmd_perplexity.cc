@@ -52,6 +52,11 @@ int Run(const PplOptions& o, const GlobalOptions& globals) {
 
   auto spec = BuildSpec(globals, kScope, o.flags, nullptr);
   if (!spec.ok()) return Fail(spec.status());
+  if (Status s = launch::RefuseSpeculation(*spec, "polychip perplexity",
+                                           "it scores every position of the text in one pass");
+      !s.ok()) {
+    return Fail(s);
+  }
   if (spec->model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
   if (Status s = launch::CheckModelPath(spec->model_path); !s.ok()) return Fail(s);
   auto mf = model::OpenModelFile(spec->model_path);

@@ -42,6 +42,11 @@ using Clock = std::chrono::steady_clock;
 int Run(const ProfileOptions& o, const GlobalOptions& globals) {
   auto spec = BuildSpec(globals, launch::kScopeModel, o.flags, nullptr);
   if (!spec.ok()) return Fail(spec.status());
+  if (Status s = launch::RefuseSpeculation(*spec, "polychip profile",
+                                           "it profiles the model's plain prefill and decode");
+      !s.ok()) {
+    return Fail(s);
+  }
   if (spec->model_path.empty()) return Fail(InvalidArgument("--model-path is required"));
   if (o.n_prompt < 1 || o.n_gen < 1) return Fail(InvalidArgument("-p and -n must be >= 1"));
   if (Status s = launch::CheckModelPath(spec->model_path); !s.ok()) return Fail(s);

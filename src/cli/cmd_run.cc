@@ -70,7 +70,8 @@ void PrintToken(int32_t token, const std::vector<float>& logits, const std::stri
 // With speculative decoding the request runs through the engine, which drafts and verifies.
 int RunSpeculative(const RunOptions& o, const launch::ResolvedLaunch& launch,
                    const model::ModelFile& mf, engine::ModelRunner& r,
-                   const std::vector<int32_t>& prompt_ids, const engine::SamplingParams& sp,
+                   const launch::OfflineLora& lora, const std::vector<int32_t>& prompt_ids,
+                   const engine::SamplingParams& sp,
                    std::chrono::steady_clock::time_point t0,
                    std::chrono::steady_clock::time_point t_loaded) {
   using Clock = std::chrono::steady_clock;
@@ -87,6 +88,8 @@ int RunSpeculative(const RunOptions& o, const launch::ResolvedLaunch& launch,
   in.prompt = prompt_ids;
   in.params = sp;
   in.params.want_logprob = false;
+  in.adapter = lora.adapter;
+  in.adapter_scale = lora.scale;
   auto stream = eng.Submit(in);
   if (!stream.ok()) return Fail(stream.status());
   Clock::time_point t_prompt = Clock::now();
@@ -181,6 +184,12 @@ int Run(const RunOptions& o, const GlobalOptions& globals) {
                                                 spec->speculative_num_draft_tokens + 1);
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
+  if (o.print_tokens && launch->engine.speculative.algorithm != engine::SpecAlgorithm::kNone) {
+    // The engine verifying drafts hands back tokens, not the rows their margins come from.
+    return Fail(InvalidArgument("--print-tokens prints each token's logit margin, which a "
+                                "speculative run does not see; drop --speculative-* or "
+                                "--print-tokens"));
+  }
   auto lora = launch::LoadOfflineLora(*spec, mf->config);
   if (!lora.ok()) return Fail(lora.status());
   // tp_size x pp_size > 1: one process per rank (dist/parallel.h); in a rank other than 0 this call
@@ -203,7 +212,7 @@ int Run(const RunOptions& o, const GlobalOptions& globals) {
   sp.ignore_eos = o.ignore_eos;
   sp.stop = o.stop;
   if (launch->engine.speculative.algorithm != engine::SpecAlgorithm::kNone) {
-    return RunSpeculative(o, *launch, *mf, r, prompt_ids, sp, t0, t_loaded);
+    return RunSpeculative(o, *launch, *mf, r, *lora, prompt_ids, sp, t0, t_loaded);
   }
   engine::Sampler sampler(sp, r.vocab_size(), tok.eog_ids(), prompt_ids);
   engine::StopChecker stop(sp, tok.eog_ids());

@@ -89,7 +89,36 @@ Status Validate(const LaunchSpec& spec) {
     return InvalidArgument(
         "--speculative-algorithm draft needs --speculative-draft-model FILE.gguf");
   }
+  // A flag that would be read by nothing is refused rather than ignored: the user would
+  // believe it in effect.
+  if (spec.speculative_algorithm == "ngram" && !spec.speculative_draft_model.empty()) {
+    return InvalidArgument(
+        "--speculative-draft-model is not used by --speculative-algorithm ngram (prompt "
+        "lookup drafts without a model); give one of them");
+  }
+  if (!spec.speculative_draft_device.empty() && spec.speculative_draft_model.empty()) {
+    return InvalidArgument(
+        "--speculative-draft-device needs --speculative-draft-model FILE.gguf (it places the "
+        "draft model)");
+  }
   return Status::Ok();
+}
+
+Status RefuseSpeculation(const LaunchSpec& spec, std::string_view command,
+                         std::string_view why) {
+  std::vector<std::string> given;
+  if (spec.speculative_algorithm != "auto" && spec.speculative_algorithm != "none") {
+    given.push_back("--speculative-algorithm " + spec.speculative_algorithm);
+  }
+  if (!spec.speculative_draft_model.empty()) given.push_back("--speculative-draft-model");
+  if (!spec.speculative_draft_device.empty()) given.push_back("--speculative-draft-device");
+  if (given.empty()) return Status::Ok();
+  std::string flags;
+  for (const std::string& g : given) flags += (flags.empty() ? "" : ", ") + g;
+  return InvalidArgument(std::string(command) + " does not speculate (" + std::string(why) +
+                         "): drop " + flags +
+                         "; polychip run and polychip serve (with polychip bench-serving) "
+                         "measure speculative decoding");
 }
 
 model::KvCacheDtypes KvCacheDtypesOf(const LaunchSpec& spec) {
@@ -134,6 +163,10 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
 
   // Speculative decoding. A draft model on the model's device takes its weights from the KV
   // budget, and keeps as many KV tokens as the model (each budgeted token pays for both).
+  // With tp x pp ranks the engine, the proposer and the draft live on rank 0, and every rank
+  // runs the verification steps (multi-position steps, as a prefill's). The draft's share is
+  // taken from every rank's budget all the same: all ranks must hold the same number of KV
+  // blocks, since rank 0 hands out their ids.
   engine::SpeculativeOptions& so = r.engine.speculative;
   const std::string algorithm =
       spec.speculative_algorithm != "auto"        ? spec.speculative_algorithm
@@ -144,10 +177,6 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
   so.adaptive = spec.speculative_adaptive;
   so.disable_batch_size = spec.speculative_disable_batch_size;
   so.ngram_max = spec.speculative_ngram_max;
-  if (so.algorithm != engine::SpecAlgorithm::kNone && ranks > 1) {
-    return Unimplemented("speculative decoding runs on one rank; --tp-size and --pp-size must "
-                         "be 1 with --speculative-algorithm " + algorithm);
-  }
   uint64_t draft_weight_bytes = 0;
   if (so.algorithm == engine::SpecAlgorithm::kDraft) {
     PC_RETURN_IF_ERROR(CheckModelPath(spec.speculative_draft_model));
@@ -298,6 +327,8 @@ StatusOr<std::unique_ptr<DraftModel>> CreateDraft(const ResolvedLaunch& launch,
   if (Status v = CheckDraftVocabulary(*target.tokenizer, *d->file.tokenizer); !v.ok()) {
     return InvalidArgument(path + ": " + v.message());
   }
+  // Without a device of its own the draft shares the model's: with several ranks, rank 0's
+  // (the first of --device), where the engine that drafts runs.
   const bool own_device = !s.speculative_draft_device.empty();
   PC_ASSIGN_OR_RETURN(auto device,
                       model::OpenDevice(own_device ? "" : s.config_path,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dist/parallel.h"
@@ -130,6 +131,11 @@ StatusOr<runtime::RuntimeConfig> RuntimeConfigOf(const LaunchSpec& spec);
 // Checks the values no flag check covers (pooling, schedule policy, KV type, sizes).
 Status Validate(const LaunchSpec& spec);
 
+// For a command that runs no engine (bench, perplexity, profile), which would ignore the
+// speculative flags: an error naming those given and `why` the command cannot use them; Ok when
+// none is given (or --speculative-algorithm none).
+Status RefuseSpeculation(const LaunchSpec& spec, std::string_view command, std::string_view why);
+
 // The KV cache's bytes per token for `config` on one rank of tp x pp (K and V of every layer,
 // sliding layers at the window pool's ratio).
 uint64_t KvTokenBytes(const model::ModelConfig& config, const model::KvCacheDtypes& kv_dtypes,
@@ -164,7 +170,7 @@ struct DraftModel {
 
 // Opens --speculative-draft-model, checks that it shares `target`'s vocabulary (the same token
 // for every id both have, sizes at most 128 apart) and loads it on --speculative-draft-device
-// (default: the target's backend, a device of its own). Null when the launch speculates
+// (default: the target's device; with tp x pp ranks, rank 0's). Null when the launch speculates
 // without a draft model.
 StatusOr<std::unique_ptr<DraftModel>> CreateDraft(const ResolvedLaunch& launch,
                                                   const model::ModelFile& target);

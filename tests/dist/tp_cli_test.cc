@@ -1,8 +1,8 @@
 // Tensor and pipeline parallelism end to end through the polychip binary on emu devices, with
 // the trained tiny model (models/polychip-tiny.gguf): tp=2, pp=2 and tp=2 x pp=2 give the
 // single rank's greedy tokens and perplexity (tp: with 1/tp of the weights on rank 0, the
-// vocabulary tables included); a bad device list fails before anything starts;
-// a killed rank ends the job within 10 s.
+// vocabulary tables included), with speculative decoding too; a bad device list fails before
+// anything starts; a killed rank ends the job within 10 s.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -90,6 +90,29 @@ TEST_P(Layouts, RunGivesTheSameGreedyTokens) {
     const double one_mib = WeightMib(one.err), rank0_mib = WeightMib(many.err);
     ASSERT_GT(one_mib, 1.0) << one.err;
     EXPECT_LT(rank0_mib, one_mib / tp + 0.25) << many.err;
+  }
+}
+
+// Speculative decoding across ranks: rank 0 drafts (n-gram lookup, or the model itself as its
+// draft model, on rank 0's device) and every rank verifies; greedy text as one rank without it.
+TEST_P(Layouts, SpeculativeRunGivesTheSameGreedyText) {
+  const auto [tp, pp] = GetParam();
+  // A prompt holding its continuation, so that n-gram lookup finds drafts.
+  const std::string args =
+      "run -m " + kModel + " -p 'In the beginning God created the heaven and the earth. In the "
+      "beginning' -n 24 --temp 0";
+  Result plain = Polychip(args + Flags(1, 1));
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_GT(plain.out.size(), 24u);
+  for (const std::string& algorithm :
+       {std::string(" --speculative-algorithm ngram"), " --speculative-draft-model " + kModel}) {
+    Result many = Polychip(args + Flags(tp, pp) + algorithm);
+    ASSERT_EQ(many.exit_code, 0) << algorithm << "\n" << many.err;
+    EXPECT_EQ(many.out, plain.out) << algorithm;
+    // "speculative: ngram, k 4 | 6 verification steps, 19 draft tokens, 13 accepted ..."
+    const size_t at = many.err.find("draft tokens, ");
+    ASSERT_NE(at, std::string::npos) << many.err;
+    EXPECT_GT(std::atoi(many.err.c_str() + at + 14), 0) << many.err;
   }
 }
 

@@ -253,6 +253,54 @@ TEST(LaunchResolve, StepBudgetAndEngineOptionsComeFromOnePlace) {
   EXPECT_EQ(r->runner.max_tokens_per_step, 7);
 }
 
+// Speculation runs with tp x pp ranks (rank 0 drafts, every rank verifies); a speculative flag
+// nothing would read is refused naming it, never ignored.
+TEST(LaunchResolve, SpeculationWithSeveralRanksAndFlagsNothingReads) {
+  LaunchSpec spec;
+  spec.max_total_tokens = 4096;
+  spec.tp_size = 2;
+  spec.pp_size = 2;
+  spec.speculative_algorithm = "ngram";
+  auto r = Resolve(spec, Model32k(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->engine.speculative.algorithm, engine::SpecAlgorithm::kNgram);
+  EXPECT_EQ(r->parallel.tp_size * r->parallel.pp_size, 4);
+
+  spec.speculative_draft_model = "draft.gguf";
+  Status s = Validate(spec);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--speculative-draft-model is not used by "
+                             "--speculative-algorithm ngram"),
+            std::string::npos)
+      << s.message();
+
+  LaunchSpec device_only;
+  device_only.speculative_draft_device = "cpu:0";
+  s = Validate(device_only);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--speculative-draft-device needs --speculative-draft-model"),
+            std::string::npos)
+      << s.message();
+
+  // bench, perplexity and profile run no engine: each flag given is named.
+  EXPECT_TRUE(RefuseSpeculation(LaunchSpec{}, "polychip bench", "why").ok());
+  LaunchSpec off;
+  off.speculative_algorithm = "none";
+  EXPECT_TRUE(RefuseSpeculation(off, "polychip bench", "why").ok());
+  LaunchSpec draft;
+  draft.speculative_draft_model = "d.gguf";
+  draft.speculative_draft_device = "cpu:0";
+  s = RefuseSpeculation(draft, "polychip bench", "it times plain decode");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("polychip bench does not speculate (it times plain decode): drop "
+                             "--speculative-draft-model, --speculative-draft-device"),
+            std::string::npos)
+      << s.message();
+  s = RefuseSpeculation(spec, "polychip perplexity", "why");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--speculative-algorithm ngram"), std::string::npos) << s.message();
+}
+
 TEST(LaunchModelPath, NonGgufPathsSayGgufOnlyAndHowToConvert) {
   const fs::path dir = fs::temp_directory_path() / ("polychip-hf-" + std::to_string(getpid()));
   fs::create_directories(dir);
