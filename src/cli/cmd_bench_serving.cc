@@ -3,7 +3,8 @@
 // llama-server, vLLM, SGLang), to SGLang's /generate, or as chat turns to Anthropic's
 // /v1/messages or OpenAI's /v1/responses, at a given request rate and concurrency,
 // and reports request and token throughput and TTFT / TPOT / ITL / end-to-end latency
-// percentiles, as a table and as JSON.
+// percentiles, as a table and as JSON; with a server that speculates, the acceptance rate and
+// accept length of the run, from the server's /metrics before and after.
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 
@@ -12,11 +13,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -86,6 +91,52 @@ double Mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0 : s / v.size();
+}
+
+// Speculative decoding's counters, as a server's /metrics gives them.
+struct SpecCounters {
+  double verify_steps = 0;   // sequence steps that verified drafts
+  double draft_tokens = 0;
+  double accepted_tokens = 0;
+};
+
+// polychip's own series, else vLLM's (a vLLM server), each summed over its label sets; nullopt
+// when the server exposes neither: it does not speculate, or serves no /metrics.
+std::optional<SpecCounters> ReadSpecCounters(const BenchOptions& o, const std::string& host,
+                                             int port) {
+  httplib::Client cli(host, port);
+  cli.set_read_timeout(30, 0);
+  httplib::Headers headers;
+  if (!o.api_key.empty()) headers.emplace("Authorization", "Bearer " + o.api_key);
+  auto res = cli.Get("/metrics", headers);
+  if (!res || res->status != 200) return std::nullopt;
+  // name -> the sum of its samples; "name{labels} value" or "name value".
+  std::map<std::string, double> sums;
+  size_t at = 0;
+  const std::string& text = res->body;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    if (line.empty() || line.front() == '#') continue;
+    const size_t name_end = line.find_first_of("{ ");
+    const size_t value_at = line.rfind(' ');
+    if (name_end == std::string_view::npos || value_at == std::string_view::npos) continue;
+    sums[std::string(line.substr(0, name_end))] +=
+        std::strtod(std::string(line.substr(value_at + 1)).c_str(), nullptr);
+  }
+  auto read = [&](const char* steps, const char* drafts, const char* accepted)
+      -> std::optional<SpecCounters> {
+    if (!sums.count(steps) || !sums.count(drafts) || !sums.count(accepted)) return std::nullopt;
+    return SpecCounters{sums[steps], sums[drafts], sums[accepted]};
+  };
+  if (auto c = read("polychip_spec_verify_steps_total", "polychip_spec_draft_tokens_total",
+                    "polychip_spec_accepted_tokens_total")) {
+    return c;
+  }
+  return read("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+              "vllm:spec_decode_num_accepted_tokens_total");
 }
 
 Result RunOne(const BenchOptions& o, const std::string& host, int port, const std::string& prompt) {
@@ -259,6 +310,9 @@ int Bench(const BenchOptions& o) {
   }
   const int workers = std::max(1, std::min(o.max_concurrency > 0 ? o.max_concurrency : o.num_prompts,
                                            o.num_prompts));
+  // The server's counters are cumulative: the run's share is the difference (which includes any
+  // other traffic the server had meanwhile).
+  const std::optional<SpecCounters> spec_before = ReadSpecCounters(o, host, port);
   std::vector<Result> results(o.num_prompts);
   std::atomic<int> next{0};
   const auto t0 = Clock::now();
@@ -274,6 +328,8 @@ int Bench(const BenchOptions& o) {
   }
   for (auto& t : threads) t.join();
   const double duration = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::optional<SpecCounters> spec_after =
+      spec_before ? ReadSpecCounters(o, host, port) : std::nullopt;
 
   std::vector<double> ttft, tpot, itl, e2e;
   // out_tokens counts completed requests only (as sglang.bench_serving does); streamed_tokens
@@ -316,6 +372,19 @@ int Bench(const BenchOptions& o) {
   stats("itl", itl);
   stats("e2e", e2e);
   if (!errors.empty()) out["errors"] = errors;
+  if (spec_after) {
+    // Acceptance: accepted / drafted; accept length: tokens a verification step yields, the
+    // accepted drafts plus the target's own token (SGLang's "accept length", vLLM's "mean
+    // acceptance length").
+    const double steps = spec_after->verify_steps - spec_before->verify_steps;
+    const double drafts = spec_after->draft_tokens - spec_before->draft_tokens;
+    const double accepted = spec_after->accepted_tokens - spec_before->accepted_tokens;
+    out["spec_verify_steps"] = steps;
+    out["spec_draft_tokens"] = drafts;
+    out["spec_accepted_tokens"] = accepted;
+    out["spec_acceptance_rate"] = drafts > 0 ? accepted / drafts : 0.0;
+    out["spec_accept_length"] = steps > 0 ? (accepted + steps) / steps : 0.0;
+  }
 
   std::printf("============ Serving Benchmark Result ============\n");
   std::printf("%-36s %s\n", "Backend:", o.backend.c_str());
@@ -336,6 +405,13 @@ int Bench(const BenchOptions& o) {
                 out[fmt::format("p50_{}_ms", name)].get<double>(),
                 out[fmt::format("p90_{}_ms", name)].get<double>(),
                 out[fmt::format("p99_{}_ms", name)].get<double>());
+  }
+  if (spec_after) {
+    std::printf("%-36s %.0f / %.0f (%.3f)\n", "Spec. accepted / draft tokens:",
+                out["spec_accepted_tokens"].get<double>(), out["spec_draft_tokens"].get<double>(),
+                out["spec_acceptance_rate"].get<double>());
+    std::printf("%-36s %.2f\n", "Spec. accept length (tok/step):",
+                out["spec_accept_length"].get<double>());
   }
   for (const auto& e : errors) std::printf("error: %s\n", e.c_str());
   std::printf("==================================================\n");

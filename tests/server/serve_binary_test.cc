@@ -315,10 +315,44 @@ TEST(ServeBinary, BenchServingDrivesTheServerWithBothApis) {
     EXPECT_GT(r["output_token_throughput"].get<double>(), 0);
     EXPECT_GT(r["p50_ttft_ms"].get<double>(), 0);
     EXPECT_LE(r["p50_ttft_ms"].get<double>(), r["p50_e2e_ms"].get<double>());
+    EXPECT_FALSE(r.contains("spec_acceptance_rate"));  // this server does not speculate
   }
   int rc = 0;
   BenchServing(s.port(), "--backend nosuch", &rc);
   EXPECT_NE(rc, 0);
+}
+
+// Against a server speculating by n-gram lookup (k = 4), bench-serving reports the run's
+// drafts from /metrics: acceptance in [0, 1], and tokens per verification step between 1 and
+// k + 1, equal to 1 + accepted / steps.
+TEST(ServeBinary, BenchServingReportsSpeculativeAcceptance) {
+  PC_REQUIRE_SERVE_DEPS(model);
+  ServeProcess s(model, {"--context-length", "256", "--speculative-algorithm", "ngram",
+                         "--speculative-num-draft-tokens", "4"});
+  ASSERT_TRUE(s.ok());
+  int rc = -1;
+  // Prompts of random words from a short list: their own n-grams recur, so lookup drafts.
+  const json r = BenchServing(s.port(),
+                              "--num-prompts 6 --max-concurrency 2 --random-input-len 48"
+                              " --random-output-len 24 --seed 5",
+                              &rc);
+  ASSERT_EQ(rc, 0);
+  ASSERT_FALSE(r.is_discarded());
+  ASSERT_TRUE(r.contains("spec_acceptance_rate")) << r.dump();
+  const double steps = r["spec_verify_steps"], drafts = r["spec_draft_tokens"],
+               accepted = r["spec_accepted_tokens"];
+  EXPECT_GT(steps, 0) << r.dump();
+  EXPECT_GE(drafts, steps);
+  EXPECT_LE(drafts, 4 * steps);
+  EXPECT_GE(accepted, 0);
+  EXPECT_LE(accepted, drafts);
+  EXPECT_DOUBLE_EQ(r["spec_acceptance_rate"].get<double>(), accepted / drafts);
+  const double length = r["spec_accept_length"];
+  EXPECT_DOUBLE_EQ(length, 1 + accepted / steps);
+  EXPECT_GE(length, 1.0);
+  EXPECT_LE(length, 5.0);
+  // The accepted drafts are generated tokens: never more than the run's.
+  EXPECT_LE(accepted + steps, r["total_output_tokens"].get<double>());
 }
 
 // `bench-serving --backend llamacpp` against a stand-in for llama-server's native /completion
