@@ -116,6 +116,21 @@ TEST_P(Layouts, SpeculativeRunGivesTheSameGreedyText) {
   }
 }
 
+// A quantized KV cache (K and V of two types) split across ranks: each rank stores and reads
+// its heads' blocks; the tokens are the single rank's with the same cache types.
+TEST_P(Layouts, QuantizedKvCacheGivesTheSameGreedyTokens) {
+  const auto [tp, pp] = GetParam();
+  const std::string args = "run -m " + kModel +
+                           " -p 'And God said, Let there be light' -n 24 --print-tokens"
+                           " --kv-cache-dtype-k q8_0 --kv-cache-dtype-v q4_0";
+  Result one = Polychip(args + Flags(1, 1));
+  Result many = Polychip(args + Flags(tp, pp));
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(many.exit_code, 0) << many.err;
+  EXPECT_EQ(Tokens(one.err).size(), 24u) << one.err;
+  EXPECT_EQ(Tokens(one.err), Tokens(many.err)) << many.err;
+}
+
 TEST_P(Layouts, PerplexityWithinATenthOfAPercent) {
   const auto [tp, pp] = GetParam();
   const std::string args = "perplexity -m " + kModel + " -f " + kText + " -c 128 --chunks 4";
