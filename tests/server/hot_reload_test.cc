@@ -157,6 +157,42 @@ TEST(HotReload, StreamsSurviveReloadsWithTheSameText) {
   fs::remove_all(dir);
 }
 
+// A quantized KV cache (K q8_0, V q4_0) moves with the sequences: streams in flight while the
+// cpu plugin is replaced by emu (or, without emu, by a copy of cpu) end with the text they have
+// without a reload.
+TEST(HotReload, AQuantizedKvCacheMovesWithTheStreams) {
+  PC_REQUIRE_SERVE_DEPS(unused);
+  std::string why;
+  const std::string model = TinyF16Model(&why).string();
+  if (model.empty()) GTEST_SKIP() << why;
+  const fs::path dir = ScratchDir("hot-reload-kvq");
+  const fs::path copy = dir / "libpolychip_backend_cpu.so";
+  fs::copy_file(CpuPlugin(), copy);
+  const bool have_emu = fs::exists(PluginDir() / "libpolychip_backend_emu.so");
+  ServeProcess s(model, {"--admin-key", kAdminKey, "--max-running-requests", "4",
+                         "--kv-cache-dtype-k", "q8_0", "--kv-cache-dtype-v", "q4_0"});
+  ASSERT_TRUE(s.ok());
+  constexpr int kStreams = 4;
+  std::vector<std::string> expected(kStreams);
+  for (int i = 0; i < kStreams; ++i) expected[i] = StreamText(s, i);
+  std::vector<std::future<std::string>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(std::async(std::launch::async, [&s, i] { return StreamText(s, i); }));
+  }
+  ServeProcess::WaitFor([&] { return s.Metric("polychip_num_running_reqs") >= kStreams / 2; }, 30);
+  const json target = have_emu ? json{{"kind", "backend"}, {"name", "emu"}}
+                               : json{{"kind", "backend"}, {"path", copy.string()}};
+  auto [status, reply] = Reload(s, target);
+  ASSERT_EQ(status, 200) << reply.dump() << "\n" << s.Log();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_EQ(streams[i].get(), expected[i]) << "stream " << i << " after " << target.dump();
+  }
+  // And new requests on the new backend read and write the same cache types.
+  EXPECT_EQ(StreamText(s, 0), expected[0]);
+  EXPECT_EQ(s.Metric("polychip_requests_failed_total"), 0);
+  fs::remove_all(dir);
+}
+
 TEST(HotReload, BrokenLibrariesAreRefusedAndTheOldPluginServes) {
   PC_REQUIRE_SERVE_DEPS(model);
   const fs::path dir = ScratchDir("hot-reload-broken");
