@@ -14,7 +14,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config git ca-certificates \
       nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev \
-      libcpp-httplib-dev libpcre2-dev libboost-dev libopenmpi-dev libgloo-dev \
+      libpcre2-dev libboost-dev libopenmpi-dev libgloo-dev \
       libvulkan-dev glslc \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -33,7 +33,7 @@ FROM debian:12-slim
 # GPU drivers Mesa has) for the vulkan plugin.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libspdlog1.10 libfmt9 libcpp-httplib0.11 libyaml-cpp0.7 libpcre2-8-0 libssl3 \
+      libspdlog1.10 libfmt9 libyaml-cpp0.7 libpcre2-8-0 \
       libopenmpi3 libgloo0 libvulkan1 mesa-vulkan-drivers \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/polychip /opt/polychip

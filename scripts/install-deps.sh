@@ -14,10 +14,12 @@ packages=(
   # build
   build-essential cmake ninja-build ccache pkg-config git curl python3
   # libraries of the framework
-  nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libcpp-httplib-dev
-  libpcre2-dev
-  # the HTTP server's event-driven transport (Boost.Beast/Asio, header-only)
+  nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libspdlog-dev libfmt-dev libpcre2-dev
+  # HTTP: the server's event-driven transport and bench-serving's client (Boost.Beast/Asio,
+  # header-only)
   libboost-dev
+  # the tests' independent HTTP client (not linked by the product)
+  libcpp-httplib-dev
   # MPI comm plugin (and mpirun for its tests)
   libopenmpi-dev openmpi-bin
   # Gloo comm plugin (TCP collectives for --nnodes launches without mpirun); iproute2 for the

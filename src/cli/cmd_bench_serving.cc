@@ -6,7 +6,6 @@
 // percentiles, as a table and as JSON; with a server that speculates, the acceptance rate and
 // accept length of the run, from the server's /metrics before and after.
 #include <CLI/CLI.hpp>
-#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/http_client.h"
 
 namespace polychip::cli {
 namespace {
@@ -104,16 +104,22 @@ struct SpecCounters {
 // when the server exposes neither: it does not speculate, or serves no /metrics.
 std::optional<SpecCounters> ReadSpecCounters(const BenchOptions& o, const std::string& host,
                                              int port) {
-  httplib::Client cli(host, port);
-  cli.set_read_timeout(30, 0);
-  httplib::Headers headers;
-  if (!o.api_key.empty()) headers.emplace("Authorization", "Bearer " + o.api_key);
-  auto res = cli.Get("/metrics", headers);
-  if (!res || res->status != 200) return std::nullopt;
+  HttpCall call;
+  call.host = host;
+  call.port = port;
+  call.method = "GET";
+  call.target = "/metrics";
+  call.read_timeout_s = 30;
+  if (!o.api_key.empty()) call.headers.emplace_back("Authorization", "Bearer " + o.api_key);
+  std::string text;
+  const HttpReply res = SendHttp(call, [&](std::string_view piece) {
+    text.append(piece);
+    return true;
+  });
+  if (!res.error.empty() || res.status != 200) return std::nullopt;
   // name -> the sum of its samples; "name{labels} value" or "name value".
   std::map<std::string, double> sums;
   size_t at = 0;
-  const std::string& text = res->body;
   while (at < text.size()) {
     size_t end = text.find('\n', at);
     if (end == std::string::npos) end = text.size();
@@ -141,9 +147,6 @@ std::optional<SpecCounters> ReadSpecCounters(const BenchOptions& o, const std::s
 
 Result RunOne(const BenchOptions& o, const std::string& host, int port, const std::string& prompt) {
   Result r;
-  httplib::Client cli(host, port);
-  cli.set_read_timeout(600, 0);
-  cli.set_connection_timeout(30, 0);
   json body;
   std::string path;
   if (o.backend == "llamacpp") {  // llama-server's native endpoint
@@ -172,14 +175,15 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
             {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
     if (!o.model.empty()) body["model"] = o.model;
   }
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
+  HttpCall call;
+  call.host = host;
+  call.port = port;
+  call.target = path;
+  call.body = body.dump();
+  call.headers.emplace_back("Content-Type", "application/json");
   if (!o.api_key.empty()) {
-    req.set_header(o.backend == "anthropic" ? "x-api-key" : "Authorization",
-                   o.backend == "anthropic" ? o.api_key : "Bearer " + o.api_key);
+    call.headers.emplace_back(o.backend == "anthropic" ? "x-api-key" : "Authorization",
+                              o.backend == "anthropic" ? o.api_key : "Bearer " + o.api_key);
   }
   const auto start = Clock::now();
   auto last = start;
@@ -188,8 +192,8 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
   int usage_tokens = -1;
   std::string buffer;
   size_t prev_len = 0;
-  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-    buffer.append(data, len);
+  const auto on_body = [&](std::string_view data) {
+    buffer.append(data);
     size_t pos;
     while ((pos = buffer.find("\n\n")) != std::string::npos) {
       std::string event = buffer.substr(0, pos);
@@ -256,12 +260,10 @@ Result RunOne(const BenchOptions& o, const std::string& host, int port, const st
     }
     return true;
   };
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  const bool sent = cli.send(req, res, err);
+  const HttpReply res = SendHttp(call, on_body);
   r.e2e = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!sent) {
-    r.error = "transport error " + httplib::to_string(err);
+  if (!res.error.empty()) {
+    r.error = "transport error: " + res.error;
     return r;
   }
   // What arrived; a failed stream keeps this count, a completed one takes the server's usage.

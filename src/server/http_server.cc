@@ -18,6 +18,7 @@
 #include "server/chat_page.h"
 #include "server/dialects.h"
 #include "server/embeddings.h"
+#include "server/http_message.h"
 #include "server/http_transport.h"
 #include "server/job.h"
 #include "server/lora_api.h"
@@ -31,12 +32,12 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-void SendJson(httplib::Response& res, int status, const json& body) {
+void SendJson(HttpResponse& res, int status, const json& body) {
   res.status = status;
-  res.set_content(Dump(body), "application/json");
+  res.SetContent(Dump(body), "application/json");
 }
 
-void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.status, e.ToJson()); }
+void SendError(HttpResponse& res, const ApiError& e) { SendJson(res, e.status, e.ToJson()); }
 
 }  // namespace
 
@@ -94,12 +95,11 @@ class HttpServer::Impl {
     }
   }
 
-  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;
 
   // Every handler runs inside this: API key, exceptions -> 500, never a crash.
   Handler Guard(Handler h, bool needs_key) {
-    return [this, h = std::move(h), needs_key](const httplib::Request& req,
-                                               httplib::Response& res) {
+    return [this, h = std::move(h), needs_key](const HttpRequest& req, HttpResponse& res) {
       try {
         if (needs_key) {
           if (auto e = CheckKey(req)) return SendError(res, *e), DialectError(req, res);
@@ -116,7 +116,7 @@ class HttpServer::Impl {
   }
 
   // Anthropic's routes answer errors in Anthropic's shape (its SDK reads error.type).
-  static void DialectError(const httplib::Request& req, httplib::Response& res) {
+  static void DialectError(const HttpRequest& req, HttpResponse& res) {
     if (res.status < 400 || req.path.rfind("/v1/messages", 0) != 0) return;
     const json body = json::parse(res.body, nullptr, /*allow_exceptions=*/false);
     if (!body.is_object() || !body.contains("error") || body.contains("type")) return;
@@ -124,13 +124,13 @@ class HttpServer::Impl {
     SendJson(res, status, shaped);
   }
 
-  std::optional<ApiError> CheckKey(const httplib::Request& req) const {
+  std::optional<ApiError> CheckKey(const HttpRequest& req) const {
     if (options_.api_key.empty()) return std::nullopt;
     return CheckBearer(req, options_.api_key, "API key");
   }
 
   // The admin routes replace plugins, that is run code in this process: never open.
-  std::optional<ApiError> CheckAdminKey(const httplib::Request& req) const {
+  std::optional<ApiError> CheckAdminKey(const HttpRequest& req) const {
     const std::string& key = options_.admin_key.empty() ? options_.api_key : options_.admin_key;
     if (key.empty()) {
       return Error(403, "admin routes are disabled: start the server with --admin-key (or "
@@ -139,11 +139,11 @@ class HttpServer::Impl {
     return CheckBearer(req, key, options_.admin_key.empty() ? "API key" : "admin key");
   }
 
-  static std::optional<ApiError> CheckBearer(const httplib::Request& req, const std::string& key,
+  static std::optional<ApiError> CheckBearer(const HttpRequest& req, const std::string& key,
                                              const std::string& what) {
-    const std::string auth = req.get_header_value("Authorization");
+    const std::string auth = req.Header("Authorization");
     // Anthropic's clients send the key as x-api-key.
-    const std::string x_api_key = req.get_header_value("x-api-key");
+    const std::string x_api_key = req.Header("x-api-key");
     if (auth.empty() && x_api_key.empty()) {
       return Error(401, "missing " + what + ": send 'Authorization: Bearer <key>' or "
                    "'x-api-key: <key>'", "authentication_error");
@@ -157,7 +157,7 @@ class HttpServer::Impl {
   // Runs after the request head and before the body is read (the transport's pre-routing
   // hook): a client without the key cannot make the server read a body (a 600 MB one took
   // 1.08 GB before its 401). Bodies, Content-Length or chunked, are bounded by the transport.
-  HttpTransport::HookResult BeforeBody(const httplib::Request& req, httplib::Response& res) const {
+  HttpTransport::HookResult BeforeBody(const HttpRequest& req, HttpResponse& res) const {
     std::optional<ApiError> e;
     if (draining_) {
       e = Error(503, "the server is shutting down", "server_error");
@@ -170,7 +170,7 @@ class HttpServer::Impl {
     SendError(res, *e);
     DialectError(req, res);
     // The body was not read: the connection cannot carry another request.
-    res.set_header("Connection", "close");
+    res.SetHeader("Connection", "close");
     return HttpTransport::HookResult::kHandled;
   }
 
@@ -179,18 +179,18 @@ class HttpServer::Impl {
   }
 
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (admin key, as vLLM's answers).
-  void AdapterRoute(bool load, const httplib::Request& req, httplib::Response& res) {
+  void AdapterRoute(bool load, const HttpRequest& req, HttpResponse& res) {
     json body;
     if (!ParseBody(req, res, &body)) return;
     if (!body.is_object()) return SendError(res, Error(400, "the body must be a JSON object"));
     auto [status, text] = load ? LoadAdapter(options_.loras.get(), body)
                                : UnloadAdapter(options_.loras.get(), body);
     res.status = status;
-    res.set_content(text, status == 200 ? "text/plain" : "application/json");
+    res.SetContent(std::move(text), status == 200 ? "text/plain" : "application/json");
   }
 
   // Parses a JSON body; on failure writes the 400 and returns false.
-  bool ParseBody(const httplib::Request& req, httplib::Response& res, json* body) {
+  bool ParseBody(const HttpRequest& req, HttpResponse& res, json* body) {
     if (!IsValidUtf8(req.body)) {
       SendError(res, Error(400, "the request body is not valid UTF-8"));
       return false;
@@ -214,11 +214,11 @@ class HttpServer::Impl {
 
   void Routes() {
     http_.SetPreRoutingHook(
-        [this](const httplib::Request& req, httplib::Response& res) { return BeforeBody(req, res); });
+        [this](const HttpRequest& req, HttpResponse& res) { return BeforeBody(req, res); });
     // The chat page: public like /health (it asks for the API key itself when the server
     // has one).
     http_.Get("/", Guard([](const auto&, auto& res) {
-               res.set_content(std::string(ChatPageHtml()), "text/html; charset=utf-8");
+               res.SetContent(std::string(ChatPageHtml()), "text/html; charset=utf-8");
              }, false));
     // On the event thread: /health answers even when every worker is busy.
     // Readiness: 503 while no backend can serve (a failed hot reload left none) and while
@@ -247,7 +247,7 @@ class HttpServer::Impl {
     for (const char* path : {"/flush_cache"}) {
       auto h = Guard([this](const auto&, auto& res) {
         if (engine_->FlushCache()) {
-          res.set_content("Cache flushed.\n", "text/plain");
+          res.SetContent("Cache flushed.\n", "text/plain");
         } else {
           SendError(res, Error(400, "cache not flushed: requests are running", "invalid_request_error"));
         }
@@ -303,7 +303,7 @@ class HttpServer::Impl {
     }
     // The transport's own refusals (400, 404, 413, 431, 503 over the per-client cap) carry
     // their reason in res.reason.
-    http_.SetErrorHandler([](const httplib::Request& req, httplib::Response& res) {
+    http_.SetErrorHandler([](const HttpRequest& req, HttpResponse& res) {
       if (!res.body.empty()) return;
       if (res.status == 404) {
         SendError(res, Error(404, "no route for " + req.method + " " + req.path, "not_found_error"));
@@ -319,7 +319,7 @@ class HttpServer::Impl {
     });
   }
 
-  void ReloadPlugin(const httplib::Request& req, httplib::Response& res) {
+  void ReloadPlugin(const HttpRequest& req, HttpResponse& res) {
     if (!options_.reload_plugin) {
       return SendError(res, Error(501, "this server cannot reload plugins", "server_error"));
     }
@@ -330,7 +330,7 @@ class HttpServer::Impl {
     SendJson(res, status, reply);
   }
 
-  void Models(httplib::Response& res) {
+  void Models(HttpResponse& res) {
     json data = json::array();
     data.push_back({{"id", options_.model_name},
                     {"object", "model"},
@@ -345,7 +345,7 @@ class HttpServer::Impl {
     SendJson(res, 200, {{"object", "list"}, {"data", data}});
   }
 
-  void ServerInfo(httplib::Response& res) {
+  void ServerInfo(HttpResponse& res) {
     json info = options_.server_info;
     const auto s = engine_->Stats();
     info["version"] = "0.1.0";
@@ -374,7 +374,7 @@ class HttpServer::Impl {
     SendJson(res, 200, info);
   }
 
-  void Metrics(httplib::Response& res) {
+  void Metrics(HttpResponse& res) {
     if (!options_.enable_metrics) {
       return SendError(res, Error(404, "metrics are off (--enable-metrics false)"));
     }
@@ -405,12 +405,12 @@ class HttpServer::Impl {
         "polychip_grammar_mask_build_seconds_total {}\n",
         g.masks.load(), g.masks_built.load(), g.mask_nanos.load() * 1e-9,
         g.build_nanos.load() * 1e-9);
-    res.set_content(out, "text/plain; version=0.0.4");
+    res.SetContent(std::move(out), "text/plain; version=0.0.4");
   }
 
   // A chat body's conversation (messages, tools, chat_template_kwargs, add_generation_prompt)
   // as the template takes it; false after sending the error.
-  bool ReadChatInput(const httplib::Request& req, httplib::Response& res, const json& body,
+  bool ReadChatInput(const HttpRequest& req, HttpResponse& res, const json& body,
                      model::ChatInput* chat) {
     ToolRequest tools;
     if (auto error = ParseChatInput(body, req.body, *codec_, &tools, chat)) {
@@ -421,7 +421,7 @@ class HttpServer::Impl {
   }
 
   // llama-server's /apply-template: the prompt the model would see, not generated from.
-  void ApplyTemplate(const httplib::Request& req, httplib::Response& res) {
+  void ApplyTemplate(const HttpRequest& req, HttpResponse& res) {
     json body;
     if (!ParseBody(req, res, &body)) return;
     if (!body.is_object()) return SendError(res, Error(400, "the body must be a JSON object"));
@@ -435,7 +435,7 @@ class HttpServer::Impl {
     SendJson(res, 200, {{"prompt", *prompt}});
   }
 
-  void Tokenize(const httplib::Request& req, httplib::Response& res) {
+  void Tokenize(const HttpRequest& req, HttpResponse& res) {
     json body;
     if (!ParseBody(req, res, &body)) return;
     if (!body.is_object()) return SendError(res, Error(400, "the body must be a JSON object"));
@@ -471,7 +471,7 @@ class HttpServer::Impl {
                         {"max_model_len", engine_->context_length()}});
   }
 
-  void Detokenize(const httplib::Request& req, httplib::Response& res) {
+  void Detokenize(const HttpRequest& req, HttpResponse& res) {
     json body;
     if (!ParseBody(req, res, &body)) return;
     auto it = body.is_object() ? body.find("tokens") : body.end();
@@ -488,7 +488,7 @@ class HttpServer::Impl {
     SendJson(res, 200, {{"text", codec_->Decode(tokens)}});
   }
 
-  void HealthGenerate(httplib::Response& res) {
+  void HealthGenerate(HttpResponse& res) {
     RunningRequest running(&running_requests_);
     engine::GenerateInput in;
     in.rid = RandomId("health-");
@@ -511,7 +511,7 @@ class HttpServer::Impl {
 
   // Every input is one engine request (prefill only), submitted together so that they share
   // steps; the answer keeps the request's order.
-  void Embeddings(const httplib::Request& req, httplib::Response& res) {
+  void Embeddings(const HttpRequest& req, HttpResponse& res) {
     RunningRequest running(&running_requests_);  // the shutdown lets it finish like a generation
     json body;
     if (!ParseBody(req, res, &body)) return;
@@ -570,7 +570,7 @@ class HttpServer::Impl {
 
   // ---- generation ---------------------------------------------------------------------------
 
-  void Generate(ApiKind kind, const httplib::Request& req, httplib::Response& res) {
+  void Generate(ApiKind kind, const HttpRequest& req, HttpResponse& res) {
     // A stream counts until its connection is released, beyond this call (see below).
     auto running = std::make_shared<RunningRequest>(&running_requests_);
     json body;
@@ -635,11 +635,10 @@ class HttpServer::Impl {
       }
       return SendJson(res, 200, job->writer->Final(*job));
     }
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, job](size_t, httplib::DataSink& sink) { return Pump(job, sink); },
+    res.SetHeader("Cache-Control", "no-cache");
+    res.SetHeader("X-Accel-Buffering", "no");
+    res.SetStream(
+        "text/event-stream", [this, job](StreamSink& sink) { return Pump(job, sink); },
         [this, job, running](bool) mutable {  // ends or client gone: free what is left
           Abort(*job);
           running.reset();
@@ -647,7 +646,7 @@ class HttpServer::Impl {
   }
 
   // /v1/messages/count_tokens: the prompt /v1/messages would run, counted.
-  void CountTokens(const httplib::Request& req, httplib::Response& res) {
+  void CountTokens(const HttpRequest& req, HttpResponse& res) {
     json body;
     if (!ParseBody(req, res, &body)) return;
     ParseLimits limits;
@@ -666,7 +665,7 @@ class HttpServer::Impl {
   }
 
   // GET /v1/responses/{id} (the stored response) and DELETE /v1/responses/{id}.
-  void StoredResponse(const httplib::Request& req, httplib::Response& res, bool remove) {
+  void StoredResponse(const HttpRequest& req, HttpResponse& res, bool remove) {
     const std::string id = req.path.substr(req.path.rfind('/') + 1);
     if (remove ? responses_.Delete(id) : false) {
       return SendJson(res, 200, {{"id", id}, {"object", "response"}, {"deleted", true}});
@@ -691,7 +690,7 @@ class HttpServer::Impl {
     return grammars_.get();
   }
 
-  bool Pump(const std::shared_ptr<Job>& job, httplib::DataSink& sink) {
+  bool Pump(const std::shared_ptr<Job>& job, StreamSink& sink) {
     try {
       if (job->done_sent) {
         sink.done();
@@ -705,7 +704,7 @@ class HttpServer::Impl {
       }
       const std::string out = NextSseText(*job, std::chrono::milliseconds(50));
       if (!out.empty()) {
-        if (!sink.write(out.data(), out.size())) {
+        if (!sink.write(out)) {
           Abort(*job);
           return false;
         }

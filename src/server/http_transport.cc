@@ -3,7 +3,7 @@
 // answers the transport's own errors, and carries out the writes that workers ask for. A worker
 // runs one complete request's handler and writes its response through Session::Write, which
 // hands the bytes to the event thread and waits (a write deadline there bounds the wait), so a
-// streaming handler pulls its content provider exactly as under cpp-httplib.
+// streaming handler's provider is pulled on the worker and blocks it, not the event loop.
 #include "server/http_transport.h"
 
 #include <signal.h>
@@ -18,6 +18,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -65,10 +66,35 @@ std::string ReasonPhrase(int status) {
   return std::string(http::obsolete_reason(static_cast<http::status>(status)));
 }
 
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// A target's path with its %XX escapes decoded ('+' stays: it means a space only in a query);
+// a '%' not followed by two hex digits is kept as it is.
+std::string PercentDecode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size()) {
+      const int hi = HexDigit(s[i + 1]), lo = HexDigit(s[i + 2]);
+      if (hi >= 0 && lo >= 0) {
+        out += static_cast<char>(hi * 16 + lo);
+        i += 2;
+        continue;
+      }
+    }
+    out += s[i];
+  }
+  return out;
+}
+
 // The status line and headers of `res`; `framing` is its Content-Length or Transfer-Encoding
 // line (empty: the body ends with the connection).
-std::string ResponseHead(const httplib::Response& res, bool keep_alive,
-                         const std::string& framing) {
+std::string ResponseHead(const HttpResponse& res, bool keep_alive, const std::string& framing) {
   std::string out = fmt::format("HTTP/1.1 {} {}\r\n", res.status, ReasonPhrase(res.status));
   for (const auto& [name, value] : res.headers) {
     if (IEquals(name, "Connection") || IEquals(name, "Content-Length") ||
@@ -82,9 +108,7 @@ std::string ResponseHead(const httplib::Response& res, bool keep_alive,
   return out;
 }
 
-bool WantsClose(const httplib::Response& res) {
-  return IEquals(res.get_header_value("Connection"), "close");
-}
+bool WantsClose(const HttpResponse& res) { return IEquals(res.Header("Connection"), "close"); }
 
 // A worker's write, completed on the event thread.
 class WriteWait {
@@ -180,7 +204,7 @@ class HttpTransport::Impl {
     RunOn run_on = RunOn::kWorker;
   };
   // Routing, on the event thread: the route of a complete request, or null (404).
-  const Route* FindRoute(const httplib::Request& req) const {
+  const Route* FindRoute(const HttpRequest& req) const {
     const auto& table = req.method == "POST"     ? post_
                         : req.method == "DELETE" ? delete_
                                                  : get_;
@@ -198,11 +222,11 @@ class HttpTransport::Impl {
     }
     return it == table.end() ? nullptr : &it->second;
   }
-  HookResult PreRouting(const httplib::Request& req, httplib::Response& res) const {
+  HookResult PreRouting(const HttpRequest& req, HttpResponse& res) const {
     return hook_ ? hook_(req, res) : HookResult::kUnhandled;
   }
   // Gives an error answer without a body its body.
-  void FillError(const httplib::Request& req, httplib::Response& res) const {
+  void FillError(const HttpRequest& req, HttpResponse& res) const {
     if (res.status >= 400 && error_handler_) error_handler_(req, res);
   }
   void RunOnWorker(std::function<void()> task) { workers_.Push(std::move(task)); }
@@ -252,11 +276,6 @@ class Session : public std::enable_shared_from_this<Session> {
         fd_(socket_.native_handle()),
         timer_(owner->ioc()),
         client_(std::move(client)) {
-    beast::error_code ec;
-    const auto local = socket_.local_endpoint(ec);
-    local_addr_ = local.address().to_string();
-    local_port_ = local.port();
-    remote_port_ = socket_.remote_endpoint(ec).port();
     owner_->Register(this, client_);
   }
   ~Session() { owner_->Unregister(this, client_); }
@@ -358,7 +377,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                    owner_->limits().max_header_count));
     }
     BuildRequest();
-    httplib::Response res;
+    HttpResponse res;
     if (owner_->PreRouting(*req_, res) == HttpTransport::HookResult::kHandled) {
       // The body is not read: the connection cannot carry another request.
       return Answer(std::move(res), /*keep_alive=*/false);
@@ -409,29 +428,21 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void BuildRequest() {
     const auto& head = parser_->get();
-    req_ = std::make_shared<httplib::Request>();
-    httplib::Request& req = *req_;
+    req_ = std::make_shared<HttpRequest>();
+    HttpRequest& req = *req_;
     req.method = Str(head.method_string());
     req.target = Str(head.target());
     req.version = head.version() == 10 ? "HTTP/1.0" : "HTTP/1.1";
-    const size_t query = req.target.find('?');
-    req.path = httplib::detail::decode_url(req.target.substr(0, query), false);
-    if (query != std::string::npos) {
-      httplib::detail::parse_query_text(req.target.substr(query + 1), req.params);
-    }
+    req.path = PercentDecode(std::string_view(req.target).substr(0, req.target.find('?')));
     for (const auto& f : head) {
       req.headers.emplace(Str(f.name_string()), Str(f.value()));
     }
-    req.remote_addr = client_;
-    req.remote_port = remote_port_;
-    req.local_addr = local_addr_;
-    req.local_port = local_port_;
   }
 
   // A transport error: answered here (the error handler gives it its body), then closed.
   void Fail(int status, const std::string& why) {
-    if (!req_) req_ = std::make_shared<httplib::Request>();
-    httplib::Response res;
+    if (!req_) req_ = std::make_shared<HttpRequest>();
+    HttpResponse res;
     res.status = status;
     res.reason = why;
     owner_->FillError(*req_, res);
@@ -439,7 +450,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Writes a small answer from the event thread, then reads on or closes.
-  void Answer(httplib::Response res, bool keep_alive) {
+  void Answer(HttpResponse res, bool keep_alive) {
     auto out = std::make_shared<std::string>(
         ResponseHead(res, keep_alive, fmt::format("Content-Length: {}\r\n", res.body.size())));
     if (!req_ || req_->method != "HEAD") *out += res.body;
@@ -478,19 +489,15 @@ class Session : public std::enable_shared_from_this<Session> {
   const int fd_;
   asio::steady_timer timer_;
   const std::string client_;
-  std::string local_addr_;
-  int local_port_ = -1;
-  int remote_port_ = -1;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  std::shared_ptr<httplib::Request> req_;
+  std::shared_ptr<HttpRequest> req_;
   std::atomic<bool> shut_{false};
 
 };
 
 // Runs a handler; an exception becomes a 500.
-void RunHandler(const HttpTransport::Handler& handler, const httplib::Request& req,
-                httplib::Response& res) {
+void RunHandler(const HttpTransport::Handler& handler, const HttpRequest& req, HttpResponse& res) {
   try {
     handler(req, res);
   } catch (const std::exception& e) {
@@ -501,15 +508,13 @@ void RunHandler(const HttpTransport::Handler& handler, const httplib::Request& r
     res.status = 500;
     res.body.clear();
   }
-  if (res.status == -1) res.status = 200;
 }
 
-// Writes `res` (its body, or its content provider pulled to the end); false when the client
-// went away or stopped reading.
-bool WriteResponse(Session& s, const httplib::Request& req, httplib::Response& res,
-                   bool* keep_alive) {
+// Writes `res` (its body, or its stream pulled to the end); false when the client went away
+// or stopped reading.
+bool WriteResponse(Session& s, const HttpRequest& req, HttpResponse& res, bool* keep_alive) {
   const bool head_only = req.method == "HEAD";
-  if (!res.content_provider_) {
+  if (!res.streaming()) {
     std::string out =
         ResponseHead(res, *keep_alive, fmt::format("Content-Length: {}\r\n", res.body.size()));
     if (!head_only) out += res.body;
@@ -524,16 +529,15 @@ bool WriteResponse(Session& s, const httplib::Request& req, httplib::Response& r
   if (head_only) return true;
   bool ok = true;
   bool done = false;
-  size_t offset = 0;
-  httplib::DataSink sink;
-  sink.write = [&](const char* data, size_t n) {
+  StreamSink sink;
+  sink.write = [&](std::string_view data) {
     if (!ok) return false;
-    if (n == 0) return true;
-    std::string chunk = chunked ? fmt::format("{:x}\r\n", n) : std::string();
-    chunk.append(data, n);
+    // An empty chunk would end a chunked body.
+    if (data.empty()) return true;
+    std::string chunk = chunked ? fmt::format("{:x}\r\n", data.size()) : std::string();
+    chunk.append(data);
     if (chunked) chunk += "\r\n";
     ok = s.Write(std::move(chunk));
-    offset += n;
     return ok;
   };
   sink.done = [&] {
@@ -543,18 +547,18 @@ bool WriteResponse(Session& s, const httplib::Request& req, httplib::Response& r
   };
   sink.is_writable = [&] { return ok && !s.PeerClosed(); };
   while (ok && !done) {
-    if (!res.content_provider_(offset, 0, sink)) ok = false;
+    if (!res.provider()(sink)) ok = false;
   }
-  res.content_provider_success_ = ok && done;
+  res.set_stream_completed(ok && done);
   return ok && done;
 }
 
-void ServeRequest(std::shared_ptr<Session> s, std::shared_ptr<httplib::Request> req,
+void ServeRequest(std::shared_ptr<Session> s, std::shared_ptr<HttpRequest> req,
                   const HttpTransport::Handler* handler, bool keep_alive,
                   HttpTransport::Impl* owner) {
   bool written = false;
   {
-    httplib::Response res;  // destroyed before Finish(): a stream's releaser runs first
+    HttpResponse res;  // destroyed before Finish(): a stream's end runs first
     t_current_session = s.get();
     RunHandler(*handler, *req, res);
     t_current_session = nullptr;
@@ -569,11 +573,11 @@ void Session::Dispatch() {
   req_->body = std::move(parser_->get().body());
   const bool keep_alive = parser_->keep_alive();
   parser_.reset();
-  std::shared_ptr<httplib::Request> req = std::move(req_);
+  std::shared_ptr<HttpRequest> req = std::move(req_);
   const Impl::Route* route = owner_->FindRoute(*req);
   if (route == nullptr || route->run_on == HttpTransport::RunOn::kEventThread) {
     req_ = req;
-    httplib::Response res;
+    HttpResponse res;
     if (route == nullptr) {
       res.status = 404;
     } else {
@@ -679,8 +683,8 @@ void HttpTransport::Impl::OnAccept(tcp::socket socket) {
 
 // Best effort and without waiting: a client over its cap gets a 503 if its socket takes it.
 void HttpTransport::Impl::Refuse(tcp::socket socket, const std::string& why) {
-  httplib::Request req;
-  httplib::Response res;
+  HttpRequest req;
+  HttpResponse res;
   res.status = 503;
   res.reason = why;
   FillError(req, res);

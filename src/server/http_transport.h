@@ -3,28 +3,27 @@
 // holding a thread, and a pool of workers that run the complete ones (handlers block: a
 // generation waits on the engine) and write their responses. Idle, trickling and half-sent
 // connections cost a socket and a few hundred bytes, never a worker; the caps of HttpLimits
-// bound what any one request or client can take. The routes keep cpp-httplib's Request,
-// Response and DataSink as plain data carriers; Beast stays inside http_transport.cc.
+// bound what any one request or client can take. The routes see only server/http_message.h;
+// Beast stays inside http_transport.cc.
 #pragma once
-
-#include <httplib.h>
 
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "server/http_limits.h"
+#include "server/http_message.h"
 #include "util/status.h"
 
 namespace polychip::server {
 
 class HttpTransport {
  public:
-  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;
   enum class HookResult { kUnhandled, kHandled };
   // Runs on the event thread after the request head and before the body is read, so it must
   // not block; kHandled: `res` is the answer, the body is not read and the connection closes.
-  using PreRoutingHook = std::function<HookResult(const httplib::Request&, httplib::Response&)>;
+  using PreRoutingHook = std::function<HookResult(const HttpRequest&, HttpResponse&)>;
 
   HttpTransport(int worker_threads, HttpLimits limits);
   ~HttpTransport();
@@ -36,7 +35,7 @@ class HttpTransport {
   // answers even when every worker is busy.
   enum class RunOn { kWorker, kEventThread };
 
-  // Routes by exact path (the query string is in req.params), or by a path ending in "/*" for
+  // Routes by exact path (the query string stays in req.target), or by a path ending in "/*" for
   // any last segment ("/v1/responses/*"); HEAD is served by the GET route without its body.
   void Get(const std::string& path, Handler handler, RunOn run_on = RunOn::kWorker);
   void Post(const std::string& path, Handler handler);

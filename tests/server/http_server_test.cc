@@ -1,6 +1,7 @@
 // The HTTP server in-process over the fake runner and a byte-level toy codec, driven over
 // loopback HTTP: every endpoint, streaming, bad inputs, disconnects, preemption under load.
 #include "server/http_server.h"
+#include "server/http_message.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -1056,6 +1057,43 @@ TEST(HttpTransport, HeadExpectContinueAndPipelining) {
   EXPECT_EQ(both.rfind("HTTP/1.1 404 Not Found", 0), 0u) << both;
   EXPECT_NE(second, std::string::npos) << both;
   EXPECT_NE(both.find("no route for GET /nope"), std::string::npos) << both;
+}
+
+// Routes match the percent-decoded path without its query, and header names match whatever
+// their case (the API key sent as "AUTHORIZATION").
+TEST(HttpTransport, PathsArePercentDecodedAndHeaderNamesIgnoreCase) {
+  TestServer s(256, "sekret");
+  for (const char* target : {"/v1/%6dodels", "/v1/models?limit=1"}) {
+    SCOPED_TRACE(target);
+    const int fd = Connect(s.http->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendAll(fd, std::string("GET ") + target +
+                                " HTTP/1.1\r\nHost: x\r\nAUTHORIZATION: Bearer sekret\r\n"
+                                "Connection: close\r\n\r\n"));
+    const std::string answer = ReadFor(fd, 5);
+    close(fd);
+    EXPECT_EQ(answer.substr(0, answer.find("\r\n")), "HTTP/1.1 200 OK") << answer;
+    EXPECT_NE(answer.find("\"id\":\"toy\""), std::string::npos) << answer;
+  }
+}
+
+// A stream's end (where it frees its request) runs exactly once, from whichever response
+// holds the stream last, and says whether the stream completed.
+TEST(HttpMessage, AStreamsEndRunsOnceFromTheLastOwner) {
+  std::vector<bool> ends;
+  {
+    HttpResponse a;
+    a.SetStream("text/event-stream", [](StreamSink&) { return false; },
+                [&](bool completed) { ends.push_back(completed); });
+    EXPECT_TRUE(a.streaming());
+    EXPECT_EQ(a.Header("content-type"), "text/event-stream");
+    HttpResponse b(std::move(a));
+    HttpResponse c;
+    c = std::move(b);
+    c.set_stream_completed(true);
+    EXPECT_TRUE(ends.empty());
+  }
+  EXPECT_EQ(ends, std::vector<bool>{true});
 }
 
 }  // namespace
