@@ -323,8 +323,10 @@ Status TransformerRunner::PrepareLoras(std::span<const SequenceStep> batch) {
   if (!loras_) loras_ = std::make_unique<LoraCache>(device_, options_.max_loras);
   const PipelineStage& pp = options_.pipeline;
   const bool pipeline = pp.n_stages > 1;
-  PC_RETURN_IF_ERROR(loras_->Prepare(wanted, config_, pipeline ? pp.first_layer : 0,
-                                     pipeline ? pp.end_layer : config_.n_layer));
+  const Status prepared = loras_->Prepare(wanted, config_, pipeline ? pp.first_layer : 0,
+                                          pipeline ? pp.end_layer : config_.n_layer);
+  lora_uploads_.store(loras_->uploads(), std::memory_order_relaxed);
+  PC_RETURN_IF_ERROR(prepared);
   if (loras_->max_rank() > lora_scratch_rank_) {
     const int64_t rows = std::max(options_.max_tokens_per_step, options_.max_logit_rows);
     PC_ASSIGN_OR_RETURN(lora_scratch_,
@@ -521,6 +523,13 @@ Status TransformerRunner::CopyLogits(float* dst, int64_t rows) {
 
 void TransformerRunner::RenderMetrics(std::string* out) const {
   runtime::AppendOpCounterMetrics({device_.get()}, out);
+  if (options_.max_loras > 0) {
+    // More uploads than distinct adapters served: --max-loras-per-batch is making them swap.
+    *out += "# HELP polychip_lora_uploads_total LoRA adapters uploaded to the device (each "
+            "evicted one uploaded again when needed).\n"
+            "# TYPE polychip_lora_uploads_total counter\npolychip_lora_uploads_total " +
+            std::to_string(lora_uploads_.load(std::memory_order_relaxed)) + "\n";
+  }
   const runtime::OpFallback* fallback = device_->op_fallback();
   if (fallback == nullptr) return;
   *out +=

@@ -5,6 +5,7 @@
 // are in the cache by then), so the engine never has to know the workspace size.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <span>
 #include <string>
@@ -134,6 +135,8 @@ class TransformerRunner : public engine::ModelRunner {
   std::vector<LoraSegment> lora_tokens_;
   std::vector<LoraSegment> row_lora_;  // per output row (begin, rows unused)
   std::vector<LoraSegment> lora_rows_;  // a logits launch's runs
+  // loras_->uploads(), for /metrics, which reads it from another thread than the steps'.
+  std::atomic<int64_t> lora_uploads_{0};
 };
 
 }  // namespace polychip::model
