@@ -65,7 +65,8 @@ class _Request(ctypes.Structure):
                 ("prompt_tokens", ctypes.POINTER(ctypes.c_int32)),
                 ("n_prompt_tokens", ctypes.c_size_t), ("sampling", ctypes.POINTER(_Sampling)),
                 ("on_token", _TokenCallback), ("user_data", ctypes.c_void_p),
-                ("priority", ctypes.c_int32)]
+                ("priority", ctypes.c_int32), ("lora", ctypes.c_char_p),
+                ("lora_scale", ctypes.c_float)]
 
 
 class _Result(ctypes.Structure):
@@ -153,7 +154,10 @@ def _check(err):
 
 
 def _params(mapping):
-    items = [(str(k).encode(), str(v).encode()) for k, v in (mapping or {}).items()]
+    # A list or tuple value repeats its key (lora=["a=a.gguf", "b=b.gguf"]).
+    items = [(str(k).encode(), str(v).encode())
+             for k, vs in (mapping or {}).items()
+             for v in (vs if isinstance(vs, (list, tuple)) else [vs])]
     array = (_Param * max(len(items), 1))(*[_Param(k, v) for k, v in items])
     return array, len(items)
 
@@ -191,7 +195,8 @@ class Model:
 
     device: "cpu:0" as `--device` (None: the environment, config or best plugin); config: a
     YAML runtime config path; further keyword arguments are the model parameters of
-    polychip_model_load (threads, context_length, max_total_tokens, kv_cache_dtype, ...).
+    polychip_model_load (threads, context_length, max_total_tokens, kv_cache_dtype, ...;
+    lora="NAME=PATH[:SCALE]" or a list of them, which generate(lora=NAME) then applies).
     """
 
     def __init__(self, path, device=None, config=None, **params):
@@ -263,10 +268,12 @@ class Model:
             return buf.raw[:n.value].decode("utf-8", "replace")
 
     def generate(self, prompt, max_tokens=128, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
-                 repetition_penalty=1.0, seed=-1, stop=(), ignore_eos=False, tokens=False):
+                 repetition_penalty=1.0, seed=-1, stop=(), ignore_eos=False, tokens=False,
+                 lora=None, lora_scale=0.0):
         """Yields the generated text piece by piece (with tokens=True: (token id, piece)
         pairs; the text left at the end comes as token -1). Leaving the loop early cancels the
-        generation. `prompt` is text or a list of token ids."""
+        generation. `prompt` is text or a list of token ids; `lora` names an adapter loaded
+        with the model (None: the base), at `lora_scale` (0: the adapter's own scale)."""
         sampling = _Sampling()
         _lib.polychip_sampling_init(ctypes.byref(sampling))
         sampling.max_tokens = max_tokens
@@ -292,6 +299,9 @@ class Model:
             request.prompt_tokens = ids
             request.n_prompt_tokens = len(prompt)
         request.sampling = ctypes.pointer(sampling)
+        lora_name = lora.encode() if lora else None  # alive until the request ends
+        request.lora = lora_name
+        request.lora_scale = lora_scale
 
         # polychip_generate blocks until the request ends, so it runs on a thread of its own;
         # the callback hands each piece to this generator through a queue.

@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 #define POLYCHIP_API_MAJOR 1
-#define POLYCHIP_API_MINOR 0
+#define POLYCHIP_API_MINOR 1
 
 #if defined(_WIN32)
 #define POLYCHIP_API __declspec(dllimport)
@@ -144,7 +144,9 @@ typedef struct polychip_model_params {
    * V's; kv_cache_dtype_k and kv_cache_dtype_v for one alone), max_running_requests,
    * chunked_prefill_size, page_size, disable_radix_cache (true/false, 1/0), ... An unknown key
    * or a bad value is INVALID_ARGUMENT. The backend's own parameters apply when it is first
-   * loaded. */
+   * loaded. Since 1.1: lora, a LoRA adapter NAME=PATH[:SCALE] (GGUF, checked against the model
+   * at load; repeat the key for more), which a request then names (polychip_request_t::lora),
+   * and max_loras_per_batch, how many stay resident on the device (default 8). */
   const polychip_param_t* params;
   size_t n_params;
 } polychip_model_params_t;
@@ -231,6 +233,13 @@ typedef struct polychip_request {
   polychip_token_callback on_token;    /* NULL: none (the result still counts tokens) */
   void* user_data;
   int32_t priority; /* larger runs first with schedule policy "priority" */
+  /* Since 1.1. A LoRA adapter loaded with the model (its `lora` setting), by NAME or PATH;
+   * NULL: the base model. Requests of different adapters share the engine's steps. An unknown
+   * name is NOT_FOUND. */
+  const char* lora;
+  /* Since 1.1. The adapter's scale for this request; 0: the one its setting gave (default 1).
+   * (To run the base model, leave lora NULL.) */
+  float lora_scale;
 } polychip_request_t;
 
 /* [any thread] Zeroes *request and sets struct_size. */

@@ -23,6 +23,7 @@
 #include "engine/model_runner.h"
 #include "launch/launch.h"
 #include "launch/launch_options.h"
+#include "model/lora.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 #include "model/tokenizer.h"
@@ -41,6 +42,8 @@ struct polychip_model {
   polychip::model::ModelFile file;
   std::unique_ptr<polychip::engine::ModelRunner> runner;
   std::unique_ptr<polychip::launch::DraftModel> draft;  // speculative decoding's, or null
+  // The adapters of the `lora` settings; requests hold what they name until they end.
+  std::unique_ptr<polychip::model::LoraRegistry> loras;
   std::unique_ptr<polychip::engine::Engine> engine;  // after the runner it drives: freed first
   std::string description;
   std::atomic<int64_t> next_request{0};
@@ -160,6 +163,9 @@ Status LoadModel(const char* path, const polychip_model_params_t* params,
   PC_RETURN_IF_ERROR(launch::CheckModelPath(path));
   auto m = std::make_unique<polychip_model>();
   PC_ASSIGN_OR_RETURN(m->file, model::OpenModelFile(path));
+  // The adapters first: a mismatch with the model fails before the device is touched.
+  m->loras = std::make_unique<model::LoraRegistry>(m->file.config);
+  PC_RETURN_IF_ERROR(launch::LoadLoras(spec, *m->loras));
   PC_ASSIGN_OR_RETURN(spec.device, SelectBackend(spec));
   // One rank: several ranks would start copies of the embedding program itself.
   spec.tp_size = spec.pp_size = 1;
@@ -223,6 +229,19 @@ Status Generate(polychip_model_t* m, const polychip_request_t* in, polychip_resu
   if (input.prompt.empty()) return InvalidArgument("the prompt is empty after tokenization");
   input.params = ToSamplingParams(r.sampling);
   input.priority = r.priority;
+  if (POLYCHIP_HAS_MEMBER(&r, polychip_request_t, lora) && r.lora != nullptr) {
+    std::shared_ptr<const model::LoraAdapter> adapter = m->loras->FindByNameOrPath(r.lora);
+    if (!adapter) {
+      std::string loaded;
+      for (const auto& a : m->loras->List()) loaded += (loaded.empty() ? "" : ", ") + a->name();
+      return NotFound("no LoRA adapter '" + std::string(r.lora) + "' (loaded with the model: " +
+                      (loaded.empty() ? "none; give the lora setting NAME=PATH" : loaded) + ")");
+    }
+    const bool scaled = POLYCHIP_HAS_MEMBER(&r, polychip_request_t, lora_scale) &&
+                        r.lora_scale != 0;
+    input.adapter_scale = scaled ? r.lora_scale : adapter->default_scale();
+    input.adapter = std::move(adapter);
+  }
   PC_ASSIGN_OR_RETURN(auto stream, m->engine->Submit(std::move(input)));
 
   bool cancelled = false;

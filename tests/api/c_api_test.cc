@@ -4,8 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -202,6 +205,84 @@ TEST_F(CApiTest, ARegisteredPluginIsListedWithItsOrigin) {
   polychip_string_free(text);
   EXPECT_THAT(rendered, HasSubstr("backend cpu "));
   EXPECT_THAT(rendered, HasSubstr("origin: registered by the program"));
+}
+
+// A LoRA adapter loaded with the model (the `lora` setting) and chosen per request: its text is
+// `polychip run --lora`'s, the base model's when the request names none, and both kinds share
+// the engine's steps unchanged; an unknown adapter is NOT_FOUND naming the loaded ones.
+TEST_F(CApiTest, LoraAdaptersLoadWithTheModelAndAreChosenPerRequest) {
+  const std::string binary = POLYCHIP_BUILD_DIR "/bin/polychip";
+  const std::string adapter = ::testing::TempDir() + "c-api-lora-" + std::to_string(getpid()) +
+                              ".gguf";
+  ASSERT_EQ(polychip::testing::RunCommand(binary + " gguf synth --lora-for " POLYCHIP_TINY_MODEL
+                                          " --lora-rank 8 --type F16 --weight-std 0.5 -q"
+                                          " --seed 11 --out " + adapter)
+                .exit_code,
+            0);
+  polychip_model_params_t params;
+  polychip_model_params_init(&params);
+  params.device = "cpu:0";
+  const std::string lora = "sql=" + adapter;
+  const polychip_param_t settings[] = {
+      {"threads", "2"}, {"lora", lora.c_str()}, {"max_loras_per_batch", "1"}};
+  params.params = settings;
+  params.n_params = 3;
+  polychip_model_t* raw = nullptr;
+  ASSERT_EQ(Take(polychip_model_load(POLYCHIP_TINY_MODEL, &params, &raw)), "");
+  ModelPtr model(raw);
+
+  polychip_sampling_t sampling;
+  polychip_sampling_init(&sampling);
+  sampling.max_tokens = 16;
+  sampling.ignore_eos = 1;
+  auto generate = [&](const char* name, Stream* out) {
+    polychip_request_t request;
+    polychip_request_init(&request);
+    request.prompt = kPrompt;
+    request.prompt_len = std::strlen(kPrompt);
+    request.sampling = &sampling;
+    request.on_token = Record;
+    request.user_data = out;
+    request.lora = name;
+    polychip_result_t result{};
+    result.struct_size = sizeof(result);
+    return Take(polychip_generate(model.get(), &request, &result));
+  };
+  Stream base, sql, by_path;
+  ASSERT_EQ(generate(nullptr, &base), "");
+  ASSERT_EQ(generate("sql", &sql), "");
+  ASSERT_EQ(generate(adapter.c_str(), &by_path), "");
+  EXPECT_NE(sql.tokens, base.tokens);
+  EXPECT_EQ(by_path.tokens, sql.tokens);
+  const polychip::testing::CommandResult run = polychip::testing::RunCommand(
+      binary + " run -m " POLYCHIP_TINY_MODEL " --device cpu:0 -t 2 -n 16 --ignore-eos --lora " +
+      lora + " -p '" + kPrompt + "'");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.out, sql.text + "\n");
+
+  // Base and adapter requests at once (one resident adapter: the base needs none).
+  std::vector<Stream> streams(4);
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { errors[i] = generate(i % 2 ? "sql" : nullptr, &streams[i]); });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(errors[i], "");
+    EXPECT_EQ(streams[i].tokens, i % 2 ? sql.tokens : base.tokens) << i;
+  }
+
+  polychip_request_t request;
+  polychip_request_init(&request);
+  request.prompt = kPrompt;
+  request.prompt_len = std::strlen(kPrompt);
+  request.lora = "nosuch";
+  polychip_error_t* error = polychip_generate(model.get(), &request, nullptr);
+  ASSERT_NE(error, nullptr);
+  EXPECT_EQ(polychip_error_code(error), POLYCHIP_CODE_NOT_FOUND);
+  EXPECT_THAT(Take(error), HasSubstr("no LoRA adapter 'nosuch' (loaded with the model: sql)"));
+  std::remove(adapter.c_str());
 }
 
 TEST_F(CApiTest, ErrorsCarryTheCommandLinesMessages) {
