@@ -824,6 +824,12 @@ void Engine::Speculate(const std::vector<Planned>& plan) {
                     blocks_.MaxStepTokens() - 1});
     r.params = &s->sampler->params();
     r.seed = s->sampler->seed();
+    // The step's adapters are within max_adapters_per_step, and so are the draft's (it runs
+    // with the same --max-loras-per-batch).
+    if (options_.speculative.draft_takes_adapters) {
+      r.adapter = s->adapter.get();
+      r.adapter_scale = s->adapter_scale;
+    }
     if (r.k > 0) asked.push_back(&r);
   }
   if (asked.empty()) return;

@@ -110,6 +110,8 @@ class DraftModelProposer : public Proposer {
         s.block_table = a.st->blocks;
         s.logits = LogitsMode::kLast;
         s.tokens = std::span<const int32_t>(a.st->fed).subspan(a.st->computed);
+        s.adapter = a.req->adapter;
+        s.adapter_scale = a.req->adapter_scale;
         steps.push_back(s);
       }
       logits_.clear();

@@ -52,6 +52,11 @@ struct SpeculativeOptions {
   int32_t disable_batch_size = 4;
   int32_t ngram_min = 1;  // n-gram lookup: the shortest suffix matched
   int32_t ngram_max = 3;  //               and the longest (tried first)
+  // The draft model has the model's matrices (its architecture and shapes: the model itself or
+  // a quantized copy), so a request's LoRA adapter applies to its proposals too. Otherwise the
+  // draft proposes from its own weights; either way the model verifies with the adapter, so
+  // the output is exact and only the acceptance differs.
+  bool draft_takes_adapters = false;
 };
 
 // One sequence's share of a proposal.
@@ -61,6 +66,10 @@ struct DraftRequest {
   int32_t k = 0;                    // draft tokens wanted
   const SamplingParams* params = nullptr;  // the request's: greedy or the draw's shape
   uint64_t seed = 0;                       // the request's sampler seed (the draft's draws)
+  // The LoRA adapter the draft model applies (SpeculativeOptions::draft_takes_adapters); null:
+  // its own weights.
+  const Adapter* adapter = nullptr;
+  float adapter_scale = 1;
   // Filled by the proposer: at most k tokens (none: this sequence decodes plainly), and, for
   // drafts drawn at random, the distribution each was drawn from (draft.size() rows of the
   // target's vocabulary); empty when every draft was deterministic (q one-hot).

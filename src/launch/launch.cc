@@ -33,6 +33,18 @@ uint64_t WeightBytes(const model::ModelFile& model, int ranks) {
   return total / std::max(1, ranks);
 }
 
+// Whether `draft` has every matrix of `target` with the same name and shape, so that an adapter
+// checked against the target fits the draft as well (what LoraAdapter::Open checks depends on
+// nothing else).
+bool SameMatrices(const model::ModelConfig& target, const model::ModelConfig& draft) {
+  const model::ModelConfig &a = target, &b = draft;
+  return a.arch == b.arch && a.n_vocab == b.n_vocab && a.n_embd == b.n_embd &&
+         a.n_layer == b.n_layer && a.n_head == b.n_head && a.n_head_kv == b.n_head_kv &&
+         a.head_dim == b.head_dim && a.head_dim_v == b.head_dim_v && a.n_ff == b.n_ff &&
+         a.fused_qkv == b.fused_qkv && a.fused_gate_up == b.fused_gate_up &&
+         a.tied_output == b.tied_output && a.n_expert == b.n_expert && a.n_ff_exp == b.n_ff_exp;
+}
+
 }  // namespace
 
 std::string KvSizing::Describe() const {
@@ -182,6 +194,7 @@ StatusOr<ResolvedLaunch> Resolve(const LaunchSpec& spec, const model::ModelFile&
     PC_RETURN_IF_ERROR(CheckModelPath(spec.speculative_draft_model));
     PC_ASSIGN_OR_RETURN(auto draft_file, model::GgufFile::Open(spec.speculative_draft_model));
     PC_ASSIGN_OR_RETURN(model::ModelConfig draft_cfg, model::ModelConfig::FromGguf(*draft_file));
+    so.draft_takes_adapters = SameMatrices(cfg, draft_cfg);
     if (spec.speculative_draft_device.empty()) {
       kv.token_bytes += KvTokenBytes(draft_cfg, kv_dtypes, 0, 1, 1);
       for (const model::GgufTensor& t : draft_file->tensors()) draft_weight_bytes += t.n_bytes;

@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "launch/launch.h"
 #include "model/arch.h"
+#include "model/lora.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
 #include "test_models.h"
@@ -78,14 +79,22 @@ std::unique_ptr<Loaded> Load(const std::string& path) {
   return l;
 }
 
+// A LoRA adapter every request of Generate runs, and whether the draft applies it too.
+struct WithAdapter {
+  std::shared_ptr<const LoraAdapter> adapter;
+  bool draft_takes_adapters = false;
+};
+
 std::vector<std::vector<int32_t>> Generate(engine::ModelRunner* target,
                                            engine::SpecAlgorithm algorithm,
                                            engine::ModelRunner* draft,
                                            const std::vector<std::vector<int32_t>>& prompts,
-                                           int n, engine::EngineStats* stats = nullptr) {
+                                           int n, engine::EngineStats* stats = nullptr,
+                                           const WithAdapter& lora = {}) {
   engine::EngineOptions eo;
   eo.chunked_prefill_size = 32;
   eo.speculative.algorithm = algorithm;
+  eo.speculative.draft_takes_adapters = lora.draft_takes_adapters;
   eo.speculative.num_draft_tokens = 4;
   eo.speculative.disable_batch_size = 8;
   engine::Engine engine(target, eo, [](int32_t) { return std::string("x"); }, {}, draft);
@@ -94,6 +103,7 @@ std::vector<std::vector<int32_t>> Generate(engine::ModelRunner* target,
     engine::GenerateInput in;
     in.prompt = p;
     in.params.max_tokens = n;
+    in.adapter = lora.adapter;
     auto s = engine.Submit(in);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return {};
@@ -189,6 +199,69 @@ INSTANTIATE_TEST_SUITE_P(Archs, SpeculativeModelTest,
                                            ArchCase{"phi3", "phi3-tiny"},
                                            ArchCase{"gemma3", "gemma3-tiny"}),
                          [](const auto& info) { return info.param.arch; });
+
+// A request's LoRA adapter: the model verifies with it, so the output is the adapter's with
+// any draft. A draft with the model's matrices (launch's draft_takes_adapters: here the model
+// itself) proposes with the adapter too and agrees with every token; proposing from its own
+// weights it disagrees where the adapter moves the model. A draft of other shapes (the first
+// layer) never takes adapters.
+TEST(SpeculativeLora, TheDraftProposesWithTheRequestsAdapter) {
+  if (!CpuBuilt()) GTEST_SKIP() << "no cpu plugin in this tree";
+  const std::string target_path = Synth("llama", "tiny", 2);
+  const std::string draft_path = Synth("llama", "tiny", 1);
+  ASSERT_EQ(target_path.rfind("error", 0), std::string::npos) << target_path;
+  ASSERT_EQ(draft_path.rfind("error", 0), std::string::npos) << draft_path;
+  auto target = Load(target_path);
+  auto self = Load(target_path);
+  auto truncated = Load(draft_path);
+  ASSERT_TRUE(target && self && truncated);
+  const std::string adapter_path = target_path + ".lora.gguf";
+  LoraSynthOptions lo;
+  lo.rank = 8;
+  lo.std = 0.3f;  // enough to move the greedy tokens
+  ASSERT_TRUE(SynthesizeLora(*target->file.file, lo, adapter_path).ok());
+  LoraRegistry registry(target->file.config);
+  auto adapter = registry.Load({"a", adapter_path, 1});
+  ASSERT_TRUE(adapter.ok()) << adapter.status().ToString();
+
+  const std::vector<std::vector<int32_t>> prompts = {
+      {9, 1200, 33, 870, 4501, 77, 12, 3000, 640, 5},
+      {18, 902, 2222, 71, 19, 400, 8, 615, 90, 1717, 44, 6000, 13},
+  };
+  constexpr int kTokens = 16;
+  const auto base = Generate(target->runner.get(), engine::SpecAlgorithm::kNone, nullptr,
+                             prompts, kTokens);
+  const auto want = Generate(target->runner.get(), engine::SpecAlgorithm::kNone, nullptr,
+                             prompts, kTokens, nullptr, {*adapter});
+  ASSERT_EQ(want.size(), prompts.size());
+  EXPECT_NE(want, base) << "the adapter does not change the greedy tokens";
+
+  engine::EngineStats st;
+  EXPECT_EQ(Generate(target->runner.get(), engine::SpecAlgorithm::kDraft, self->runner.get(),
+                     prompts, kTokens, &st, {*adapter, true}),
+            want);
+  EXPECT_GT(st.spec_draft_tokens, 0);
+  EXPECT_EQ(st.spec_accepted_tokens, st.spec_draft_tokens);
+  EXPECT_EQ(Generate(target->runner.get(), engine::SpecAlgorithm::kDraft, self->runner.get(),
+                     prompts, kTokens, &st, {*adapter, false}),
+            want);
+  EXPECT_LT(st.spec_accepted_tokens, st.spec_draft_tokens);
+  EXPECT_EQ(Generate(target->runner.get(), engine::SpecAlgorithm::kDraft,
+                     truncated->runner.get(), prompts, kTokens, &st, {*adapter, false}),
+            want);
+
+  // Launch decides by the draft's matrices.
+  launch::LaunchSpec spec;
+  spec.max_total_tokens = 1024;
+  spec.speculative_draft_model = target_path;
+  auto r = launch::Resolve(spec, target->file, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->engine.speculative.draft_takes_adapters);
+  spec.speculative_draft_model = draft_path;
+  r = launch::Resolve(spec, target->file, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->engine.speculative.draft_takes_adapters);
+}
 
 TEST(SpeculativeDraftVocabulary, SameVocabularyAcceptedOtherRefused) {
   const std::string a = Synth("llama", "tiny", 1);
