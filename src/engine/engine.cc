@@ -929,6 +929,16 @@ void Engine::PublishStats() {
     std::lock_guard<std::mutex> lock2(mu_);
     stats_.queued = num_queued_;
   }
+  auto names = [](const auto& sequences, std::vector<std::string>* out) {
+    out->clear();
+    for (const auto& s : sequences) {
+      if (s->adapter && std::find(out->begin(), out->end(), s->adapter->name()) == out->end()) {
+        out->push_back(s->adapter->name());
+      }
+    }
+  };
+  names(running_, &stats_.running_adapters);
+  names(waiting_, &stats_.waiting_adapters);
   PublishKvStatsLocked();
 }
 
@@ -1056,12 +1066,20 @@ void Engine::RenderVllmMetrics(const std::string& model_name, std::string* out) 
     one("vllm:spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
         static_cast<double>(s.spec_accepted_tokens));
   }
-  // No LoRA adapters are served: the gauge exists with empty lists, as vLLM's does without any
-  // (the Gateway API inference extension's endpoint picker reads it).
+  // The adapters of the requests running and waiting, comma-separated, and how many one step
+  // may hold, as vLLM's gauge (the Gateway API inference extension's endpoint picker reads it
+  // to send a request where its adapter is already loaded).
+  auto join = [](const std::vector<std::string>& names) {
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ",") + n;
+    return PromLabelValue(list);
+  };
   *out += "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
           "# TYPE vllm:lora_requests_info gauge\n"
-          "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\","
-          "waiting_lora_adapters=\"\"} 1\n";
+          "vllm:lora_requests_info{max_lora=\"" +
+          std::to_string(options_.max_adapters_per_step) + "\",running_lora_adapters=\"" +
+          join(s.running_adapters) + "\",waiting_lora_adapters=\"" +
+          join(s.waiting_adapters) + "\"} 1\n";
   ttft_.Render("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                out, labels);
   itl_.Render("vllm:time_per_output_token_seconds",

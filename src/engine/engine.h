@@ -85,6 +85,8 @@ struct EngineStats {
   int64_t spec_accepted_tokens = 0;
   int64_t spec_emitted_tokens = 0;
   int64_t spec_skipped_steps = 0;  // steps left plain: more decodes than disable_batch_size
+  // The LoRA adapters of the running and of the waiting requests, by name, each once.
+  std::vector<std::string> running_adapters, waiting_adapters;
 };
 
 class Engine {

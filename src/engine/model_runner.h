@@ -35,6 +35,8 @@ class Adapter {
  public:
   virtual ~Adapter() = default;
   virtual int64_t id() const = 0;
+  // The name requests choose it by (/metrics lists the adapters running and waiting).
+  virtual const std::string& name() const = 0;
 };
 
 // One sequence's share of a forward step.

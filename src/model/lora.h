@@ -63,7 +63,7 @@ class LoraAdapter : public engine::Adapter, public std::enable_shared_from_this<
                                                      const ModelConfig& base);
 
   int64_t id() const override { return id_; }
-  const std::string& name() const { return name_; }
+  const std::string& name() const override { return name_; }
   const std::string& path() const { return path_; }
   float alpha() const { return alpha_; }
   float default_scale() const { return default_scale_; }

@@ -202,6 +202,51 @@ TEST(Engine, AbortFreesBlocksAtOnce) {
   EXPECT_LT(r.tokens.size(), 100u);
 }
 
+// vLLM's vllm:lora_requests_info lists the adapters of the running and of the waiting
+// requests (each once) and how many one step may hold; the base model is none of them.
+TEST(Engine, LoraRequestsInfoListsRunningAndWaitingAdapters) {
+  struct NamedAdapter : Adapter {
+    NamedAdapter(int64_t id, std::string name) : id_(id), name_(std::move(name)) {}
+    int64_t id() const override { return id_; }
+    const std::string& name() const override { return name_; }
+    int64_t id_;
+    std::string name_;
+  };
+  FakeRunner runner(kVocab, 256, 4, 64);
+  EngineOptions options;
+  options.max_adapters_per_step = 1;
+  Engine engine(&runner, options, Piece, {0});
+  const auto x = std::make_shared<NamedAdapter>(1, "x");
+  const auto y = std::make_shared<NamedAdapter>(2, "y");
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& adapter : std::vector<std::shared_ptr<const Adapter>>{x, x, nullptr, y}) {
+    GenerateInput in = Input(Prompt(8, int(streams.size())), 50);
+    in.adapter = adapter;
+    auto s = engine.Submit(std::move(in));
+    ASSERT_TRUE(s.ok());
+    streams.push_back(*s);
+  }
+  std::string out;
+  engine.RenderVllmMetrics("m", &out);
+  EXPECT_NE(out.find("vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"\","
+                     "waiting_lora_adapters=\"\"} 1\n"),
+            std::string::npos)
+      << out;
+  engine.Step();
+  out.clear();
+  engine.RenderVllmMetrics("m", &out);
+  EXPECT_NE(out.find("vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"x\","
+                     "waiting_lora_adapters=\"y\"} 1\n"),
+            std::string::npos)
+      << out;
+  engine.RunUntilIdle();
+  out.clear();
+  engine.RenderVllmMetrics("m", &out);
+  EXPECT_NE(out.find("running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1\n"),
+            std::string::npos)
+      << out;
+}
+
 TEST(Engine, PriorityPolicyRunsHigherPriorityFirst) {
   FakeRunner runner(kVocab, 256, 4, 64);
   EngineOptions opt;

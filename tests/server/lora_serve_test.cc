@@ -131,6 +131,11 @@ TEST(LoraServe, ConcurrentStreamsOverAdaptersEqualEachAlone) {
   std::printf("%d streams over %d adapters and the base: %.0f adapter uploads\n", kRequests,
               kAdapters, uploads);
   EXPECT_EQ(Metric(m->body, "polychip_requests_failed_total"), 0);
+  // vLLM's gauge of the adapters in use, two per step. (Its lists are published at the end of
+  // a step, which may follow the last stream's end: tests/engine checks them.)
+  EXPECT_NE(m->body.find("vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\""),
+            std::string::npos)
+      << m->body;
 }
 
 }  // namespace

@@ -162,7 +162,7 @@ TEST(Operator, VllmFamiliesBesideOursAndEveryFamilyDocumented) {
                            "vllm:time_per_output_token_seconds_count{model_name=\"tiny\"} ",
                            "vllm:e2e_request_latency_seconds_count{model_name=\"tiny\"} 1\n",
                            "vllm:generation_tokens_total{model_name=\"tiny\"} ",
-                           "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\","
+                           "vllm:lora_requests_info{max_lora=\"8\",running_lora_adapters=\"\","
                            "waiting_lora_adapters=\"\"} 1\n"}) {
     EXPECT_NE(scrape.find(line), std::string::npos) << line << "\n" << scrape;
   }
