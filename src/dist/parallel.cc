@@ -80,6 +80,7 @@ class TpRunner : public engine::ModelRunner {
   int64_t context_length() const override { return local_->context_length(); }
   int64_t block_size() const override { return local_->block_size(); }
   int64_t num_kv_blocks() const override { return local_->num_kv_blocks(); }
+  int64_t kv_blocks_per_pool() const override { return local_->kv_blocks_per_pool(); }
   int64_t num_window_kv_blocks() const override { return local_->num_window_kv_blocks(); }
   int64_t kv_window() const override { return local_->kv_window(); }
   int64_t hidden_size() const override { return local_->hidden_size(); }

@@ -19,26 +19,43 @@ struct BlockManager::Node {
 };
 
 BlockManager::BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache,
-                           WindowPool window_pool)
+                           WindowPool window_pool, int32_t pool_blocks)
     : num_blocks_(num_blocks),
       block_size_(block_size),
       enable_prefix_cache_(enable_prefix_cache),
+      pool_blocks_(pool_blocks > 0 ? pool_blocks : num_blocks),
       ref_(num_blocks, 0),
       root_(std::make_unique<Node>()),
       window_(window_pool) {
-  PC_CHECK(num_blocks > 0 && block_size > 0);
+  PC_CHECK(num_blocks > 0 && block_size > 0 && num_blocks % pool_blocks_ == 0);
   PC_CHECK(window_.num_blocks >= 0 && (window_.num_blocks == 0 || window_.window > 0));
-  free_.reserve(num_blocks);
+  free_.resize(num_blocks / pool_blocks_);
+  num_evictable_.assign(free_.size(), 0);
   // Reversed so that block 0 is handed out first (easier to read in logs and tests).
-  for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+  for (int32_t b = num_blocks - 1; b >= 0; --b) free_[PoolOf(b)].push_back(b);
   if (has_window_pool()) {
     window_of_.assign(num_blocks, -1);
     for (int32_t w = window_.num_blocks - 1; w >= 0; --w) window_free_.push_back(w);
   }
 }
 
-int32_t BlockManager::NumAvailable() const {
-  const int32_t blocks = static_cast<int32_t>(free_.size()) + num_evictable_;
+int32_t BlockManager::NumFree() const {
+  int32_t n = 0;
+  for (const auto& f : free_) n += static_cast<int32_t>(f.size());
+  return n;
+}
+
+int32_t BlockManager::PoolFor(std::span<const int32_t> held) const {
+  if (!held.empty()) return PoolOf(held[0]);
+  int32_t best = 0;
+  for (int32_t p = 1; p < num_pools(); ++p) {
+    if (PoolAvailable(p) > PoolAvailable(best)) best = p;
+  }
+  return best;
+}
+
+int32_t BlockManager::NumAvailable(std::span<const int32_t> held) const {
+  const int32_t blocks = PoolAvailable(PoolFor(held));
   if (!has_window_pool()) return blocks;
   return std::min(blocks, static_cast<int32_t>(window_free_.size()) + num_evictable_window_);
 }
@@ -91,18 +108,20 @@ void BlockManager::UpdateEvictable(Node* node) {
   }
 }
 
-bool BlockManager::EvictOne() {
-  if (evictable_.empty()) return false;
-  const int32_t block = evictable_.begin()->second;
-  evictable_.erase(evictable_.begin());
+bool BlockManager::EvictOne(int32_t pool) {
+  auto it = evictable_.begin();
+  while (it != evictable_.end() && pool >= 0 && PoolOf(it->second) != pool) ++it;
+  if (it == evictable_.end()) return false;
+  const int32_t block = it->second;
+  evictable_.erase(it);
   Node* node = block_node_.at(block);
   Node* parent = node->parent;
   block_node_.erase(block);
   parent->children.erase(node->key);  // destroys node
-  --num_evictable_;
+  --num_evictable_[PoolOf(block)];
   if (HasWindowShare(block)) --num_evictable_window_;
   DropWindowShare(block);
-  free_.push_back(block);
+  free_[PoolOf(block)].push_back(block);
   ++stats_.evicted_blocks;
   UpdateEvictable(parent);
   return true;
@@ -157,7 +176,7 @@ int32_t BlockManager::MatchPrefix(std::span<const int32_t> tokens, int32_t max_t
   const std::vector<Node*> path = UsablePath(tokens, max_tokens, salt);
   for (Node* node : path) {
     if (ref_[node->block]++ == 0) {
-      --num_evictable_;
+      --num_evictable_[PoolOf(node->block)];
       ++num_held_;
       if (HasWindowShare(node->block)) --num_evictable_window_;
     }
@@ -169,14 +188,17 @@ int32_t BlockManager::MatchPrefix(std::span<const int32_t> tokens, int32_t max_t
 
 bool BlockManager::Allocate(int32_t n, std::vector<int32_t>* blocks) {
   if (n <= 0) return true;
-  if (NumAvailable() < n) return false;
-  while (static_cast<int32_t>(free_.size()) < n ||
-         (has_window_pool() && static_cast<int32_t>(window_free_.size()) < n)) {
+  if (NumAvailable(*blocks) < n) return false;
+  const int32_t pool = PoolFor(*blocks);
+  std::vector<int32_t>& free = free_[pool];
+  while (static_cast<int32_t>(free.size()) < n) PC_CHECK(EvictOne(pool));
+  // The window pool is one for all pools: its shares come back from any pool's evictions.
+  while (has_window_pool() && static_cast<int32_t>(window_free_.size()) < n) {
     PC_CHECK(EvictOne());
   }
   for (int32_t i = 0; i < n; ++i) {
-    const int32_t b = free_.back();
-    free_.pop_back();
+    const int32_t b = free.back();
+    free.pop_back();
     PC_CHECK(ref_[b] == 0);
     ref_[b] = 1;
     if (has_window_pool()) {
@@ -197,9 +219,9 @@ void BlockManager::Release(std::span<const int32_t> blocks) {
     auto it = block_node_.find(b);
     if (it == block_node_.end()) {
       DropWindowShare(b);
-      free_.push_back(b);
+      free_[PoolOf(b)].push_back(b);
     } else {
-      ++num_evictable_;
+      ++num_evictable_[PoolOf(b)];
       if (HasWindowShare(b)) ++num_evictable_window_;
       UpdateEvictable(it->second);
     }
@@ -218,10 +240,13 @@ void BlockManager::InsertPrefix(std::span<const int32_t> tokens, std::vector<int
     int32_t& mine = (*blocks)[i];
     if (it != node->children.end()) {
       Node* child = it->second.get();
+      // The tree's block is in another pool: this sequence cannot read it, and a path of the
+      // tree stays in one pool, so its further blocks are not indexed.
+      if (PoolOf(child->block) != PoolOf(mine)) break;
       if (child->block != mine) {
         // Same tokens computed twice: adopt the tree's block, drop our duplicate.
         if (ref_[child->block]++ == 0) {
-          --num_evictable_;
+          --num_evictable_[PoolOf(child->block)];
           ++num_held_;
           if (HasWindowShare(child->block)) --num_evictable_window_;
         }

@@ -15,6 +15,12 @@
 // (SlideWindow) while the full layers keep theirs. A cached block whose window share is gone
 // still serves prefix matches, as long as the blocks in the window before the match's end
 // kept theirs (MatchPrefix stops earlier otherwise).
+//
+// The blocks may come in pools (`pool_blocks` each: block b is in pool b / pool_blocks) when
+// the runner could not allocate a layer's KV in one piece (a device's max single allocation):
+// attention reads one sequence's blocks from one buffer, so all of a sequence's blocks are in
+// one pool. A new sequence takes the pool with the most blocks available; one that matched a
+// cached prefix stays in that prefix's pool, and the tree never mixes pools along a path.
 // Not thread-safe: the engine thread is its only user.
 #pragma once
 
@@ -45,8 +51,9 @@ struct WindowPool {
 
 class BlockManager {
  public:
+  // pool_blocks: blocks per pool, dividing num_blocks; 0: one pool of them all.
   BlockManager(int32_t num_blocks, int32_t block_size, bool enable_prefix_cache,
-               WindowPool window_pool = {});
+               WindowPool window_pool = {}, int32_t pool_blocks = 0);
   ~BlockManager();
   BlockManager(const BlockManager&) = delete;
   BlockManager& operator=(const BlockManager&) = delete;
@@ -54,11 +61,19 @@ class BlockManager {
   int32_t num_blocks() const { return num_blocks_; }
   int32_t block_size() const { return block_size_; }
   bool prefix_cache_enabled() const { return enable_prefix_cache_; }
+  int32_t num_pools() const { return static_cast<int32_t>(free_.size()); }
+  int32_t PoolOf(int32_t block) const { return block / pool_blocks_; }
+  // Whether sequences holding `a` and `b` draw on the same pool (one of them holding nothing
+  // may draw on any).
+  bool SamePool(std::span<const int32_t> a, std::span<const int32_t> b) const {
+    return num_pools() == 1 || a.empty() || b.empty() || PoolOf(a[0]) == PoolOf(b[0]);
+  }
 
-  // Blocks Allocate() can hand out now: free plus cached-and-unreferenced (evictable); with a
-  // window pool, no more than it can pair with window blocks.
-  int32_t NumAvailable() const;
-  int32_t NumFree() const { return static_cast<int32_t>(free_.size()); }
+  // Blocks Allocate() can append now to a sequence holding `held` (from held's pool; nothing
+  // held: the pool with the most): free plus cached-and-unreferenced (evictable); with a window
+  // pool, no more than it can pair with window blocks.
+  int32_t NumAvailable(std::span<const int32_t> held = {}) const;
+  int32_t NumFree() const;
   // Blocks held by at least one sequence.
   int32_t NumHeld() const { return num_held_; }
   int32_t NumCached() const { return static_cast<int32_t>(block_node_.size()); }
@@ -80,8 +95,9 @@ class BlockManager {
   int32_t PeekPrefix(std::span<const int32_t> tokens, int32_t max_tokens,
                      uint64_t salt = 0) const;
 
-  // Appends `n` blocks with refcount 1, evicting least-recently-used cached blocks when the free
-  // list is short. Returns false (and allocates nothing) when fewer than n are available.
+  // Appends `n` blocks with refcount 1 (from the pool of those *blocks holds already), evicting
+  // least-recently-used cached blocks when the free list is short. Returns false (and allocates
+  // nothing) when fewer than n are available.
   bool Allocate(int32_t n, std::vector<int32_t>* blocks);
 
   // Drops one reference on each block. A block nobody holds goes back to the free list, or stays
@@ -130,7 +146,14 @@ class BlockManager {
   void DropWindowShare(int32_t block);  // back to window_free_ (if it has one)
   void Touch(Node* node);
   void UpdateEvictable(Node* node);
-  bool EvictOne();
+  // The least recently used evictable block of `pool` (-1: of any pool).
+  bool EvictOne(int32_t pool = -1);
+  // Blocks Allocate can take from `pool` without a window pool's limit.
+  int32_t PoolAvailable(int32_t pool) const {
+    return static_cast<int32_t>(free_[pool].size()) + num_evictable_[pool];
+  }
+  // The pool a sequence holding `held` allocates from.
+  int32_t PoolFor(std::span<const int32_t> held) const;
   std::span<const int32_t> Chunk(std::span<const int32_t> tokens, int32_t i) const {
     return tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
   }
@@ -141,7 +164,9 @@ class BlockManager {
   int32_t num_blocks_;
   int32_t block_size_;
   bool enable_prefix_cache_;
-  std::vector<int32_t> free_;  // a stack: recently freed blocks are reused first
+  int32_t pool_blocks_;
+  // Per pool, a stack: recently freed blocks are reused first.
+  std::vector<std::vector<int32_t>> free_;
   std::vector<int32_t> ref_;   // refcount by block id
   int32_t num_held_ = 0;
 
@@ -149,7 +174,8 @@ class BlockManager {
   std::map<int32_t, Node*> block_node_;  // cached block id -> its tree node
   // Evictable leaves ordered by last use: (tick, block id).
   std::set<std::pair<uint64_t, int32_t>> evictable_;
-  int32_t num_evictable_ = 0;  // cached blocks with refcount 0 (leaves or not: see InsertPrefix)
+  // Per pool, cached blocks with refcount 0 (leaves or not: see InsertPrefix).
+  std::vector<int32_t> num_evictable_;
   uint64_t tick_ = 0;
   PrefixCacheStats stats_;
 

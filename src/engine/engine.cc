@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <map>
 
 #include <spdlog/spdlog.h>
@@ -64,7 +65,8 @@ Engine::Engine(ModelRunner* runner, EngineOptions options, PieceFn piece,
       blocks_(static_cast<int32_t>(runner->num_kv_blocks()),
               static_cast<int32_t>(runner->block_size()), options.enable_prefix_cache,
               WindowPool{static_cast<int32_t>(runner->num_window_kv_blocks()),
-                         static_cast<int32_t>(runner->kv_window())}) {
+                         static_cast<int32_t>(runner->kv_window())},
+              static_cast<int32_t>(runner->kv_blocks_per_pool())) {
   stats_.kv_blocks_total = blocks_.num_blocks();
   const SpeculativeOptions& spec = options_.speculative;
   if (spec.algorithm == SpecAlgorithm::kNgram) {
@@ -395,17 +397,28 @@ bool Engine::PlanRunning(std::vector<Planned>* plan, int32_t* budget) {
       ++it;
       continue;
     }
-    // Out of blocks: preempt from the back (the lowest-ranked) until this one fits.
+    // Out of blocks: preempt from the back (the lowest-ranked) until this one fits; with the
+    // KV in several pools, only those whose blocks are in this one's pool.
     bool fits = GrowBlocks(s, n);
-    while (!fits && running_.back().get() != s) {
-      Preempt(running_.back().get());
+    while (!fits) {
+      Sequence* victim = nullptr;
+      for (auto r = running_.rbegin(); r != running_.rend() && r->get() != s; ++r) {
+        if (blocks_.SamePool((*r)->blocks, s->blocks)) {
+          victim = r->get();
+          break;
+        }
+      }
+      if (victim == nullptr) break;
+      Preempt(victim);
       preempted = true;
       fits = GrowBlocks(s, n);
     }
-    if (!fits) {  // s is the lowest-ranked left: it waits for the others
+    if (!fits) {  // s is the lowest-ranked left of its pool: it waits for the others
+      const auto next = std::next(it);  // other pools' sequences after it still run
       Preempt(s);
       preempted = true;
-      break;
+      it = next;
+      continue;
     }
     plan->push_back({s, n});
     if (remaining > 1) *budget -= n;
@@ -469,7 +482,7 @@ void Engine::AdmitWaiting(std::vector<Planned>* plan, int32_t* budget) {
     const int32_t remaining = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
     const int32_t n = std::min({remaining, *budget, blocks_.MaxStepTokens()});
     const int64_t missing = (s->num_computed + n + bs - 1) / bs - static_cast<int64_t>(s->blocks.size());
-    const int32_t usable = blocks_.NumAvailable() - (running_.empty() ? 0 : reserve);
+    const int32_t usable = blocks_.NumAvailable(s->blocks) - (running_.empty() ? 0 : reserve);
     if (missing > usable) {
       unmatch();
       break;

@@ -62,6 +62,10 @@ class ModelRunner {
   virtual int64_t context_length() const = 0;  // max positions per sequence
   virtual int64_t block_size() const = 0;      // token slots per KV block
   virtual int64_t num_kv_blocks() const = 0;   // KV blocks available to the engine
+  // The KV blocks in pools of this many (block b in pool b / kv_blocks_per_pool()), where a
+  // layer's cache did not fit one allocation: a sequence's blocks must all be in one pool.
+  // 0: one pool.
+  virtual int64_t kv_blocks_per_pool() const { return 0; }
   // Sliding-window layers with KV blocks of their own, released once a sequence has moved
   // kv_window() positions past them: the size of that window pool (0: those layers use the main
   // blocks, nothing is released) and the window. See BlockManager's WindowPool.

@@ -60,7 +60,8 @@ class DraftModelProposer : public Proposer {
       : draft_(draft),
         target_vocab_(target_vocab),
         blocks_(static_cast<int32_t>(draft->num_kv_blocks()),
-                static_cast<int32_t>(draft->block_size()), /*enable_prefix_cache=*/false) {}
+                static_cast<int32_t>(draft->block_size()), /*enable_prefix_cache=*/false,
+                WindowPool{}, static_cast<int32_t>(draft->kv_blocks_per_pool())) {}
 
   Status Propose(std::span<DraftRequest* const> requests) override {
     // Round 0 re-feeds each sequence's tokens the draft's KV lacks and yields its first draft;

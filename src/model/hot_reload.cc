@@ -109,6 +109,7 @@ StatusOr<std::unique_ptr<ReloadableRunner>> ReloadableRunner::Create(
   r->block_size_ = r->runner_->block_size();
   r->num_kv_blocks_ = r->runner_->num_kv_blocks();
   r->num_window_kv_blocks_ = r->runner_->num_window_kv_blocks();
+  r->kv_blocks_per_pool_ = r->runner_->kv_blocks_per_pool();
   r->kv_window_ = r->runner_->kv_window();
   return r;
 }
@@ -209,13 +210,20 @@ Status ReloadableRunner::Build(const std::string& path, const runtime::PluginSpe
   PC_ASSIGN_OR_RETURN(auto runner, TransformerRunner::Create(file_, config_, device, options_));
   if (runner->num_kv_blocks() != num_kv_blocks_ || runner->block_size() != block_size_ ||
       runner->context_length() != context_length_ ||
-      runner->num_window_kv_blocks() != num_window_kv_blocks_) {
+      runner->num_window_kv_blocks() != num_window_kv_blocks_ ||
+      runner->kv_blocks_per_pool() != kv_blocks_per_pool_) {
+    // Pools (a device's max single allocation) count too: the block manager keeps a
+    // sequence's blocks within the pools it was made with.
+    auto pools = [](int64_t per_pool) {
+      return per_pool > 0 ? ", in pools of " + std::to_string(per_pool) : std::string();
+    };
     return FailedPrecondition(
         "the new runner's KV cache is " + std::to_string(runner->num_kv_blocks()) +
-        " blocks of " + std::to_string(runner->block_size()) + " tokens (context " +
+        " blocks of " + std::to_string(runner->block_size()) + " tokens" +
+        pools(runner->kv_blocks_per_pool()) + " (context " +
         std::to_string(runner->context_length()) + "), the engine's " +
-        std::to_string(num_kv_blocks_) + " of " + std::to_string(block_size_) + " (context " +
-        std::to_string(context_length_) + ")");
+        std::to_string(num_kv_blocks_) + " of " + std::to_string(block_size_) +
+        pools(kv_blocks_per_pool_) + " (context " + std::to_string(context_length_) + ")");
   }
   runtime::PluginSpec loaded = spec;
   loaded.name = backend->name();

@@ -69,6 +69,7 @@ class ReloadableRunner : public engine::ModelRunner {
   int64_t block_size() const override { return block_size_; }
   int64_t num_kv_blocks() const override { return num_kv_blocks_; }
   int64_t num_window_kv_blocks() const override { return num_window_kv_blocks_; }
+  int64_t kv_blocks_per_pool() const override { return kv_blocks_per_pool_; }
   int64_t kv_window() const override { return kv_window_; }
   int64_t hidden_size() const override { return config_.n_embd; }
   Status Forward(std::span<const engine::SequenceStep> batch,
@@ -112,6 +113,7 @@ class ReloadableRunner : public engine::ModelRunner {
   int64_t block_size_ = 0;
   int64_t num_kv_blocks_ = 0;
   int64_t num_window_kv_blocks_ = 0;
+  int64_t kv_blocks_per_pool_ = 0;
   int64_t kv_window_ = 0;
 
   mutable std::mutex mu_;  // guards the three below against /metrics and device() readers

@@ -258,8 +258,8 @@ std::vector<OpUse> RequiredOps(const GgufFile& file, const ModelConfig& c, KvCac
   KvCacheView kv;
   kv.dtypes = kv_dtypes;
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    kv.k.push_back(rec.Place(LayerTensorName(l, "k_cache"), true));
-    kv.v.push_back(rec.Place(LayerTensorName(l, "v_cache"), true));
+    kv.k.push_back({rec.Place(LayerTensorName(l, "k_cache"), true)});
+    kv.v.push_back({rec.Place(LayerTensorName(l, "v_cache"), true)});
   }
   const DevPtr rows = rec.Place("rows", false);
   const DevPtr h = rec.Place("final hidden states", false);

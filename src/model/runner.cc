@@ -135,41 +135,73 @@ Status TransformerRunner::Init(const GgufFile& file) {
   const uint64_t v_block_bytes =
       uint64_t(o.block_size) * KvRowBytes(o.kv_dtypes.v, c.n_head_kv, c.head_dim);
   const uint64_t kv_block_bytes = std::max(k_block_bytes, v_block_bytes);
-  // A layer's K (or V) is one operand of ATTENTION, so one allocation: no more blocks than the
-  // device's max single allocation holds (the sliding layers' pool keeps a spare block).
+  // A layer's K (or V) is one operand of ATTENTION, so the blocks one launch reads are in one
+  // allocation. Where a layer's blocks would exceed the device's max single allocation they go
+  // into pools that each fit, one sequence's blocks all in one pool (the engine keeps them so:
+  // kv_blocks_per_pool), so a sequence is at most a pool long (the sliding layers' window pool
+  // stays one buffer, with its spare block).
+  pool_blocks_ = num_blocks_;
   const uint64_t max_alloc = device_->props().max_alloc_size;
   if (max_alloc != 0) {
     const int64_t fit = int64_t(max_alloc / kv_block_bytes);
+    if (fit < 2) {
+      return ResourceExhausted("KV cache: a block of " + std::to_string(kv_block_bytes) +
+                               " bytes per layer leaves no room in the max single allocation of " +
+                               device_->props().name + " (" + std::to_string(max_alloc) +
+                               " bytes); lower --page-size");
+    }
+    if (max_blocks_per_seq_ > fit) {
+      spdlog::warn("KV cache: a sequence of {} tokens takes {} bytes per layer, over the max "
+                   "single allocation of {} ({} bytes): context length {} tokens instead",
+                   context_length_, max_blocks_per_seq_ * kv_block_bytes, device_->props().name,
+                   max_alloc, fit * o.block_size);
+      context_length_ = fit * o.block_size;
+      max_blocks_per_seq_ = fit;
+    }
     if (num_blocks_ > fit) {
-      spdlog::warn(
-          "KV cache: {} blocks of {} bytes per layer exceed the max single allocation "
-          "of {} ({} bytes): {} blocks ({} tokens) per layer instead",
-          num_blocks_, kv_block_bytes, device_->props().name, max_alloc, fit, fit * o.block_size);
-      num_blocks_ = fit;
+      int64_t pools = CeilDiv(num_blocks_, fit);
+      pool_blocks_ = CeilDiv(num_blocks_, pools);  // even pools
+      // Every pool holds a sequence of the full context, or one could never finish in its pool.
+      if (pool_blocks_ < max_blocks_per_seq_) {
+        pool_blocks_ = max_blocks_per_seq_;
+        pools = std::max<int64_t>(1, num_blocks_ / pool_blocks_);
+      }
+      num_blocks_ = pools * pool_blocks_;
+      spdlog::info("KV cache split: {} blocks of {} bytes per layer in {} pools of {} blocks "
+                   "({} bytes each, one allocation per pool and layer for K and for V): {} "
+                   "allows {} bytes at most; a sequence's blocks stay in one pool",
+                   num_blocks_, kv_block_bytes, pools, pool_blocks_, pool_blocks_ * kv_block_bytes,
+                   device_->props().name, max_alloc);
     }
     if (num_window_blocks_ + 1 > fit) num_window_blocks_ = fit - 1;
   }
+  const int64_t n_pools = num_blocks_ / pool_blocks_;
   kv_.dtypes = o.kv_dtypes;
   kv_.block_size = o.block_size;
   kv_.window_pool = num_window_blocks_ > 0;
   for (int64_t l = 0; l < c.n_layer; ++l) {
+    kv_.k.emplace_back();
+    kv_.v.emplace_back();
     if (l < layer_begin || l >= layer_end) {  // another pipeline stage's layer
-      kv_.k.push_back(0);
-      kv_.v.push_back(0);
+      kv_.k.back().push_back(0);
+      kv_.v.back().push_back(0);
       continue;
     }
     const bool windowed = kv_.window_pool && c.IsSlidingLayer(l);
-    const uint64_t layer_blocks = uint64_t(windowed ? num_window_blocks_ + 1 : num_blocks_);
-    for (auto [list, block_bytes] : {std::pair{&kv_.k, k_block_bytes}, {&kv_.v, v_block_bytes}}) {
-      const uint64_t kv_layer_bytes = layer_blocks * block_bytes;
-      PC_ASSIGN_OR_RETURN(PoolBuffer b, PoolBuffer::Allocate(pool_, kv_layer_bytes));
-      if (windowed) {
-        PC_RETURN_IF_ERROR(
-            stream_->Memset(b.ptr() + num_window_blocks_ * block_bytes, 0, block_bytes));
+    const uint64_t layer_blocks = uint64_t(windowed ? num_window_blocks_ + 1 : pool_blocks_);
+    for (int64_t p = 0; p < (windowed ? 1 : n_pools); ++p) {
+      for (auto [list, block_bytes] :
+           {std::pair{&kv_.k.back(), k_block_bytes}, {&kv_.v.back(), v_block_bytes}}) {
+        const uint64_t bytes = layer_blocks * block_bytes;
+        PC_ASSIGN_OR_RETURN(PoolBuffer b, PoolBuffer::Allocate(pool_, bytes));
+        if (windowed) {
+          PC_RETURN_IF_ERROR(
+              stream_->Memset(b.ptr() + num_window_blocks_ * block_bytes, 0, block_bytes));
+        }
+        list->push_back(b.ptr());
+        kv_buffers_.push_back(std::move(b));
+        kv_bytes_ += bytes;
       }
-      list->push_back(b.ptr());
-      kv_buffers_.push_back(std::move(b));
-      kv_bytes_ += kv_layer_bytes;
     }
   }
 
@@ -204,9 +236,15 @@ Status TransformerRunner::Init(const GgufFile& file) {
   // block tables [T, max_blocks_per_seq].
   // With an embedding table split by rows, each piece's local ids [T] follow (64 elements of
   // slack for their alignment).
+  // With the KV cache in pools, each run of one pool's sequences (at most one per pool: the
+  // batch is sorted by pool) has its slots [its tokens], query_start [its sequences + 1],
+  // seq_lens and block tables, each 64-aligned.
   const int64_t meta_elems = 5 * Align64(T) + Align64(T + 1) + Align64(T * max_blocks_per_seq_) +
                              (kv_.window_pool ? Align64(T) + Align64(T * max_blocks_per_seq_) : 0) +
-                             int64_t(weights_->embd_pieces.size()) * Align64(T) + 64;
+                             int64_t(weights_->embd_pieces.size()) * Align64(T) + 64 +
+                             (n_pools > 1 ? 3 * T + n_pools + T * max_blocks_per_seq_ +
+                                                4 * 64 * std::min(n_pools, T)
+                                          : 0);
   meta_bytes_ = uint64_t(meta_elems) * 4;
   PC_ASSIGN_OR_RETURN(meta_, PoolBuffer::Allocate(pool_, meta_bytes_));
   host_meta_.resize(meta_elems);
@@ -230,6 +268,15 @@ Status TransformerRunner::Validate(const SequenceStep& s) const {
       return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": block id " +
                              std::to_string(b) + " out of range [0, " +
                              std::to_string(num_blocks_) + ")");
+    }
+  }
+  // The blocks its positions use, in one pool (a table may name more blocks than it uses).
+  for (int64_t i = 0; i < CeilDiv(end, options_.block_size); ++i) {
+    if (s.block_table[i] / pool_blocks_ != PoolOf(s)) {
+      return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": blocks " +
+                             std::to_string(s.block_table[0]) + " and " +
+                             std::to_string(s.block_table[i]) + " are in different KV pools (" +
+                             std::to_string(pool_blocks_) + " blocks each)");
     }
   }
   if (num_window_blocks_ > 0) {
@@ -275,7 +322,52 @@ Status TransformerRunner::Forward(std::span<const SequenceStep> batch,
   last_step_device_s_.reset();
   const auto counters_before = device_->backend()->ReadOpCounters(*device_);
   PC_RETURN_IF_ERROR(PrepareLoras(batch));
+  const bool sorted = std::ranges::is_sorted(
+      batch, {}, [&](const SequenceStep& s) { return PoolOf(s); });
+  if (sorted) {
+    PC_RETURN_IF_ERROR(ForwardSorted(batch, logits));
+  } else {
+    // The KV cache in pools: one run of sequences per pool, so that each layer stores and
+    // attends once per pool. The output rows come back in the batch's order.
+    std::vector<size_t> order(batch.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::ranges::stable_sort(order, {}, [&](size_t i) { return PoolOf(batch[i]); });
+    std::vector<SequenceStep> by_pool;
+    for (size_t i : order) by_pool.push_back(batch[i]);
+    std::vector<float> out;
+    PC_RETURN_IF_ERROR(ForwardSorted(by_pool, &out));
+    auto floats = [&](const SequenceStep& s) -> size_t {  // the output of s (Forward's contract)
+      const size_t width = engine::IsHidden(s.logits) ? config_.n_embd : config_.n_vocab;
+      switch (s.logits) {
+        case LogitsMode::kNone: return 0;
+        case LogitsMode::kLast:
+        case LogitsMode::kHiddenLast: return width;
+        case LogitsMode::kAll:
+        case LogitsMode::kHiddenAll: return width * s.tokens.size();
+      }
+      return 0;
+    };
+    std::vector<size_t> offset(batch.size() + 1, 0);  // of each sequence in the batch's order
+    for (size_t i = 0; i < batch.size(); ++i) offset[i + 1] = offset[i] + floats(batch[i]);
+    PC_CHECK(out.size() == offset.back());
+    logits->resize(out.size());
+    size_t from = 0;
+    for (size_t i : order) {
+      std::copy_n(out.data() + from, offset[i + 1] - offset[i], logits->data() + offset[i]);
+      from += offset[i + 1] - offset[i];
+    }
+  }
+  if (counters_before) {
+    if (auto after = device_->backend()->ReadOpCounters(*device_)) {
+      last_step_device_s_ =
+          runtime::DeviceSeconds(runtime::OpCountersDelta(*counters_before, *after));
+    }
+  }
+  return Status::Ok();
+}
 
+Status TransformerRunner::ForwardSorted(std::span<const SequenceStep> batch,
+                                        std::vector<float>* logits) {
   // Pack the batch into sub-steps of at most max_tokens_per_step tokens.
   const int64_t cap = options_.max_tokens_per_step;
   std::vector<Piece> pieces;
@@ -296,12 +388,6 @@ Status TransformerRunner::Forward(std::span<const SequenceStep> batch,
     }
   }
   if (!pieces.empty()) PC_RETURN_IF_ERROR(RunPieces(pieces, logits));
-  if (counters_before) {
-    if (auto after = device_->backend()->ReadOpCounters(*device_)) {
-      last_step_device_s_ =
-          runtime::DeviceSeconds(runtime::OpCountersDelta(*counters_before, *after));
-    }
-  }
   return Status::Ok();
 }
 
@@ -429,11 +515,47 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   }
 
   const DevPtr base = meta_.ptr();
-  const uint64_t copy_bytes =
-      pieces_of_table.empty()
-          ? uint64_t(window ? o_wtables + n_seqs * max_blocks : o_tables + n_seqs * max_blocks) * 4
-          : uint64_t(o_pieces + int64_t(pieces_of_table.size()) * Align64(t)) * 4;
-  PC_RETURN_IF_ERROR(stream_->CopyH2D(base, host_meta_.data(), copy_bytes));
+  int64_t end = pieces_of_table.empty()  // elements of host_meta_ in use
+                    ? (window ? o_wtables + n_seqs * max_blocks : o_tables + n_seqs * max_blocks)
+                    : o_pieces + int64_t(pieces_of_table.size()) * Align64(t);
+
+  // The KV cache in pools: each run of one pool's sequences (pieces come in pool order) gets
+  // the step's arrays of its own, block ids and slots made local to the pool.
+  pool_runs_.clear();
+  for (int64_t s0 = 0; s0 < n_seqs && pool_blocks_ < num_blocks_;) {
+    KvPoolRun run;
+    run.pool = PoolOf(*pieces[s0].seq);
+    int64_t s1 = s0 + 1;
+    while (s1 < n_seqs && PoolOf(*pieces[s1].seq) == run.pool) ++s1;
+    run.n_seqs = s1 - s0;
+    run.token_begin = m[o_qstart + s0];
+    run.n_tokens = m[o_qstart + s1] - run.token_begin;
+    const int64_t first_block = run.pool * pool_blocks_;
+    const int64_t o_rslots = Align64(end), o_rqstart = Align64(o_rslots + run.n_tokens),
+                  o_rlens = Align64(o_rqstart + run.n_seqs + 1),
+                  o_rtables = Align64(o_rlens + run.n_seqs);
+    end = o_rtables + run.n_seqs * max_blocks;
+    PC_CHECK(end <= int64_t(host_meta_.size()));
+    for (int64_t i = 0; i < run.n_tokens; ++i) {
+      m[o_rslots + i] = int32_t(m[o_slots + run.token_begin + i] - first_block * bs);
+    }
+    for (int64_t j = 0; j <= run.n_seqs; ++j) {
+      m[o_rqstart + j] = int32_t(m[o_qstart + s0 + j] - run.token_begin);
+    }
+    std::copy_n(m + o_lens + s0, run.n_seqs, m + o_rlens);
+    for (int64_t j = 0; j < run.n_seqs * max_blocks; ++j) {
+      // Entries past a sequence's own blocks are never read; they may name another pool's.
+      const int64_t local = m[o_tables + s0 * max_blocks + j] - first_block;
+      m[o_rtables + j] = local >= 0 && local < pool_blocks_ ? int32_t(local) : 0;
+    }
+    run.slots = base + o_rslots * 4;
+    run.query_start = base + o_rqstart * 4;
+    run.seq_lens = base + o_rlens * 4;
+    run.block_tables = base + o_rtables * 4;
+    pool_runs_.push_back(run);
+    s0 = s1;
+  }
+  PC_RETURN_IF_ERROR(stream_->CopyH2D(base, host_meta_.data(), uint64_t(end) * 4));
 
   StepInputs in;
   in.n_tokens = n_tokens;
@@ -455,6 +577,7 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   in.max_blocks_per_seq = max_blocks;
   in.max_seq_len = max_len;
   in.lora = lora_tokens_;
+  in.pool_runs = pool_runs_;
   PC_RETURN_IF_ERROR(transformer_->Layers(*stream_, in, buf_, kv_));
 
   // Logits (or hidden states), max_logit_rows at a time over runs of rows of one kind, copied

@@ -63,6 +63,9 @@ class TransformerRunner : public engine::ModelRunner {
   int64_t context_length() const override { return context_length_; }
   int64_t block_size() const override { return options_.block_size; }
   int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t kv_blocks_per_pool() const override {
+    return pool_blocks_ < num_blocks_ ? pool_blocks_ : 0;
+  }
   int64_t num_window_kv_blocks() const override { return num_window_blocks_; }
   int64_t kv_window() const override { return num_window_blocks_ > 0 ? config_.sliding_window : 0; }
   int64_t hidden_size() const override { return config_.n_embd; }
@@ -91,6 +94,12 @@ class TransformerRunner : public engine::ModelRunner {
                     RunnerOptions options);
   Status Init(const GgufFile& file);
   Status Validate(const engine::SequenceStep& s) const;
+  // The KV pool of a sequence's blocks (0 with one pool).
+  int64_t PoolOf(const engine::SequenceStep& s) const {
+    return s.block_table.empty() ? 0 : s.block_table[0] / pool_blocks_;
+  }
+  // Forward over a batch already in pool order.
+  Status ForwardSorted(std::span<const engine::SequenceStep> batch, std::vector<float>* logits);
   Status RunPieces(std::span<const Piece> pieces, std::vector<float>* logits);
   // Makes the batch's adapters resident and the scratch of their x A^T large enough.
   Status PrepareLoras(std::span<const engine::SequenceStep> batch);
@@ -105,6 +114,9 @@ class TransformerRunner : public engine::ModelRunner {
   RunnerOptions options_;
   int64_t context_length_ = 0;
   int64_t num_blocks_ = 0;
+  // Blocks per KV pool: num_blocks_ but where one layer's K or V would exceed the device's max
+  // single allocation; then each pool has buffers of its own (KvCacheView).
+  int64_t pool_blocks_ = 0;
   int64_t num_window_blocks_ = 0;  // 0: no window pool
   int64_t max_blocks_per_seq_ = 0;
   uint64_t kv_bytes_ = 0;
@@ -126,6 +138,7 @@ class TransformerRunner : public engine::ModelRunner {
   uint64_t meta_bytes_ = 0;
   std::vector<int32_t> host_meta_;  // staging for meta_ (alive until the step synchronizes)
   std::vector<bool> row_hidden_;    // per output row of a sub-step: hidden state, not logits
+  std::vector<KvPoolRun> pool_runs_;  // a sub-step's runs of one KV pool (several pools only)
 
   // LoRA: the resident adapters, the scratch [max(T, max_logit_rows), max rank] of x A^T, the
   // sub-step's runs of token rows and each output row's adapter.

@@ -232,8 +232,8 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     runtime::KvStoreArgs store;
     store.k = b.k;
     store.v = b.v;
-    store.k_cache = kv.k[l];
-    store.v_cache = kv.v[l];
+    store.k_cache = kv.k[l][0];
+    store.v_cache = kv.v[l][0];
     const bool own_pool = sliding && kv.window_pool;
     store.slots = own_pool ? in.window_slots : in.slots;
     store.cache_dtype = kv.dtypes.k;
@@ -242,12 +242,13 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     store.n_kv_heads = c.n_head_kv;
     store.head_dim = c.head_dim;
     store.block_size = kv.block_size;
-    PC_RETURN_IF_ERROR(ops.Launch(store));
+    const bool pooled = !own_pool && !in.pool_runs.empty();
+    if (!pooled) PC_RETURN_IF_ERROR(ops.Launch(store));
 
     runtime::AttentionArgs att;
     att.q = b.q;
-    att.k_cache = kv.k[l];
-    att.v_cache = kv.v[l];
+    att.k_cache = kv.k[l][0];
+    att.v_cache = kv.v[l][0];
     att.out = b.attn;
     att.query_start = in.query_start;
     att.seq_lens = in.seq_lens;
@@ -265,7 +266,25 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     att.scale = c.attn_scale > 0 ? c.attn_scale
                                  : 1.f / std::sqrt(static_cast<float>(c.head_dim));
     att.window = sliding ? c.sliding_window : 0;
-    PC_RETURN_IF_ERROR(ops.Launch(att));
+    if (!pooled) PC_RETURN_IF_ERROR(ops.Launch(att));
+    // The KV cache in pools: each run of sequences stores into and attends over its pool's
+    // buffers, on its own rows of k, v, q and attn.
+    for (const KvPoolRun& run : pooled ? in.pool_runs : std::span<const KvPoolRun>()) {
+      store.k = b.k + uint64_t(run.token_begin * c.kv_dim()) * 4;
+      store.v = b.v + uint64_t(run.token_begin * c.kv_dim()) * 4;
+      store.k_cache = att.k_cache = kv.k[l][run.pool];
+      store.v_cache = att.v_cache = kv.v[l][run.pool];
+      store.slots = run.slots;
+      store.n_tokens = att.n_tokens = run.n_tokens;
+      PC_RETURN_IF_ERROR(ops.Launch(store));
+      att.q = b.q + uint64_t(run.token_begin * c.q_dim()) * 4;
+      att.out = b.attn + uint64_t(run.token_begin * c.q_dim()) * 4;
+      att.query_start = run.query_start;
+      att.seq_lens = run.seq_lens;
+      att.block_tables = run.block_tables;
+      att.n_seqs = run.n_seqs;
+      PC_RETURN_IF_ERROR(ops.Launch(att));
+    }
 
     // x += (post_norm)(attn Wo^T (+ bo))
     PC_RETURN_IF_ERROR(Residual(ops, b.attn, L.wo, L.bo, L.post_attn_norm, b.xn, b.x, T, lora,

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/kv_cache_dtypes.h"
@@ -70,14 +71,30 @@ class StreamLauncher final : public Launcher {
 };
 
 // The paged KV cache: per layer one K and one V buffer of
-// [n_blocks, block_size, n_head_kv, head_dim] elements of `dtype`. With a window pool
-// (`window_pool`), the sliding layers' buffers have that pool's blocks and their steps use
-// StepInputs' window_slots and window_block_tables.
+// [n_blocks, block_size, n_head_kv, head_dim] elements of `dtype`, or, where that is more than
+// the device allocates at once, one per pool of blocks (a sequence's blocks all in one pool:
+// engine::ModelRunner::kv_blocks_per_pool). With a window pool (`window_pool`), the sliding
+// layers' buffers have that pool's blocks (in one buffer) and their steps use StepInputs'
+// window_slots and window_block_tables.
 struct KvCacheView {
-  std::vector<runtime::DevPtr> k, v;  // [n_layer]
+  std::vector<std::vector<runtime::DevPtr>> k, v;  // [n_layer][n_pools]
   KvCacheDtypes dtypes;  // K's and V's element types
   int64_t block_size = 16;
   bool window_pool = false;
+};
+
+// A run of a step's sequences whose KV blocks are all in pool `pool` (KvCacheView): its
+// tokens [token_begin, token_begin + n_tokens), with index arrays of its own on the device
+// (block ids and slots within the pool, query_start from 0).
+struct KvPoolRun {
+  int64_t pool = 0;
+  int64_t token_begin = 0;
+  int64_t n_tokens = 0;
+  int64_t n_seqs = 0;
+  runtime::DevPtr slots = 0;         // [n_tokens]
+  runtime::DevPtr query_start = 0;   // [n_seqs + 1]
+  runtime::DevPtr seq_lens = 0;      // [n_seqs]
+  runtime::DevPtr block_tables = 0;  // [n_seqs, max_blocks_per_seq]
 };
 
 // Index arrays of one step, already on the device (all int32).
@@ -99,6 +116,10 @@ struct StepInputs {
   runtime::DevPtr window_block_tables = 0;
   int64_t max_blocks_per_seq = 0;
   int64_t max_seq_len = 0;
+  // With the KV cache in several pools: the step's runs of sequences of one pool, which
+  // KV_STORE and ATTENTION of the layers on those pools take one at a time (the window pool's
+  // layers take the whole step with the arrays above). Empty: one pool, the arrays above.
+  std::span<const KvPoolRun> pool_runs;
   // LoRA adapters (lora.h) over runs of the step's tokens; empty: the base model only.
   std::span<const LoraSegment> lora;
 };

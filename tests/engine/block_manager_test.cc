@@ -133,6 +133,51 @@ TEST(BlockManager, DisabledCacheNeverMatches) {
 
 // ---- the window pool ----
 
+// KV pools (a layer's cache over the device's max single allocation): a sequence's blocks all
+// come from one pool, new sequences take the emptier pool, a prefix match keeps a sequence in
+// the prefix's pool, eviction frees that pool's blocks, and the tree never links two pools.
+TEST(BlockManagerPools, ASequenceStaysInOnePool) {
+  BlockManager bm(8, 4, true, {}, 4);  // pools {0..3} and {4..7}
+  EXPECT_EQ(bm.num_pools(), 2);
+  std::vector<int32_t> a, b;
+  ASSERT_TRUE(bm.Allocate(3, &a));
+  EXPECT_EQ(a, Iota(3, 0));
+  EXPECT_EQ(bm.NumAvailable(a), 1);  // a's pool
+  EXPECT_EQ(bm.NumAvailable(), 4);   // a new sequence's: the other pool
+  ASSERT_TRUE(bm.Allocate(2, &b));
+  EXPECT_EQ(b, Iota(2, 4));
+  EXPECT_FALSE(bm.Allocate(2, &a));  // 3 blocks free, but 1 in a's pool
+  ASSERT_TRUE(bm.Allocate(1, &a));
+  EXPECT_EQ(a.back(), 3);
+  EXPECT_FALSE(bm.SamePool(a, b));
+  EXPECT_TRUE(bm.SamePool(a, {}));
+
+  // a's prefix cached in pool 0: a sequence matching it continues there, evicting other
+  // cached blocks of pool 0 but never pool 1's.
+  const auto tokens = Iota(16, 100);
+  bm.InsertPrefix(tokens, &a);
+  bm.Release(a);
+  std::vector<int32_t> c;
+  EXPECT_EQ(bm.MatchPrefix(Iota(9, 100), 8, &c), 8);
+  EXPECT_EQ(c, Iota(2, 0));
+  EXPECT_EQ(bm.NumAvailable(c), 2);  // blocks 2 and 3, cached and unreferenced
+  ASSERT_TRUE(bm.Allocate(2, &c));
+  EXPECT_EQ(c, Iota(4, 0));
+  EXPECT_EQ(bm.NumCached(), 2);
+  EXPECT_FALSE(bm.Allocate(1, &c));
+
+  // b computed the same first block in pool 1: it cannot adopt pool 0's block, and its own
+  // blocks stay out of the tree (a path never crosses pools).
+  bm.InsertPrefix(Iota(8, 100), &b);
+  EXPECT_EQ(b, Iota(2, 4));
+  EXPECT_FALSE(bm.IsCached(4));
+  bm.Release(b);
+  bm.Release(c);
+  EXPECT_EQ(bm.NumHeld(), 0);
+  EXPECT_EQ(bm.Flush(), 2);
+  EXPECT_EQ(bm.NumFree(), 8);
+}
+
 TEST(BlockManagerWindowPool, AllocationPairsWindowBlocksAndSlidingReleasesThem) {
   BlockManager bm(16, 4, true, WindowPool{6, 8});
   std::vector<int32_t> a;
