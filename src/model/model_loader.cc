@@ -38,10 +38,28 @@ RowSplit PlanRowSplit(int64_t rows, int64_t row_bytes, uint64_t max_alloc, int64
   return split;
 }
 
+RowSplit PlanExpertSplit(std::span<const GgufTensor* const> experts, uint64_t max_alloc) {
+  int64_t n_expert = 0, expert_bytes = 0;
+  bool over = false;
+  for (const GgufTensor* t : experts) {
+    n_expert = t->dims.back();
+    expert_bytes = std::max<int64_t>(expert_bytes, int64_t(t->n_bytes) / n_expert);
+    over = over || (max_alloc != 0 && t->n_bytes > max_alloc);
+  }
+  if (!over) return {1, n_expert};
+  // Every piece of the three takes a zero expert more (transformer.cc's routing).
+  return PlanRowSplit(n_expert, expert_bytes, max_alloc, 1);
+}
+
 std::vector<WeightSplit> PlanWeightSplits(const GgufFile& file, uint64_t max_alloc) {
   std::vector<WeightSplit> splits;
   for (const GgufTensor& t : file.tensors()) {
     if (t.dims.size() < 2 || max_alloc == 0 || t.n_bytes <= max_alloc) continue;
+    if (t.dims.size() == 3) {  // experts: cut at whole experts, as the loader does
+      const GgufTensor* one[] = {&t};
+      splits.push_back({t.name, t.n_bytes, PlanExpertSplit(one, max_alloc).pieces});
+      continue;
+    }
     const bool table = t.name == "token_embd.weight";
     const RowSplit split =
         PlanRowSplit(t.n_rows(), RowBytes(t.dtype, t.row_len()), max_alloc, table ? 1 : 0);
@@ -262,18 +280,30 @@ class Uploader {
   }
 
   // An expert tensor [n_expert, rows, cols] for MOE: uploaded like a matrix (the plugin may
-  // repack it) when the device's MOE reads the layout it chose, else as GGUF bytes.
-  StatusOr<MatrixRef> Experts(const std::string& name, const std::vector<DType>& moe_dtypes) {
-    PC_ASSIGN_OR_RETURN(const GgufTensor* whole, Find(name));
-    const uint64_t max = device_->props().max_alloc_size;
-    if (max != 0 && whole->n_bytes > max) {
-      // MOE takes each expert tensor as one operand: no split by rows can express it.
-      return Unimplemented(name + " (" + std::to_string(whole->n_bytes) +
-                           " bytes) exceeds the "
-                           "max single allocation of " +
-                           std::to_string(max) +
-                           " bytes, and the "
-                           "MOE op reads each expert tensor as one operand");
+  // repack it) when the device's MOE reads the layout it chose, else as GGUF bytes. Split by
+  // `split` (PlanExpertSplit, the same for a layer's three tensors): pieces of
+  // rows_per_piece whole experts as GGUF bytes, each followed by a zero expert.
+  StatusOr<MatrixRef> Experts(const std::string& name, const std::vector<DType>& moe_dtypes,
+                              const RowSplit& split) {
+    if (split.pieces > 1) {
+      PC_ASSIGN_OR_RETURN(const GgufTensor* t, Find(name));
+      const int64_t n_expert = t->dims.back(), rows = t->n_rows() / n_expert;
+      const int64_t row_bytes = RowBytes(t->dtype, t->row_len());
+      const int64_t expert_bytes = rows * row_bytes;
+      MatrixRef whole{0, t->dtype, runtime::kLayoutGguf, t->n_rows(), t->row_len()};
+      std::vector<uint8_t> staging;
+      for (int64_t e = 0; e < n_expert; e += split.rows_per_piece) {
+        const int64_t count = std::min(split.rows_per_piece, n_expert - e);
+        staging.assign(uint64_t(count + 1) * expert_bytes, 0);  // zero bytes: zero values
+        std::memcpy(staging.data(), static_cast<const uint8_t*>(t->data) + e * expert_bytes,
+                    uint64_t(count) * expert_bytes);
+        MatrixRef piece{0, t->dtype, runtime::kLayoutGguf, count * rows, t->row_len()};
+        PC_ASSIGN_OR_RETURN(piece.data, Raw(*t, &staging));
+        piece.begin = e * rows;
+        whole.pieces.push_back(std::move(piece));
+      }
+      w_.splits.push_back({t->name, t->n_bytes, split.pieces});
+      return whole;
     }
     PC_ASSIGN_OR_RETURN(MatrixRef ref, Matrix(name));
     if (ref.layout == runtime::kLayoutGguf) return ref;
@@ -425,14 +455,20 @@ StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(
       if (c.n_expert > 0) {
         PC_ASSIGN_OR_RETURN(L.router, up.Matrix(name("ffn_gate_inp.weight")));
         std::vector<DType> dtypes;
+        std::vector<const GgufTensor*> tensors;
         for (const char* m :
              {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}) {
           PC_ASSIGN_OR_RETURN(const GgufTensor* t, up.Find(name(m)));
+          if (t->dims.size() != 3 || t->dims.back() != c.n_expert) {
+            return InvalidArgument(t->name + ": not " + std::to_string(c.n_expert) + " experts");
+          }
           dtypes.push_back(t->dtype);
+          tensors.push_back(t);
         }
-        PC_ASSIGN_OR_RETURN(L.gate_exps, up.Experts(name("ffn_gate_exps.weight"), dtypes));
-        PC_ASSIGN_OR_RETURN(L.up_exps, up.Experts(name("ffn_up_exps.weight"), dtypes));
-        PC_ASSIGN_OR_RETURN(L.down_exps, up.Experts(name("ffn_down_exps.weight"), dtypes));
+        const RowSplit split = PlanExpertSplit(tensors, device->props().max_alloc_size);
+        PC_ASSIGN_OR_RETURN(L.gate_exps, up.Experts(name("ffn_gate_exps.weight"), dtypes, split));
+        PC_ASSIGN_OR_RETURN(L.up_exps, up.Experts(name("ffn_up_exps.weight"), dtypes, split));
+        PC_ASSIGN_OR_RETURN(L.down_exps, up.Experts(name("ffn_down_exps.weight"), dtypes, split));
       } else {
         PC_ASSIGN_OR_RETURN(L.w_gate, up.Matrix(name("ffn_gate.weight")));
         PC_ASSIGN_OR_RETURN(L.w_up, up.Matrix(name("ffn_up.weight")));

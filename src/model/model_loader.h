@@ -16,6 +16,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,8 @@ struct MatrixRef {
   int64_t rows = 0, cols = 0;
   // Larger than the device's max single allocation: the rows in allocations of their own, each
   // piece the rows [begin, begin + rows) of the whole (data is then 0). Empty: data holds all.
+  // An expert tensor's pieces (GGUF layout) hold whole experts, each followed by a zero
+  // expert that `rows` does not count.
   std::vector<MatrixRef> pieces;
   int64_t begin = 0;  // of a piece: its first row in the whole matrix
 };
@@ -73,6 +76,10 @@ struct RowSplit {
   int64_t rows_per_piece = 0;
 };
 RowSplit PlanRowSplit(int64_t rows, int64_t row_bytes, uint64_t max_alloc, int64_t spare_rows = 0);
+// How a layer's expert tensors ([n_expert, rows, cols] each) are cut when any of them exceeds
+// `max_alloc`: at the same whole experts for all of them, rows_per_piece experts a piece, each
+// piece with room for one zero expert more (transformer.cc routes over the pieces).
+RowSplit PlanExpertSplit(std::span<const GgufTensor* const> experts, uint64_t max_alloc);
 
 // A tensor the loader splits, for the load log and `polychip doctor`'s coverage report.
 struct WeightSplit {

@@ -97,6 +97,9 @@ class Recorder final : public Launcher {
   Status AllReduce(const TensorParallel&, DevPtr, int64_t) override { return Status::Ok(); }
   Status Send(const PipelineStage&, DevPtr, int64_t) override { return Status::Ok(); }
   Status Recv(const PipelineStage&, DevPtr, int64_t) override { return Status::Ok(); }
+  Status HostCompute(DevPtr, int64_t, DevPtr, int64_t, const HostFn&) override {
+    return Status::Ok();
+  }
 
  private:
   struct Name {

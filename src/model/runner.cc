@@ -221,7 +221,13 @@ Status TransformerRunner::Init(const GgufFile& file) {
   PC_ASSIGN_OR_RETURN(buf_.attn, alloc(T * c.q_dim()));
   // The gate buffer also holds a mixture of experts' router logits [T, n_expert].
   PC_ASSIGN_OR_RETURN(buf_.gate, alloc(T * std::max(c.n_ff, c.n_expert)));
-  PC_ASSIGN_OR_RETURN(buf_.up, alloc(T * c.n_ff));
+  // The up buffer also holds the routing over experts split into pieces: [T, n_expert + pieces]
+  // (transformer.cc).
+  int64_t up_cols = c.n_ff;
+  for (const LayerWeights& L : weights_->layers) {
+    up_cols = std::max(up_cols, c.n_expert + int64_t(L.gate_exps.pieces.size()));
+  }
+  PC_ASSIGN_OR_RETURN(buf_.up, alloc(T * up_cols));
   // The logits buffer is one allocation (MATMUL's output): as many rows as fit.
   const int64_t logit_width = tp.size > 1 ? weights_->vocab.rows : c.n_vocab;
   if (max_alloc != 0) {

@@ -1,12 +1,49 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "model/arch.h"
 
 namespace polychip::model {
 
 using runtime::DevPtr;
+
+namespace {
+
+// A logit no expert chosen by the routing gets in a piece's launch: its softmax weight is 0 in
+// F32 (exp(-1e4) underflows), and it is finite, so that no plugin's exp sees an infinity.
+constexpr float kNotChosen = -1e4f;
+
+// MOE's routing (pc_ops.h) of one token: the weight of each of the n logits' experts, zero for
+// those not among the n_used chosen.
+void RouteToken(const float* logits, int64_t n, int64_t n_used, bool norm, float* w) {
+  const float max = *std::max_element(logits, logits + n);
+  float sum = 0;
+  for (int64_t e = 0; e < n; ++e) sum += w[e] = std::exp(logits[e] - max);
+  for (int64_t e = 0; e < n; ++e) w[e] /= sum;
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return w[a] > w[b]; });
+  float chosen = 0;
+  for (int64_t i = 0; i < n_used; ++i) chosen += w[order[i]];
+  const float scale = norm ? 1 / std::max(chosen, 0x1p-14f) : 1;
+  for (int64_t i = 0; i < n; ++i) w[order[i]] = i < n_used ? w[order[i]] * scale : 0;
+}
+
+}  // namespace
+
+Status StreamLauncher::HostCompute(DevPtr in, int64_t in_floats, DevPtr out, int64_t out_floats,
+                                   const HostFn& fn) {
+  std::vector<float> host_in(in_floats), host_out(out_floats);
+  PC_RETURN_IF_ERROR(stream_.CopyD2H(host_in.data(), in, uint64_t(in_floats) * 4));
+  PC_RETURN_IF_ERROR(stream_.Synchronize());
+  fn(host_in.data(), host_out.data());
+  PC_RETURN_IF_ERROR(stream_.CopyH2D(out, host_out.data(), uint64_t(out_floats) * 4));
+  return stream_.Synchronize();  // host_out dies here
+}
 
 StatusOr<Transformer> Transformer::Create(const ModelConfig& config,
                                           const ModelWeights& weights) {
@@ -344,7 +381,54 @@ Status Transformer::Experts(Launcher& ops, const LayerWeights& L, const StepBuff
   moe.n_used = c.n_expert_used;
   moe.norm_weights = c.moe_norm_weights ? 1 : 0;
   moe.accumulate = 1;
-  return ops.Launch(moe);
+  if (L.gate_exps.pieces.empty()) return ops.Launch(moe);
+
+  // Experts over the device's max single allocation, in pieces of whole experts, each followed
+  // by a zero expert (model_loader.h). MOE routes over the experts of its launch, so the
+  // routing over all of them is done here, on the host, as MOE defines it, and each piece's
+  // launch gets logits whose softmax gives back the weights: log(w) for its chosen experts,
+  // log(1 - their sum) for the zero expert (which adds nothing), and kNotChosen for the others.
+  // With one more expert used than the model's, a launch runs every expert it has a weight
+  // for. The price: the host waits for the router's logits once per layer and step.
+  const auto& pieces = L.gate_exps.pieces;
+  const int64_t n_expert = c.n_expert, n_used = c.n_expert_used, ff = c.n_ff_exp;
+  const bool norm = c.moe_norm_weights;
+  auto route = [&](const float* logits, float* out) {  // out: per piece [T, its experts + 1]
+    std::vector<float> w(n_expert);
+    for (int64_t t = 0; t < T; ++t) {
+      RouteToken(logits + t * n_expert, n_expert, n_used, norm, w.data());
+      float* piece_logits = out;
+      for (const MatrixRef& piece : pieces) {
+        const int64_t first = piece.begin / ff, count = piece.rows / ff;
+        float* dst = piece_logits + t * (count + 1);
+        float rest = 1;
+        for (int64_t j = 0; j < count; ++j) {
+          const float we = w[first + j];
+          dst[j] = we > 0 ? std::log(we) : kNotChosen;
+          rest -= we;
+        }
+        dst[count] = rest > 0 ? std::log(rest) : kNotChosen;
+        piece_logits += T * (count + 1);
+      }
+    }
+  };
+  const int64_t cols = n_expert + int64_t(pieces.size());
+  PC_RETURN_IF_ERROR(ops.HostCompute(b.gate, T * n_expert, b.up, T * cols, route));
+  DevPtr logits = b.up;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const int64_t count = pieces[p].rows / ff;
+    moe.logits = logits;
+    moe.gate = L.gate_exps.pieces[p].data;
+    moe.up = L.up_exps.pieces[p].data;
+    moe.down = L.down_exps.pieces[p].data;
+    moe.gate_layout = moe.up_layout = moe.down_layout = runtime::kLayoutGguf;
+    moe.n_experts = count + 1;
+    moe.n_used = std::min(n_used + 1, count + 1);
+    moe.norm_weights = 0;
+    PC_RETURN_IF_ERROR(ops.Launch(moe));
+    logits += uint64_t(T * (count + 1)) * 4;
+  }
+  return Status::Ok();
 }
 
 Status Transformer::Residual(Launcher& ops, DevPtr in, const MatrixRef& w,

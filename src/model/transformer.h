@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -44,12 +45,18 @@ class Launcher {
   virtual Status AllReduce(const TensorParallel& tp, runtime::DevPtr x, int64_t n_rows) = 0;
   virtual Status Send(const PipelineStage& pp, runtime::DevPtr x, int64_t n_rows) = 0;
   virtual Status Recv(const PipelineStage& pp, runtime::DevPtr x, int64_t n_rows) = 0;
+  // out [out_floats] = fn(in [in_floats]) computed on the host, ordered with the launches: the
+  // host waits for `in`. For what no op expresses (transformer.cc's routing over experts
+  // split across allocations).
+  using HostFn = std::function<void(const float* in, float* out)>;
+  virtual Status HostCompute(runtime::DevPtr in, int64_t in_floats, runtime::DevPtr out,
+                             int64_t out_floats, const HostFn& fn) = 0;
 };
 
 // Launches on `stream`; the collectives call tp's and pp's hooks with it.
 class StreamLauncher final : public Launcher {
  public:
-  explicit StreamLauncher(const runtime::Stream& stream) : stream_(stream) {}
+  explicit StreamLauncher(runtime::Stream& stream) : stream_(stream) {}
 #define PC_OP(NAME, name, Camel, ...)                                 \
   Status Launch(const runtime::Camel##Args& args) override {          \
     return runtime::Launch(stream_, args);                            \
@@ -65,9 +72,11 @@ class StreamLauncher final : public Launcher {
   Status Recv(const PipelineStage& pp, runtime::DevPtr x, int64_t n_rows) override {
     return pp.recv(stream_, x, n_rows);
   }
+  Status HostCompute(runtime::DevPtr in, int64_t in_floats, runtime::DevPtr out,
+                     int64_t out_floats, const HostFn& fn) override;
 
  private:
-  const runtime::Stream& stream_;
+  runtime::Stream& stream_;
 };
 
 // The paged KV cache: per layer one K and one V buffer of
@@ -165,17 +174,17 @@ class Transformer {
                 std::span<const LoraSegment> lora = {}, runtime::DevPtr lora_scratch = 0) const;
 
   // The same on a stream.
-  Status Layers(const runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
+  Status Layers(runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
                 const KvCacheView& kv) const {
     StreamLauncher ops(stream);
     return Layers(ops, in, buf, kv);
   }
-  Status FinalHidden(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
+  Status FinalHidden(runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
                      runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h) const {
     StreamLauncher ops(stream);
     return FinalHidden(ops, x, n_tokens, row_ids, n_rows, h);
   }
-  Status Logits(const runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
+  Status Logits(runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
                 runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h,
                 runtime::DevPtr logits, std::span<const LoraSegment> lora = {},
                 runtime::DevPtr lora_scratch = 0) const {

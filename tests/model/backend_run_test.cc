@@ -224,6 +224,25 @@ TEST(EmuSplitTensors, EveryArchitectureUnderA1MiBAllocationLimit) {
   }
 }
 
+// Expert tensors over the limit: qwen3moe-tiny's (8 experts, 1 MiB per tensor at F16) at 512
+// KiB are cut into pieces of whole experts (3, 3 and 2, each with a zero expert) whose MOE
+// launches take the routing computed on the host (transformer.cc); the greedy tokens are still
+// the cpu plugin's.
+TEST(EmuSplitTensors, MoeExpertsOverTheLimit) {
+  if (!HaveEmuAndCpu()) GTEST_SKIP() << "needs the emu and cpu plugins";
+  const std::string config = std::string(POLYCHIP_BUILD_DIR) + "/test-models/emu-512kib.yaml";
+  std::filesystem::create_directories(std::filesystem::path(config).parent_path());
+  std::ofstream(config) << "backend: {name: emu, params: {max_alloc_bytes: 524288}}\n";
+  const CommandResult r =
+      ExpectCpuTokensOf("emu", SynthesizedModel("qwen3moe-tiny"), " --config " + ShellQuote(config));
+  for (const char* t : {"gate", "up", "down"}) {
+    EXPECT_NE(r.err.find("blk.1.ffn_" + std::string(t) +
+                         "_exps.weight (1048576 bytes) split by rows into 3 allocations"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
 // The real vocabularies at F16 on emu:0 (64 MiB largest allocation): qwen3 with Qwen's 151,936
 // tokens (two 78 MB tables) and gemma3 with Gemma's 262,144 (one tied 134 MB table) run with
 // the cpu plugin's greedy tokens.

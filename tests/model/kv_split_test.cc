@@ -3,7 +3,9 @@
 // two pools of 8,192 tokens, each an allocation per layer. A batch with sequences in both pools
 // gives the cpu plugin's logits (whose cache is one allocation per layer), and requests run
 // through the engine all at once, landing in both pools and sharing a prefix, give the cpu
-// plugin's greedy tokens. Skipped in a tree without the emu and cpu plugins.
+// plugin's greedy tokens. Likewise expert tensors over the limit (model_loader.h), cut at whole
+// experts and routed on the host (transformer.cc): a qwen3moe of 16 experts gives the cpu
+// plugin's logits. Skipped in a tree without the emu and cpu plugins.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +36,21 @@ const std::string& ModelPath() {
     o.weight_std = 0.08f;
     o.seed = 13;
     return testing::SynthesizeTestModel("kv_split_tiny_f16", o);
+  }();
+  return path;
+}
+
+// qwen3moe-tiny with 16 experts of which 4 are used: 2 MiB per expert tensor at F16.
+const std::string& MoeModelPath() {
+  static const std::string path = [] {
+    SynthOptions o;
+    o.config = *ShapePreset("qwen3moe-tiny");
+    o.config.n_expert = 16;
+    o.config.n_expert_used = 4;
+    o.type = DType::kF16;
+    o.weight_std = 0.08f;
+    o.seed = 17;
+    return testing::SynthesizeTestModel("kv_split_qwen3moe16_f16", o);
   }();
   return path;
 }
@@ -69,7 +86,7 @@ class KvSplitTest : public testing::ModelFileTest<::testing::Test> {
     ASSERT_NO_FATAL_FAILURE(OpenModel(ModelPath()));
   }
 
-  std::unique_ptr<TransformerRunner> Make(const std::string& backend) {
+  std::unique_ptr<TransformerRunner> Make(const std::string& backend, int64_t kv_tokens = 16384) {
     runtime::PluginParams params;
     if (backend == "emu") params.push_back({"max_alloc_bytes", std::to_string(kMaxAlloc)});
     auto b = runtime::LoadBackendFromPath(
@@ -82,7 +99,7 @@ class KvSplitTest : public testing::ModelFileTest<::testing::Test> {
     if (!dev.ok()) return nullptr;
     RunnerOptions o;
     o.context_length = 256;
-    o.kv_tokens = 16384;
+    o.kv_tokens = kv_tokens;
     o.block_size = 16;
     auto r = TransformerRunner::Create(*file_, config_, *dev, o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -191,6 +208,42 @@ TEST_F(KvSplitTest, EngineRequestsInBothPoolsGiveTheCpuTokens) {
   for (const auto& t : want) EXPECT_EQ(t.size(), 24u);
   EXPECT_EQ(got, want);
   EXPECT_EQ(recorder.pools, (std::set<int64_t>{0, 1}));
+}
+
+// Each layer's experts in 3 pieces (6, 6 and 4 experts of 128 KiB, each piece with a zero
+// expert: 1 MiB at most), the routing over all 16 computed on the host: the logits of every
+// position are the cpu plugin's, whose MOE routes itself over one allocation.
+TEST_F(KvSplitTest, MoeExpertsOverTheLimitGiveTheCpuLogits) {
+  ASSERT_NO_FATAL_FAILURE(OpenModel(MoeModelPath()));
+  auto cpu = Make("cpu", 1024);
+  auto emu = Make("emu", 1024);
+  ASSERT_TRUE(cpu && emu);
+  const std::vector<int32_t> a = Prompt(33, 4), b = Prompt(12, 5);
+  const std::vector<int32_t> table_a = {0, 1, 2}, table_b = {5};
+  SequenceStep steps[2];
+  steps[0].tokens = a;
+  steps[0].block_table = table_a;
+  steps[0].logits = LogitsMode::kAll;
+  steps[1].tokens = b;
+  steps[1].block_table = table_b;
+  std::vector<float> want, got;
+  ASSERT_TRUE(cpu->Forward(steps, &want).ok());
+  ASSERT_TRUE(emu->Forward(steps, &got).ok());
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(got.size(), size_t(34 * config_.n_vocab));
+  float diff = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff = std::max(diff, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  EXPECT_LT(diff, 1e-3f * std::max(scale, 1.f));
+  for (int64_t r = 0; r < 34; ++r) {  // the greedy token of every row
+    const float* w = want.data() + r * config_.n_vocab;
+    const float* g = got.data() + r * config_.n_vocab;
+    EXPECT_EQ(std::max_element(g, g + config_.n_vocab) - g,
+              std::max_element(w, w + config_.n_vocab) - w)
+        << "row " << r;
+  }
 }
 
 }  // namespace
