@@ -113,26 +113,12 @@ class KvSplitTest : public testing::ModelFileTest<::testing::Test> {
     engine::EngineOptions eo;
     eo.chunked_prefill_size = 32;
     engine::Engine engine(runner, eo, [](int32_t) { return std::string("x"); }, {});
-    std::vector<std::shared_ptr<engine::RequestStream>> streams;
-    for (const auto& p : prompts) {
-      engine::GenerateInput in;
-      in.prompt = p;
-      in.params.max_tokens = n;
-      auto s = engine.Submit(in);
-      EXPECT_TRUE(s.ok()) << s.status().ToString();
-      if (!s.ok()) return {};
-      streams.push_back(*s);
+    std::vector<engine::GenerateInput> inputs(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      inputs[i].prompt = prompts[i];
+      inputs[i].params.max_tokens = n;
     }
-    engine.RunUntilIdle(100000);
-    std::vector<std::vector<int32_t>> out;
-    for (auto& s : streams) {
-      out.emplace_back();
-      for (auto& ev : s->Pop(std::chrono::milliseconds(0))) {
-        out.back().insert(out.back().end(), ev.tokens.begin(), ev.tokens.end());
-        if (ev.finished) EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
-      }
-    }
-    return out;
+    return testing::GenerateAll(engine, inputs);
   }
 };
 

@@ -98,26 +98,13 @@ std::vector<std::vector<int32_t>> Generate(engine::ModelRunner* target,
   eo.speculative.num_draft_tokens = 4;
   eo.speculative.disable_batch_size = 8;
   engine::Engine engine(target, eo, [](int32_t) { return std::string("x"); }, {}, draft);
-  std::vector<std::shared_ptr<engine::RequestStream>> streams;
-  for (const auto& p : prompts) {
-    engine::GenerateInput in;
-    in.prompt = p;
-    in.params.max_tokens = n;
-    in.adapter = lora.adapter;
-    auto s = engine.Submit(in);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) return {};
-    streams.push_back(*s);
+  std::vector<engine::GenerateInput> inputs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    inputs[i].prompt = prompts[i];
+    inputs[i].params.max_tokens = n;
+    inputs[i].adapter = lora.adapter;
   }
-  engine.RunUntilIdle(100000);
-  std::vector<std::vector<int32_t>> out;
-  for (auto& s : streams) {
-    out.emplace_back();
-    for (auto& ev : s->Pop(std::chrono::milliseconds(0))) {
-      out.back().insert(out.back().end(), ev.tokens.begin(), ev.tokens.end());
-      if (ev.finished) EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
-    }
-  }
+  std::vector<std::vector<int32_t>> out = testing::GenerateAll(engine, inputs);
   EXPECT_EQ(engine.Stats().kv_blocks_held, 0);
   if (stats) *stats = engine.Stats();
   return out;

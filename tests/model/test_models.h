@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/synth.h"
@@ -34,6 +37,29 @@ inline std::string SynthesizeTestModel(const std::string& name, SynthOptions o) 
   o.progress = false;
   const Status s = SynthesizeModel(o, out);
   return s.ok() ? out : std::string("error: " + s.ToString());
+}
+
+// Greedy-run helper of the engine tests over real runners: submits every input at once, runs
+// `engine` until idle and returns each request's tokens (a failure for a request that errs).
+inline std::vector<std::vector<int32_t>> GenerateAll(
+    engine::Engine& engine, const std::vector<engine::GenerateInput>& inputs) {
+  std::vector<std::shared_ptr<engine::RequestStream>> streams;
+  for (const engine::GenerateInput& in : inputs) {
+    auto s = engine.Submit(in);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return {};
+    streams.push_back(*s);
+  }
+  engine.RunUntilIdle(100000);
+  std::vector<std::vector<int32_t>> out;
+  for (auto& s : streams) {
+    out.emplace_back();
+    for (auto& ev : s->Pop(std::chrono::milliseconds(0))) {
+      out.back().insert(out.back().end(), ev.tokens.begin(), ev.tokens.end());
+      if (ev.finished) EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
+    }
+  }
+  return out;
 }
 
 // Device 0 of the in-tree backend plugin `backend`, or nullptr after adding a failure.
