@@ -276,8 +276,10 @@ Status TransformerRunner::Validate(const SequenceStep& s) const {
                              std::to_string(num_blocks_) + ")");
     }
   }
-  // The blocks its positions use, in one pool (a table may name more blocks than it uses).
-  for (int64_t i = 0; i < CeilDiv(end, options_.block_size); ++i) {
+  // The blocks its positions use, in one pool (a table may name more blocks than it uses);
+  // with one pool (the cache not split) there is nothing to check.
+  const bool split = pool_blocks_ < num_blocks_;
+  for (int64_t i = 0; split && i < CeilDiv(end, options_.block_size); ++i) {
     if (s.block_table[i] / pool_blocks_ != PoolOf(s)) {
       return InvalidArgument("sequence " + std::to_string(s.seq_id) + ": blocks " +
                              std::to_string(s.block_table[0]) + " and " +
