@@ -1,10 +1,15 @@
 // `polychip serve --tp-size 2` (and 2 x 2 with --pp-size 2) answers a greedy completion with
-// the same text as a single-rank server, with speculative decoding too.
+// the same text as a single-rank server, with speculative decoding too; /metrics counts the
+// bytes each comm plugin staged through host memory.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -74,6 +79,42 @@ TEST(TensorParallelServe, SpeculativeCompletionAsOneRank) {
   std::string metrics;
   EXPECT_EQ(Complete("2", "2", {"--speculative-algorithm", "ngram"}, &metrics), one);
   EXPECT_GT(Metric(metrics, "polychip_spec_accepted_tokens_total"), 0) << metrics;
+}
+
+// The staged-bytes counter of one group and plugin ("polychip_comm_staged_bytes_total{group=
+// "tp",plugin="emuccl",device_memory="true"} 0"); -1 when absent.
+double StagedBytes(const std::string& metrics, const std::string& group,
+                   const std::string& plugin) {
+  const std::regex re("polychip_comm_staged_bytes_total\\{group=\"" + group + "\",plugin=\"" +
+                      plugin + "\",device_memory=\"(true|false)\"\\} ([0-9]+)");
+  std::smatch m;
+  return std::regex_search(metrics, m, re) ? std::atof(m[2].str().c_str()) : -1;
+}
+
+// tp 2 through emuccl (collectives on the emu devices' memory) stages nothing through the host,
+// and /metrics says so; the same layout through shm stages every hidden state it reduces.
+TEST(TensorParallelServe, MetricsShowNothingStagedForADeviceMemoryPlugin) {
+  const std::string plugins = std::string(POLYCHIP_BUILD_DIR) + "/lib/polychip";
+  if (!std::filesystem::exists(plugins + "/libpolychip_comm_emuccl.so")) {
+    GTEST_SKIP() << "emuccl not built";
+  }
+  const std::string one = Complete("1", "1");
+  ASSERT_FALSE(one.empty());
+  for (const std::string plugin : {"emuccl", "shm"}) {
+    SCOPED_TRACE(plugin);
+    const std::string config =
+        ::testing::TempDir() + "/tp_serve_" + plugin + "_" + std::to_string(getpid()) + ".yaml";
+    std::ofstream(config) << "comm: {tp: " << plugin << "}\n";
+    std::string metrics;
+    EXPECT_EQ(Complete("2", "1", {"--config", config}, &metrics), one);
+    const double staged = StagedBytes(metrics, "tp", plugin);
+    if (plugin == "emuccl") {
+      EXPECT_EQ(staged, 0) << metrics;
+      EXPECT_NE(metrics.find("plugin=\"emuccl\",device_memory=\"true\""), std::string::npos);
+    } else {
+      EXPECT_GT(staged, 0) << metrics;
+    }
+  }
 }
 
 }  // namespace
