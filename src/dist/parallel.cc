@@ -7,12 +7,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
 #include "dist/comm_plan.h"
 #include "dist/step_protocol.h"
 #include "dist/world.h"
+#include "model/lora.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
 
@@ -87,11 +90,62 @@ class TpRunner : public engine::ModelRunner {
 
   Status Forward(std::span<const SequenceStep> batch, std::vector<float>* logits) override {
     if (failed_) return Unavailable("dist: a rank failed earlier; the job cannot continue");
-    std::vector<int32_t> payload = EncodeStep(batch);
+    // The step's adapters, those the other ranks have not opened yet marked fresh, and those
+    // gone everywhere (unloaded, and out of this rank's device cache, so out of every rank's:
+    // the caches see the same steps) for them to forget.
+    std::vector<StepAdapter> adapters;
+    bool fresh = false;
+    for (const SequenceStep& s : batch) {
+      if (s.adapter == nullptr) continue;
+      const int64_t id = s.adapter->id();
+      if (std::ranges::any_of(adapters, [id](const StepAdapter& a) { return a.id == id; })) {
+        continue;
+      }
+      const auto* a = dynamic_cast<const model::LoraAdapter*>(s.adapter);
+      if (a == nullptr) return InvalidArgument("dist: the step's adapter is not a LoRA adapter");
+      const bool new_here = !sent_adapters_.contains(id);
+      fresh = fresh || new_here;
+      adapters.push_back({id, new_here, a->default_scale(), a->name(), a->path()});
+    }
+    std::vector<int64_t> forget;
+    for (auto it = sent_adapters_.begin(); it != sent_adapters_.end();) {
+      if (!it->second.expired()) {
+        ++it;
+        continue;
+      }
+      forget.push_back(it->first);
+      it = sent_adapters_.erase(it);
+    }
+    std::vector<int32_t> payload = EncodeStep(batch, adapters, forget);
     int64_t header[2] = {kStep, int64_t(payload.size())};
     Status s = comm_->Broadcast(header, header, 2, DType::kI64, 0);
     if (s.ok())
       s = comm_->Broadcast(payload.data(), payload.data(), payload.size(), DType::kI32, 0);
+    if (s.ok() && fresh) {
+      // Every rank says whether it opened the fresh adapters; if one could not, no rank runs
+      // the step, the requests of this step fail and the job goes on.
+      int32_t ok = 1;
+      std::vector<int32_t> all_ok(size_t(comm_->size()), 0);
+      s = comm_->AllGather(&ok, all_ok.data(), 1, DType::kI32);
+      std::string failed_ranks;
+      for (size_t r = 0; s.ok() && r < all_ok.size(); ++r) {
+        if (!all_ok[r]) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
+      }
+      if (s.ok() && !failed_ranks.empty()) {
+        std::string names;
+        for (const StepAdapter& a : adapters) {
+          if (a.fresh) names += (names.empty() ? "'" : ", '") + a.name + "' (" + a.path + ")";
+        }
+        return FailedPrecondition("dist: rank(s) " + failed_ranks +
+                                  " could not open the LoRA adapter(s) " + names +
+                                  " (see their error above)");
+      }
+      for (const SequenceStep& st : batch) {
+        if (st.adapter == nullptr) continue;
+        const auto* a = static_cast<const model::LoraAdapter*>(st.adapter);
+        sent_adapters_.try_emplace(a->id(), a->weak_from_this());
+      }
+    }
     if (s.ok()) s = local_->Forward(batch, logits);
     if (s.ok()) s = ShareLogits(*groups_, logits);
     n_ops_ = comm_->n_ops();
@@ -133,22 +187,53 @@ class TpRunner : public engine::ModelRunner {
   Communicator* comm_;  // groups_->world
   std::unique_ptr<model::TransformerRunner> local_;
   bool failed_ = false;
+  // The adapters the other ranks hold (opened from the path sent), until gone here.
+  std::map<int64_t, std::weak_ptr<const model::LoraAdapter>> sent_adapters_;
   uint64_t n_ops_ = 0;
   double comm_seconds_ = 0;
 };
 
-// A follower: replays rank 0's steps until told to stop.
-Status FollowSteps(Groups& g, model::TransformerRunner& runner) {
+// A follower: replays rank 0's steps until told to stop. It opens each LoRA adapter rank 0
+// sends (from its path, checked against `base`, the whole model's configuration) and keeps it
+// until rank 0 says to forget it.
+Status FollowSteps(Groups& g, model::TransformerRunner& runner, const model::ModelConfig& base) {
   Communicator& comm = *g.world;
   std::vector<float> logits;
+  std::map<int64_t, std::shared_ptr<const model::LoraAdapter>> adapters;
   for (;;) {
     int64_t header[2] = {0, 0};
     PC_RETURN_IF_ERROR(comm.Broadcast(nullptr, header, 2, DType::kI64, 0));
     if (header[0] == kStop) return Status::Ok();
     std::vector<int32_t> payload(header[1]);
     PC_RETURN_IF_ERROR(comm.Broadcast(nullptr, payload.data(), payload.size(), DType::kI32, 0));
-    PC_ASSIGN_OR_RETURN(std::vector<SequenceStep> batch, DecodeStep(payload));
-    Status s = runner.Forward(batch, &logits);
+    PC_ASSIGN_OR_RETURN(DecodedStep step, DecodeStep(payload));
+    for (int64_t id : step.forget) adapters.erase(id);
+    bool fresh = false;
+    Status opened = Status::Ok();
+    for (const StepAdapter& a : step.adapters) {
+      if (!a.fresh) continue;
+      fresh = true;
+      auto r = model::LoraAdapter::OpenReplica(a.path, base, a.id, a.name, a.default_scale);
+      if (r.ok()) {
+        adapters[a.id] = *std::move(r);
+      } else if (opened.ok()) {
+        opened = r.status();
+      }
+    }
+    if (fresh) {  // as rank 0's Forward: all or none run the step
+      int32_t ok = opened.ok() ? 1 : 0;
+      std::vector<int32_t> all_ok(size_t(comm.size()), 0);
+      PC_RETURN_IF_ERROR(comm.AllGather(&ok, all_ok.data(), 1, DType::kI32));
+      if (!opened.ok()) std::fprintf(stderr, "rank %d: %s\n", comm.rank(), opened.ToString().c_str());
+      if (std::ranges::find(all_ok, 0) != all_ok.end()) continue;
+    }
+    for (size_t k = 0; k < step.batch.size(); ++k) {
+      if (step.adapter_of[k] < 0) continue;
+      auto it = adapters.find(step.adapters[size_t(step.adapter_of[k])].id);
+      if (it == adapters.end()) return Internal("dist: a step names a LoRA adapter never sent");
+      step.batch[k].adapter = it->second.get();
+    }
+    Status s = runner.Forward(step.batch, &logits);
     if (s.ok()) s = ShareLogits(g, &logits);
     if (!s.ok()) {
       comm.Abort();
@@ -331,7 +416,7 @@ StatusOr<std::unique_ptr<engine::ModelRunner>> CreateRunner(
                       world.size, stage, tp_rank, DescribeRunner(**local));
 
   if (follower) {
-    Status s = FollowSteps(*g, **local);
+    Status s = FollowSteps(*g, **local, file.config);
     if (!s.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", world.rank, s.ToString().c_str());
       world.Leave();

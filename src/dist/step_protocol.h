@@ -17,13 +17,39 @@
 namespace polychip::dist {
 
 // Each step: a header {kind, payload int32 count} then the payload, both broadcast from rank 0.
-// payload: n_seqs, then per sequence: seq_id (2 words), start_pos, logits mode, n_tokens,
-// n_blocks, n_window_blocks, tokens..., blocks..., window blocks...
+// payload: the adapters table (n_adapters, then per adapter: id (2 words), fresh, default
+// scale (float bits), name bytes, path bytes, the name then the path, each in 4-byte words),
+// the ids the other ranks may forget (n_forget, 2 words each), then n_seqs, then per sequence:
+// seq_id (2 words), start_pos, logits mode, n_tokens, n_blocks, n_window_blocks, adapter (index
+// into the table, -1: the base), adapter scale (float bits), tokens..., blocks..., window
+// blocks...
 enum StepKind : int64_t { kStop = 0, kStep = 1 };
 
-std::vector<int32_t> EncodeStep(std::span<const engine::SequenceStep> batch);
+// A LoRA adapter a step uses, as the other ranks learn it: they open `path` themselves (the
+// first time rank 0 sends it, `fresh`, after which every rank says whether it could) and keep
+// it under rank 0's id until rank 0 says to forget it (unloaded and out of every device cache).
+struct StepAdapter {
+  int64_t id = 0;
+  bool fresh = false;
+  float default_scale = 1;
+  std::string name, path;
+};
+
+// A step as a follower decodes it: the sequences' adapters are left null, `adapter_of` giving
+// each one's index into `adapters` (-1: the base) for the follower to resolve.
+struct DecodedStep {
+  std::vector<engine::SequenceStep> batch;
+  std::vector<int32_t> adapter_of;
+  std::vector<StepAdapter> adapters;
+  std::vector<int64_t> forget;
+};
+
+// `adapters` must hold every adapter of `batch` (by id).
+std::vector<int32_t> EncodeStep(std::span<const engine::SequenceStep> batch,
+                                std::span<const StepAdapter> adapters = {},
+                                std::span<const int64_t> forget = {});
 // The steps point into `payload`, which must outlive them.
-StatusOr<std::vector<engine::SequenceStep>> DecodeStep(const std::vector<int32_t>& payload);
+StatusOr<DecodedStep> DecodeStep(const std::vector<int32_t>& payload);
 
 // The hooks of the model, one per communicator. A comm plugin that reads this backend's device
 // memory (as NCCL or BKCL do) gets the hidden states where they are, on the runner's stream,

@@ -81,9 +81,6 @@ Status Validate(const LaunchSpec& spec) {
     return InvalidArgument("--pooling must be mean or last, not '" + spec.pooling + "'");
   }
   PC_RETURN_IF_ERROR(engine::ParseSchedulePolicy(spec.schedule_policy).status());
-  if (!spec.lora.empty() && (spec.tp_size > 1 || spec.pp_size > 1)) {
-    return Unimplemented("--lora with --tp-size or --pp-size above 1 is not supported yet");
-  }
   if (spec.page_size < 1) return InvalidArgument("--page-size must be at least 1");
   if (spec.max_running_requests < 1) {
     return InvalidArgument("--max-running-requests must be at least 1");

@@ -149,6 +149,16 @@ StatusOr<std::shared_ptr<LoraAdapter>> LoraAdapter::Open(const std::string& path
   return a;
 }
 
+StatusOr<std::shared_ptr<const LoraAdapter>> LoraAdapter::OpenReplica(
+    const std::string& path, const ModelConfig& base, int64_t id, std::string name,
+    float default_scale) {
+  PC_ASSIGN_OR_RETURN(std::shared_ptr<LoraAdapter> a, Open(path, base));
+  a->id_ = id;
+  a->name_ = std::move(name);
+  a->default_scale_ = default_scale;
+  return std::shared_ptr<const LoraAdapter>(a);
+}
+
 StatusOr<LoraSpec> ParseLoraSpec(const std::string& text) {
   LoraSpec s;
   const size_t eq = text.find('=');
@@ -236,65 +246,117 @@ std::vector<std::shared_ptr<const LoraAdapter>> LoraRegistry::List() const {
 StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapter> adapter,
                                                  const ModelConfig& config,
                                                  const std::shared_ptr<runtime::Device>& device,
-                                                 int64_t layer_begin, int64_t layer_end) {
+                                                 const LoraShard& shard) {
   auto d = std::make_unique<DeviceLora>();
   d->by_slot.resize(size_t(LoraOutputSlot(config.n_layer) + 1));
   const bool q8 = runtime::SupportsOp(*device, runtime::Op::kMatmul, {DType::kQ8_0});
-  // Rows [begin, begin + count) of t (all: count -1) as a MATMUL weight.
-  auto upload = [&](const GgufTensor& t, int64_t begin, int64_t count) -> StatusOr<MatrixRef> {
-    const int64_t cols = t.row_len(), rows = count < 0 ? t.n_rows() : count;
-    const int64_t row_bytes = RowBytes(t.dtype, cols);
+  // The part of t to upload as a MATMUL weight: rows [row_begin, row_begin + rows) (rows -1:
+  // all), columns [col_begin, col_begin + cols) (cols -1: all), then `zero_rows` zero rows.
+  struct Cut {
+    int64_t row_begin = 0, rows = -1, col_begin = 0, cols = -1, zero_rows = 0;
+  };
+  auto upload = [&](const GgufTensor& t, const Cut& cut) -> StatusOr<MatrixRef> {
+    const int64_t row_len = t.row_len(), row_bytes = RowBytes(t.dtype, row_len);
+    const int64_t rows = cut.rows < 0 ? t.n_rows() : cut.rows;
+    const int64_t cols = cut.cols < 0 ? row_len : cut.cols;
+    if (cut.row_begin + rows > t.n_rows() || cut.col_begin + cols > row_len) {
+      return InvalidArgument(fmt::format("LoRA {}: the tensor-parallel cut [{}+{}, {}+{}] is "
+                                         "outside its {}",
+                                         t.name, cut.row_begin, rows, cut.col_begin, cols,
+                                         t.ShapeString()));
+    }
+    const bool whole_rows = cols == row_len;
     DType type = t.dtype;
-    std::vector<float> f32;
-    const void* data = t.data + begin * row_bytes;
+    // As stored where the device multiplies the type and the rows are whole (a column cut of
+    // F32 or F16 is a byte range of each row too); else F32.
+    const bool as_stored = type == DType::kF32 || type == DType::kF16 ||
+                           (type == DType::kQ8_0 && q8 && whole_rows);
+    const int64_t out_rows = rows + cut.zero_rows;
+    std::vector<uint8_t> staging;
+    const uint8_t* data = t.data + cut.row_begin * row_bytes;
     uint64_t bytes = uint64_t(rows * row_bytes);
-    if (!(type == DType::kF32 || type == DType::kF16 || (type == DType::kQ8_0 && q8))) {
-      f32.resize(size_t(rows * cols));
+    if (as_stored && (!whole_rows || cut.zero_rows > 0)) {
+      const int64_t take = RowBytes(type, cols), skip = RowBytes(type, cut.col_begin);
+      staging.assign(uint64_t(out_rows * take), 0);  // zero bytes are zero in every type
       for (int64_t r = 0; r < rows; ++r) {
-        PC_CHECK(DequantizeRow(t.dtype, t.data + (begin + r) * row_bytes, f32.data() + r * cols,
-                               cols));
+        std::memcpy(staging.data() + r * take, data + r * row_bytes + skip, take);
+      }
+      data = staging.data();
+      bytes = staging.size();
+    } else if (!as_stored) {
+      std::vector<float> row(size_t(row_len), 0.0f);
+      staging.assign(uint64_t(out_rows * cols) * 4, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        PC_CHECK(DequantizeRow(t.dtype, data + r * row_bytes, row.data(), row_len));
+        std::memcpy(staging.data() + uint64_t(r * cols) * 4, row.data() + cut.col_begin,
+                    uint64_t(cols) * 4);
       }
       type = DType::kF32;
-      data = f32.data();
-      bytes = f32.size() * 4;
+      data = staging.data();
+      bytes = staging.size();
     }
     PC_ASSIGN_OR_RETURN(std::unique_ptr<runtime::DeviceWeight> w,
-                        runtime::DeviceWeight::Upload(device, type, rows, cols, data, bytes));
+                        runtime::DeviceWeight::Upload(device, type, out_rows, cols, data, bytes));
     MatrixRef m;
     m.data = w->data();
     m.dtype = w->dtype();
     m.layout = w->layout();
-    m.rows = rows;
+    m.rows = out_rows;
     m.cols = cols;
     d->bytes += w->bytes();
     d->weights.push_back(std::move(w));
     return m;
   };
   const int32_t output_slot = LoraOutputSlot(config.n_layer);
+  const int64_t r = shard.tp_rank, n = shard.tp_size;
   for (const LoraPair& p : adapter->pairs()) {
+    const bool is_output = p.slot == output_slot;
     const int64_t layer = p.slot / kLoraKinds;
     const int32_t kind = p.slot % kLoraKinds;
-    if (p.slot != output_slot && (layer < layer_begin || layer >= layer_end)) continue;
-    // A fused matrix (phi3's attn_qkv, and ffn_up holding gate then up) runs as its parts
-    // (model_loader.cc): A is shared, B cut by the same rows.
-    std::vector<std::pair<int32_t, int64_t>> parts;  // (slot, rows of B)
-    if (p.slot != output_slot && kind == kLoraQkv) {
-      parts = {{LoraSlot(layer, kLoraQ), config.q_dim()},
-               {LoraSlot(layer, kLoraK), config.kv_dim()},
-               {LoraSlot(layer, kLoraV), config.v_dim()}};
-    } else if (p.slot != output_slot && kind == kLoraUp && config.fused_gate_up) {
-      parts = {{LoraSlot(layer, kLoraGate), config.n_ff}, {LoraSlot(layer, kLoraUp), config.n_ff}};
-    } else {
-      parts = {{p.slot, -1}};
+    if (is_output ? !shard.output : (layer < shard.layer_begin || layer >= shard.layer_end)) {
+      continue;
     }
-    PC_ASSIGN_OR_RETURN(MatrixRef a, upload(*p.a, 0, -1));
-    int64_t row = 0;
-    for (const auto& [slot, rows] : parts) {
-      DeviceLora::Matrix& m = d->by_slot[size_t(slot)];
+    // Each part the runner multiplies by: its slot, the cut of A, the cut of B. A fused matrix
+    // (phi3's attn_qkv, and ffn_up holding gate then up) runs as its parts (model_loader.cc):
+    // A is shared, B cut by the same rows.
+    struct Part {
+      int32_t slot;
+      Cut b;
+    };
+    Cut a_cut;
+    std::vector<Part> parts;
+    auto rows = [](int64_t begin, int64_t count) { return Cut{begin, count}; };
+    if (is_output) {
+      parts = {{p.slot, n == 1 ? Cut{} : Cut{shard.vocab.begin, shard.vocab.count, 0, -1,
+                                             shard.vocab.rows - shard.vocab.count}}};
+    } else if (kind == kLoraQkv) {
+      const int64_t q = config.q_dim(), kv = config.kv_dim(), v = config.v_dim();
+      parts = {{LoraSlot(layer, kLoraQ), rows(r * q, q)},
+               {LoraSlot(layer, kLoraK), rows(n * q + r * kv, kv)},
+               {LoraSlot(layer, kLoraV), rows(n * (q + kv) + r * v, v)}};
+    } else if (kind == kLoraUp && config.fused_gate_up) {
+      const int64_t f = config.n_ff;
+      parts = {{LoraSlot(layer, kLoraGate), rows(r * f, f)},
+               {LoraSlot(layer, kLoraUp), rows(n * f + r * f, f)}};
+    } else if (n == 1 || kind == kLoraRouter) {
+      parts = {{p.slot, Cut{}}};
+    } else if (kind == kLoraO || kind == kLoraDown) {  // row-parallel: A's columns
+      const int64_t k = kind == kLoraO ? config.q_dim() : config.n_ff;
+      a_cut = Cut{0, -1, r * k, k};
+      parts = {{p.slot, Cut{}}};
+    } else {  // column-parallel (q, k, v, gate, up): B's rows
+      const int64_t dim = kind == kLoraQ   ? config.q_dim()
+                          : kind == kLoraK ? config.kv_dim()
+                          : kind == kLoraV ? config.v_dim()
+                                           : config.n_ff;
+      parts = {{p.slot, rows(r * dim, dim)}};
+    }
+    PC_ASSIGN_OR_RETURN(MatrixRef a, upload(*p.a, a_cut));
+    for (const Part& part : parts) {
+      DeviceLora::Matrix& m = d->by_slot[size_t(part.slot)];
       m.a = a;
-      PC_ASSIGN_OR_RETURN(m.b, upload(*p.b, row, rows));
+      PC_ASSIGN_OR_RETURN(m.b, upload(*p.b, part.b));
       m.rank = p.rank;
-      row += rows;
     }
   }
   d->adapter = std::move(adapter);
@@ -302,7 +364,7 @@ StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapt
 }
 
 Status LoraCache::Prepare(const std::vector<std::shared_ptr<const LoraAdapter>>& wanted,
-                          const ModelConfig& config, int64_t layer_begin, int64_t layer_end) {
+                          const ModelConfig& config, const LoraShard& shard) {
   if (int64_t(wanted.size()) > capacity_) {
     return ResourceExhausted(fmt::format("{} LoRA adapters in one step; at most {} are resident "
                                          "(--max-loras-per-batch)",
@@ -323,7 +385,7 @@ Status LoraCache::Prepare(const std::vector<std::shared_ptr<const LoraAdapter>>&
       resident_.pop_back();  // least recently used, not in this step
     }
     PC_ASSIGN_OR_RETURN(std::unique_ptr<DeviceLora> d,
-                        UploadLora(a, config, device_, layer_begin, layer_end));
+                        UploadLora(a, config, device_, shard));
     resident_.push_front(std::move(d));
     ++uploads_;
   }

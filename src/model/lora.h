@@ -24,6 +24,7 @@
 #include "model/gguf.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
+#include "model/tensor_parallel.h"
 #include "runtime/device.h"
 #include "runtime/ops.h"
 #include "util/status.h"
@@ -61,6 +62,12 @@ class LoraAdapter : public engine::Adapter, public std::enable_shared_from_this<
   // does not have (or that cannot be adapted), a shape that does not fit, a missing half.
   static StatusOr<std::shared_ptr<LoraAdapter>> Open(const std::string& path,
                                                      const ModelConfig& base);
+  // The same adapter opened by another rank of a parallel job (src/dist), under the id, name
+  // and scale rank 0's registry gave it, so that both runners' device caches key it alike.
+  static StatusOr<std::shared_ptr<const LoraAdapter>> OpenReplica(const std::string& path,
+                                                                  const ModelConfig& base,
+                                                                  int64_t id, std::string name,
+                                                                  float default_scale);
 
   int64_t id() const override { return id_; }
   const std::string& name() const override { return name_; }
@@ -131,12 +138,28 @@ struct DeviceLora {
   }
 };
 
+// The part of the model a runner holds, which its adapters' matrices follow: layers
+// [layer_begin, layer_end) (pipeline), the output matrix only on the last stage, and under
+// tensor parallelism its share of each matrix, cut as model_loader.cc cuts the base
+// (tensor_parallel.h). A column-parallel base (Wq/Wk/Wv, Wgate/Wup: this rank's rows) keeps
+// A whole and takes its rows of B; a row-parallel one (Wo, Wdown: this rank's columns, the
+// partial sums all-reduced after) takes A's same columns and keeps B whole, so the ranks'
+// low-rank terms add up to the whole one in the same all-reduce; the output matrix takes B's
+// rows of the vocabulary shard, then zero rows as the base's shard has.
+struct LoraShard {
+  int64_t layer_begin = 0, layer_end = 0;
+  bool output = true;
+  int32_t tp_rank = 0, tp_size = 1;
+  VocabShard vocab;  // tp_size > 1 only
+};
+
 // Uploads an adapter's matrices (F16 and F32 as they are, Q8_0 where the device multiplies it,
-// anything else as F32). `config` is the runner's (layers [layer_begin, layer_end) only).
+// anything else as F32; a column cut of a quantized A as F32). `config` is the runner's (its
+// tensor-parallel share).
 StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapter> adapter,
                                                  const ModelConfig& config,
                                                  const std::shared_ptr<runtime::Device>& device,
-                                                 int64_t layer_begin, int64_t layer_end);
+                                                 const LoraShard& shard);
 
 // A run of consecutive rows of a step that one adapter applies to, at factor scale.
 struct LoraSegment {
@@ -153,7 +176,7 @@ class LoraCache {
   // Makes every adapter of `wanted` resident (evicting the least recently used others);
   // RESOURCE_EXHAUSTED when they are more than the capacity. Call between steps.
   Status Prepare(const std::vector<std::shared_ptr<const LoraAdapter>>& wanted,
-                 const ModelConfig& config, int64_t layer_begin, int64_t layer_end);
+                 const ModelConfig& config, const LoraShard& shard);
   const DeviceLora* Get(int64_t id) const;
   int64_t max_rank() const { return max_rank_; }
   int64_t uploads() const { return uploads_; }

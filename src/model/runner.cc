@@ -410,15 +410,21 @@ Status TransformerRunner::PrepareLoras(std::span<const SequenceStep> batch) {
     if (!seen) wanted.push_back(a->shared_from_this());
   }
   if (wanted.empty()) return Status::Ok();
-  if (options_.tensor_parallel.size > 1) {
-    return Unimplemented("LoRA adapters under tensor parallelism");
-  }
   if (options_.max_loras <= 0) return InvalidArgument("LoRA adapters are off (max loras 0)");
   if (!loras_) loras_ = std::make_unique<LoraCache>(device_, options_.max_loras);
+  // The adapters' matrices follow this runner's part of the model (lora.h, LoraShard).
   const PipelineStage& pp = options_.pipeline;
-  const bool pipeline = pp.n_stages > 1;
-  const Status prepared = loras_->Prepare(wanted, config_, pipeline ? pp.first_layer : 0,
-                                          pipeline ? pp.end_layer : config_.n_layer);
+  const TensorParallel& tp = options_.tensor_parallel;
+  LoraShard shard;
+  shard.layer_begin = pp.n_stages > 1 ? pp.first_layer : 0;
+  shard.layer_end = pp.n_stages > 1 ? pp.end_layer : config_.n_layer;
+  shard.output = pp.n_stages <= 1 || pp.last();
+  if (tp.size > 1) {
+    shard.tp_rank = tp.rank;
+    shard.tp_size = tp.size;
+    shard.vocab = weights_->vocab;
+  }
+  const Status prepared = loras_->Prepare(wanted, config_, shard);
   lora_uploads_.store(loras_->uploads(), std::memory_order_relaxed);
   PC_RETURN_IF_ERROR(prepared);
   if (loras_->max_rank() > lora_scratch_rank_) {
