@@ -45,7 +45,7 @@ StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name);
 struct EngineOptions {
   int32_t max_running_requests = 256;
   int32_t max_queued_requests = 4096;  // Submit() beyond this: UNAVAILABLE
-  int32_t chunked_prefill_size = 2048; // prompt tokens per step; <= 0: unlimited
+  int32_t chunked_prefill_size = 512;  // prompt tokens per step; <= 0: unlimited
   // > 0: while sequences are decoding, each step's prompt tokens are sized from the learned
   // step costs (step_cost.h) so that the step stays within this many milliseconds (the
   // running streams' inter-token latency); chunked_prefill_size stays the ceiling.

@@ -25,6 +25,13 @@
 
 namespace polychip::launch {
 
+// The engine's own defaults (a function, not a global: LaunchSpecs are built during static
+// initialization too).
+inline const engine::EngineOptions& EngineDefaults() {
+  static const engine::EngineOptions defaults;
+  return defaults;
+}
+
 // What the user asked for. Fields left at their "auto" value (0, or kAuto) are decided by
 // Resolve from the model and the device.
 struct LaunchSpec {
@@ -56,20 +63,21 @@ struct LaunchSpec {
   double mem_fraction_static = kAuto;
   int page_size = 16;
   double swa_full_tokens_ratio = 0.5;
-  int max_running_requests = 256;
-  int max_queued_requests = 4096;
-  int chunked_prefill_size = 512;
-  double max_itl_ms = 0;
+  // The scheduler's and the speculator's defaults are the engine's own (EngineDefaults).
+  int max_running_requests = EngineDefaults().max_running_requests;
+  int max_queued_requests = EngineDefaults().max_queued_requests;
+  int chunked_prefill_size = EngineDefaults().chunked_prefill_size;
+  double max_itl_ms = EngineDefaults().max_itl_ms;
   bool disable_radix_cache = false;
   std::string schedule_policy = "fcfs";
   // Speculative decoding (engine/speculative.h, docs/speculative-decoding.md).
   std::string speculative_algorithm = "auto";  // auto: draft with a draft model, else none
   std::string speculative_draft_model;         // a GGUF of the target's vocabulary
   std::string speculative_draft_device;        // backend:i; empty: the target's device
-  int speculative_num_draft_tokens = 4;
-  bool speculative_adaptive = true;
-  int speculative_disable_batch_size = 4;
-  int speculative_ngram_max = 3;
+  int speculative_num_draft_tokens = EngineDefaults().speculative.num_draft_tokens;
+  bool speculative_adaptive = EngineDefaults().speculative.adaptive;
+  int speculative_disable_batch_size = EngineDefaults().speculative.disable_batch_size;
+  int speculative_ngram_max = EngineDefaults().speculative.ngram_max;
 
   // Activation workspace rows per forward step; 0: chunked_prefill_size (at least 64) plus one
   // decoding token per running request. Set by the offline commands, not a flag.
