@@ -316,12 +316,85 @@ void PanelTile(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, flo
     for (int q = 0; q < 4; ++q) _mm256_storeu_ps(acc + i * 32 + 8 * q, c[i][q]);
 }
 
+// MT (up to 6) activation rows x one half of the panel (16 rows, `half` 0 or 1): 2 * MT
+// accumulators, 2 column vectors and a broadcast fit the 16 ymm registers. Each weight is
+// converted once per half pass instead of once per pair of activation rows, so a verification
+// step's 3-8 rows cost about what 2 cost (speculative decoding: docs/speculative-decoding.md).
+// Every output is the same chain of FMAs over e as in PanelTile, so the sums are bit-identical
+// to decode's whatever the row count.
+template <int MT, pc_dtype_t DT>
+void HalfPanelTile(const uint8_t* panel, int half, int64_t k, const float* x, int64_t ldx,
+                   float* acc) {
+  constexpr int64_t kColBytes = 32 * (DT == PC_DTYPE_F32 ? 4 : 2);
+  constexpr int64_t kVecBytes = kColBytes / 4;
+  const uint8_t* p = panel + half * 2 * kVecBytes;
+  float* a = acc + 16 * half;
+  // The loops over MT are unrolled on request: otherwise GCC (12) kept the accumulators in
+  // registers but also stored them to the stack on every iteration.
+  __m256 c0[MT], c1[MT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    c0[i] = _mm256_loadu_ps(a + i * 32);
+    c1[i] = _mm256_loadu_ps(a + i * 32 + 8);
+  }
+  for (int64_t e = 0; e < k; ++e) {
+    const uint8_t* col = p + e * kColBytes;
+    __m256 w0, w1;
+    if constexpr (DT == PC_DTYPE_F16) {
+      w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
+      w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + kVecBytes)));
+    } else if constexpr (DT == PC_DTYPE_BF16) {
+      const __m256i v0 =
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
+      const __m256i v1 = _mm256_cvtepu16_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(col + kVecBytes)));
+      w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+      w1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+    } else {
+      w0 = _mm256_loadu_ps(reinterpret_cast<const float*>(col));
+      w1 = _mm256_loadu_ps(reinterpret_cast<const float*>(col + kVecBytes));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MT; ++i) {
+      const __m256 b = _mm256_broadcast_ss(x + i * ldx + e);
+      c0[i] = _mm256_fmadd_ps(b, w0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(b, w1, c1[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MT; ++i) {
+    _mm256_storeu_ps(a + i * 32, c0[i]);
+    _mm256_storeu_ps(a + i * 32 + 8, c1[i]);
+  }
+}
+
+// MT (up to 6) activation rows x the whole panel, as two half passes.
+template <int MT, pc_dtype_t DT>
+void PanelTileByHalves(const uint8_t* panel, int64_t k, const float* x, int64_t ldx,
+                       float* acc) {
+  HalfPanelTile<MT, DT>(panel, 0, k, x, ldx, acc);
+  HalfPanelTile<MT, DT>(panel, 1, k, x, ldx, acc);
+}
+
 template <pc_dtype_t DT>
 void GemmPanelOf(const uint8_t* panel, int64_t k, const float* x, int64_t ldx, int64_t m,
                  float* acc) {
-  int64_t i = 0;
-  for (; i + 2 <= m; i += 2) PanelTile<2, DT>(panel, k, x + i * ldx, ldx, acc + i * 32);
-  if (i < m) PanelTile<1, DT>(panel, k, x + i * ldx, ldx, acc + i * 32);
+  static_assert(kPanelTileRows == 8);
+  switch (m) {
+    case 1: return PanelTile<1, DT>(panel, k, x, ldx, acc);
+    case 2: return PanelTile<2, DT>(panel, k, x, ldx, acc);
+    case 3: return PanelTileByHalves<3, DT>(panel, k, x, ldx, acc);
+    case 4: return PanelTileByHalves<4, DT>(panel, k, x, ldx, acc);
+    case 5: return PanelTileByHalves<5, DT>(panel, k, x, ldx, acc);
+    case 6: return PanelTileByHalves<6, DT>(panel, k, x, ldx, acc);
+    case 7:
+      PanelTileByHalves<4, DT>(panel, k, x, ldx, acc);
+      return PanelTileByHalves<3, DT>(panel, k, x + 4 * ldx, ldx, acc + 4 * 32);
+    case 8:
+      PanelTileByHalves<4, DT>(panel, k, x, ldx, acc);
+      return PanelTileByHalves<4, DT>(panel, k, x + 4 * ldx, ldx, acc + 4 * 32);
+    default: return;
+  }
 }
 
 void GemmPanel(pc_dtype_t dtype, const void* panel, int64_t k, const float* x, int64_t ldx,
