@@ -21,15 +21,17 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def export(model, tok, path):
+DESCRIPTION = ("Tiny llama/GQA model trained by polychip's tools/train-tiny on the King "
+               "James Bible (Debian package bible-kjv)")
+
+
+def export(model, tok, path, name="polychip-tiny", description=DESCRIPTION):
     cfg = model.cfg
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     w = gw.GGUFWriter()
     w.add_string("general.architecture", "llama")
-    w.add_string("general.name", "polychip-tiny")
-    w.add_string("general.description",
-                 "Tiny llama/GQA model trained by polychip's tools/train-tiny on the King "
-                 "James Bible (Debian package bible-kjv)")
+    w.add_string("general.name", name)
+    w.add_string("general.description", description)
     w.add_string("general.license", "public-domain")
     w.add_u32("general.file_type", 1)  # mostly F16
     w.add_u32("general.alignment", gw.ALIGNMENT)
