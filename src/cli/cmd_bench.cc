@@ -3,12 +3,17 @@
 //   tg<N>      generation: N single-token steps of one sequence from an empty cache, tokens/s
 //   pp<P>+tg<N>@B  with --batch B > 1: B sequences each prefilled with P tokens (not timed),
 //              then N steps decoding all B together; aggregate generated tokens/s
+//   tg<N> engine, tg<N> engine+spec  with --speculative-*: B requests (random P-token prompts,
+//              greedy, N tokens each) through the engine, prefill not timed, without and with
+//              speculative decoding; generated tokens/s, and for the second the draft
+//              acceptance and tokens per verification step (docs/speculative-decoding.md)
 // Each test runs once to warm up, then -r times; the result is mean ± stdev over repetitions.
 // `-o json` prints a JSON array of records using llama-bench's field names (n_prompt, n_gen,
 // n_threads, avg_ts, stddev_ts, ...) so a script can compare the two tools, plus ops_per_step:
 // the plugin's per-op counters per forward step (docs/profiling.md). `--membw` measures
 // the host's read bandwidth instead (the roofline for decode on a host-memory device).
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +33,7 @@
 #include "cli/command.h"
 #include "cli/launch_flags.h"
 #include "cli/profiling.h"
+#include "engine/engine.h"
 #include "launch/launch.h"
 #include "model/quantize.h"
 #include "model/runner.h"
@@ -59,6 +65,17 @@ struct Record {
   // forward steps they cover.
   std::optional<std::vector<runtime::OpCounters>> ops;
   int op_steps = 0;
+  // Speculative decoding over the timed repetitions (the engine tests): verification steps,
+  // draft tokens proposed, accepted, and tokens the verifications emitted.
+  bool speculative = false;
+  int64_t spec_verify_steps = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0,
+          spec_emitted_tokens = 0;
+  double AcceptanceRate() const {
+    return spec_draft_tokens ? double(spec_accepted_tokens) / spec_draft_tokens : 0.0;
+  }
+  double AcceptLength() const {
+    return spec_verify_steps ? double(spec_emitted_tokens) / spec_verify_steps : 0.0;
+  }
 };
 
 // Adds `delta` into `sum` op by op.
@@ -93,14 +110,97 @@ double Stdev(const std::vector<double>& v) {
 
 using Clock = std::chrono::steady_clock;
 
+// The engine tests of a speculating bench: B greedy requests of random P-token prompts (P >= 1),
+// N tokens each, run to the end through the engine, first without speculation (each request
+// opts out), then with it, each -r times after a warm-up. The prefill and each request's first
+// token (which comes with it) are not timed: the clock starts once every request has its first
+// token. tokens/s counts the tokens generated after that.
+Status MeasureEngine(const BenchOptions& o, const launch::ResolvedLaunch& launch,
+                     const model::ModelFile& mf, engine::ModelRunner& runner,
+                     std::vector<Record>* records) {
+  PC_ASSIGN_OR_RETURN(std::unique_ptr<launch::DraftModel> draft,
+                      launch::CreateDraft(launch, mf));
+  const model::Tokenizer& tok = *mf.tokenizer;
+  engine::Engine eng(
+      &runner, launch.engine, [&tok](int32_t t) { return tok.Piece(t, false); }, tok.eog_ids(),
+      draft ? draft->runner.get() : nullptr);
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<int32_t> random_token(0,
+                                                      static_cast<int32_t>(runner.vocab_size() - 1));
+  const engine::SpeculativeOptions& so = launch.engine.speculative;
+  for (const bool speculative : {false, true}) {
+    Record rec{"tg" + std::to_string(o.n_gen) + " engine" +
+                   (speculative ? fmt::format("+spec {} k{}", engine::SpecAlgorithmName(so.algorithm),
+                                              so.num_draft_tokens)
+                                : "") +
+                   (o.batch > 1 ? "@" + std::to_string(o.batch) : ""),
+               std::max(o.n_prompt, 1), o.n_gen, o.batch, 0, {}, {}};
+    rec.speculative = speculative;
+    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1 warms up
+      std::vector<std::shared_ptr<engine::RequestStream>> streams;
+      for (int s = 0; s < o.batch; ++s) {
+        engine::GenerateInput in;
+        in.rid = "bench-" + std::to_string(s);
+        in.prompt.resize(std::max(o.n_prompt, 1));
+        for (int32_t& t : in.prompt) t = random_token(rng);
+        in.params.temperature = 0;
+        in.params.max_tokens = o.n_gen;
+        in.params.ignore_eos = true;
+        in.params.want_logprob = false;
+        in.speculative = speculative;
+        PC_ASSIGN_OR_RETURN(auto stream, eng.Submit(std::move(in)));
+        streams.push_back(std::move(stream));
+      }
+      std::vector<int> generated(o.batch, 0);
+      int started = 0, finished = 0, timed_tokens = 0;
+      Clock::time_point a;
+      engine::EngineStats before;
+      while (finished < o.batch) {
+        eng.Step();
+        for (int s = 0; s < o.batch; ++s) {
+          for (engine::StreamEvent& ev : streams[s]->Pop(std::chrono::milliseconds(0))) {
+            if (!ev.error.ok()) return ev.error;
+            const int n = static_cast<int>(ev.tokens.size());
+            if (generated[s] == 0 && n > 0) {
+              ++started;
+              timed_tokens += n - 1;  // the first comes with the prefill
+            } else if (started == o.batch) {
+              timed_tokens += n;
+            }
+            generated[s] += n;
+            if (ev.finished) ++finished;
+          }
+        }
+        if (started == o.batch && a == Clock::time_point{}) {
+          a = Clock::now();
+          before = eng.Stats();
+        }
+      }
+      const double s = std::chrono::duration<double>(Clock::now() - a).count();
+      const engine::EngineStats after = eng.Stats();
+      if (rep < 0) continue;
+      rec.ts.push_back(s > 0 ? timed_tokens / s : 0.0);
+      rec.ns.push_back(s * 1e9);
+      rec.spec_verify_steps += after.spec_verify_steps - before.spec_verify_steps;
+      rec.spec_draft_tokens += after.spec_draft_tokens - before.spec_draft_tokens;
+      rec.spec_accepted_tokens += after.spec_accepted_tokens - before.spec_accepted_tokens;
+      rec.spec_emitted_tokens += after.spec_emitted_tokens - before.spec_emitted_tokens;
+    }
+    std::fprintf(stderr, "bench: %s %.2f ± %.2f t/s", rec.test.c_str(), Mean(rec.ts),
+                 Stdev(rec.ts));
+    if (speculative) {
+      std::fprintf(stderr, ", acceptance %.3f, %.2f tokens per verification step",
+                   rec.AcceptanceRate(), rec.AcceptLength());
+    }
+    std::fprintf(stderr, "\n");
+    records->push_back(std::move(rec));
+  }
+  return Status::Ok();
+}
+
 int Run(const BenchOptions& o, const GlobalOptions& globals) {
   auto spec = BuildSpec(globals, launch::kScopeModel, o.flags, nullptr);
   if (!spec.ok()) return Fail(spec.status());
-  if (Status s = launch::RefuseSpeculation(*spec, "polychip bench",
-                                           "it times the model's plain prefill and decode");
-      !s.ok()) {
-    return Fail(s);
-  }
   const int threads = spec->threads > 0 ? spec->threads : int(std::thread::hardware_concurrency());
   if (o.membw) {
     const double bw = MeasureReadBandwidth(threads, size_t(o.membw_mib) << 20);
@@ -129,11 +229,19 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
   const int64_t blocks_per_seq = (spec->context_length + bs - 1) / bs;
   spec->max_total_tokens = blocks_per_seq * bs * B;
   spec->max_running_requests = B;
+  // A speculative step verifies k + 1 positions of each sequence.
   spec->max_tokens_per_step = std::max<int64_t>(
-      {int64_t(o.n_prompt), int64_t(B), int64_t(std::min(o.depth, kDepthChunk)), 1});
+      {int64_t(o.n_prompt), int64_t(B) * (spec->speculative_num_draft_tokens + 1),
+       int64_t(std::min(o.depth, kDepthChunk)), 1});
   spec->tp_size = spec->pp_size = 1;
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
+  const bool speculative = launch->engine.speculative.algorithm != engine::SpecAlgorithm::kNone;
+  if (speculative && (o.depth > 0 || o.n_gen == 0)) {
+    return Fail(InvalidArgument(
+        "polychip bench with --speculative-* times generation through the engine: it needs "
+        "-n > 0 and no -d"));
+  }
   // With --lora: sequence s runs adapter s % (number of adapters).
   model::LoraRegistry loras(mf->config);
   if (Status s = launch::LoadLoras(*spec, loras); !s.ok()) return Fail(s);
@@ -258,6 +366,10 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
       return Fail(s);
   }
 
+  if (speculative) {
+    if (Status s = MeasureEngine(o, *launch, *mf, r, &records); !s.ok()) return Fail(s);
+  }
+
   // The file's scheme by name (a mixture such as Q4_K_M) where it names one we write, else
   // one tensor's type.
   std::string type = model::LlamaFileTypeName(
@@ -303,6 +415,13 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
                      {"avg_ts", Mean(rec.ts)},
                      {"stddev_ts", Stdev(rec.ts)},
                      {"samples_ts", rec.ts}});
+      if (rec.speculative) {
+        out.back()["spec_verify_steps"] = rec.spec_verify_steps;
+        out.back()["spec_draft_tokens"] = rec.spec_draft_tokens;
+        out.back()["spec_accepted_tokens"] = rec.spec_accepted_tokens;
+        out.back()["spec_acceptance_rate"] = rec.AcceptanceRate();
+        out.back()["spec_accept_length"] = rec.AcceptLength();
+      }
       // Per forward step, averaged over the repetitions; null without per-op counters.
       out.back()["ops_per_step"] =
           rec.ops ? OpRecordsJson(*rec.ops, rec.op_steps) : nlohmann::json();
@@ -315,6 +434,15 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
       std::printf("| %s | %.2f MiB | %s | %d | %s | %.2f ± %.2f |\n", model_type.c_str(),
                   r.weight_bytes() / 1048576.0, r.device().props().name.c_str(), threads,
                   rec.test.c_str(), Mean(rec.ts), Stdev(rec.ts));
+    }
+    for (const Record& rec : records) {
+      if (!rec.speculative) continue;
+      std::printf("\n%s: %lld verification steps, %lld draft tokens, %lld accepted (acceptance "
+                  "%.3f) | %.2f tokens per verification step\n",
+                  rec.test.c_str(), static_cast<long long>(rec.spec_verify_steps),
+                  static_cast<long long>(rec.spec_draft_tokens),
+                  static_cast<long long>(rec.spec_accepted_tokens), rec.AcceptanceRate(),
+                  rec.AcceptLength());
     }
   }
   return 0;

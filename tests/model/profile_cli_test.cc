@@ -98,6 +98,35 @@ TEST_P(ProfileCliTest, BenchJsonHasPerOpRecords) {
   }
 }
 
+// With --speculative-*, bench adds the engine's generation without and with speculation; the
+// draft being the model itself, greedy, every draft is kept (F16 on the cpu plugin gives the same
+// logits whatever the step's row count), and the record says so.
+TEST_P(ProfileCliTest, BenchReportsSpeculativeAcceptance) {
+  if (GetParam() != "cpu") GTEST_SKIP() << "one backend is enough";
+  const CommandResult r = RunCommand(
+      kPolychip + " bench -o json -r 1 -p 8 -n 24 --device cpu:0 --model-path " +
+      ShellQuote(kBundledModel) + " --speculative-draft-model " + ShellQuote(kBundledModel) +
+      " --speculative-num-draft-tokens 3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto records = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(records.is_array() && records.size() == 4) << r.out;
+  EXPECT_EQ(records[2]["test"], "tg24 engine") << r.out;
+  EXPECT_FALSE(records[2].contains("spec_acceptance_rate")) << r.out;
+  const auto& spec = records[3];
+  EXPECT_EQ(spec["test"], "tg24 engine+spec draft k3") << r.out;
+  EXPECT_GT(spec["avg_ts"].get<double>(), 0) << r.out;
+  EXPECT_GT(spec["spec_draft_tokens"].get<int64_t>(), 0) << r.out;
+  EXPECT_EQ(spec["spec_accepted_tokens"], spec["spec_draft_tokens"]) << r.out;
+  EXPECT_EQ(spec["spec_acceptance_rate"].get<double>(), 1.0) << r.out;
+  EXPECT_GT(spec["spec_accept_length"].get<double>(), 3.0) << r.out;
+  // Without an engine to run, depth is refused with the reason.
+  const CommandResult d = RunCommand(kPolychip + " bench -d 8 -n 4 --model-path " +
+                                     ShellQuote(kBundledModel) +
+                                     " --speculative-algorithm ngram");
+  EXPECT_NE(d.exit_code, 0);
+  EXPECT_NE(d.err.find("no -d"), std::string::npos) << d.err;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ProfileCliTest, ::testing::Values(POLYCHIP_BACKEND_PLUGINS),
                          [](const auto& info) { return info.param; });
 
