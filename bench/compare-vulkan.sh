@@ -4,7 +4,11 @@
 # device (llama-bench -ngl 99), and prints one markdown table (stdout; progress on stderr):
 #   model | test | polychip vulkan t/s | llama.cpp vulkan t/s | ratio | polychip cpu t/s
 # The models are small synthesized qwen2 shapes (lavapipe is slow; the 0.5B model is for
-# correctness, not speed): 4 layers x 256 wide in F16 and Q4_0, and 8 layers x 512 in Q4_0.
+# correctness, not speed), 4 layers x 256 wide (ff 704), the qwen2 vocabulary (151,936 tokens,
+# so decode is mostly the output matrix): qwen2t-* tie the output to token_embd as Qwen2.5-0.5B
+# does (in the K-quant mixtures token_embd is then Q6_K, as llama-quantize makes it), qwen2u-*
+# have their own output.weight (Q6_K in the mixtures; token_embd the base type). Types: f16,
+# q8_0, q4_0, q4_k_m; 8x512 (8 layers x 512, ff 1408) on request.
 #
 # llama.cpp's Vulkan build: node-llama-cpp@3.21.1's own prebuilt one (npm package
 # @node-llama-cpp/linux-x64-vulkan: libggml-vulkan.so loaded as a ggml backend, libllama, ...).
@@ -13,7 +17,7 @@
 # (about a minute); later runs reuse it.
 #
 # usage: bench/compare-vulkan.sh [-t THREADS] [-r REPS] [-p N_PROMPT] [-n N_GEN]
-#                                [--models "qwen2-4x256-f16 ..."]
+#                                [--models "qwen2t-4x256-f16 ..."]
 # env:   POLYCHIP_BUILD_DIR (default: build; needs bin/polychip and the vulkan and cpu plugins),
 #        POLYCHIP_LLAMA_CPP_DIR (the oracle's source, for llama-bench and the vocabulary GGUFs),
 #        POLYCHIP_LLAMA_VULKAN_DIR (llama-bench linked to the prebuilt Vulkan libraries;
@@ -22,7 +26,8 @@ set -euo pipefail
 
 source "$(dirname "$0")/paths.sh"
 THREADS=2 REPS=3 NP=128 NG=32
-MODELS="qwen2-4x256-f16 qwen2-4x256-q4_0 qwen2-8x512-q4_0"
+MODELS="qwen2t-4x256-f16 qwen2t-4x256-q8_0 qwen2t-4x256-q4_0 qwen2t-4x256-q4_k_m
+        qwen2u-4x256-f16 qwen2u-4x256-q8_0 qwen2u-4x256-q4_0 qwen2u-4x256-q4_k_m"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -t) THREADS="$2"; shift 2 ;;
@@ -69,23 +74,32 @@ mkdir -p "$CACHE"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
-model_spec() {  # name -> "layers embd heads kv_heads ff type"
-  case "$1" in
-    qwen2-4x256-f16) echo "4 256 4 2 704 F16" ;;
-    qwen2-4x256-q4_0) echo "4 256 4 2 704 Q4_0" ;;
-    qwen2-8x512-q4_0) echo "8 512 8 2 1408 Q4_0" ;;
-    qwen2-8x512-f16) echo "8 512 8 2 1408 F16" ;;
-    *) echo "unknown model $1" >&2; exit 2 ;;
+# name -> the synth arguments: qwen2t-LxE-TYPE (tied, the qwen2.5-0.5b shape resized),
+# qwen2u-LxE-TYPE (untied: no shape preset, the qwen2 architecture's own defaults).
+synth_args() {
+  local name="$1" kind dims type layers embd heads ff
+  IFS=- read -r kind dims type <<< "$name"
+  [[ -n "$type" ]] || { echo "unknown model $name" >&2; exit 2; }
+  case "$dims" in
+    4x256) layers=4 embd=256 heads=4 ff=704 ;;
+    8x512) layers=8 embd=512 heads=8 ff=1408 ;;
+    *) echo "unknown model $name" >&2; exit 2 ;;
   esac
+  case "$kind" in
+    qwen2t) echo "--shape qwen2.5-0.5b" ;;
+    qwen2u) echo "--arch qwen2" ;;
+    *) echo "unknown model $name" >&2; exit 2 ;;
+  esac
+  echo "--layers $layers --embd $embd --heads $heads --kv-heads 2 --ff $ff --type ${type^^}"
 }
 
 for m in $MODELS; do
   f="$CACHE/$m.gguf"
   [[ -f "$f" ]] && continue
-  read -r layers embd heads kv ff type < <(model_spec "$m")
-  log "synthesizing $f (qwen2, $layers layers x $embd, $type)"
-  "$PC" gguf synth --vocab "$VOCAB/ggml-vocab-qwen2.gguf" --shape qwen2.5-0.5b --layers "$layers" \
-    --embd "$embd" --heads "$heads" --kv-heads "$kv" --ff "$ff" --type "$type" --out "$f" -q >&2
+  args="$(synth_args "$m" | tr '\n' ' ')"
+  log "synthesizing $f ($args)"
+  # shellcheck disable=SC2086
+  "$PC" gguf synth --vocab "$VOCAB/ggml-vocab-qwen2.gguf" $args --out "$f" -q >&2
 done
 
 run() {  # label, output, command...

@@ -285,6 +285,82 @@ TEST_F(CApiTest, LoraAdaptersLoadWithTheModelAndAreChosenPerRequest) {
   std::remove(adapter.c_str());
 }
 
+// A quantized KV cache set through the model's settings (kv_cache_dtype, and K and V apart)
+// generates what `polychip run --kv-cache-dtype` does on the same model and prompt. The model has
+// random weights large enough that each cache type's rounding changes the greedy tokens (checked
+// against f16's), so a setting that did not take effect would show. A type the cache does not
+// offer is INVALID_ARGUMENT naming the ones it does.
+TEST_F(CApiTest, AQuantizedKvCacheGeneratesWhatTheCommandLineDoes) {
+  const std::string binary = POLYCHIP_BUILD_DIR "/bin/polychip";
+  const std::string path =
+      ::testing::TempDir() + "c-api-kv-" + std::to_string(getpid()) + ".gguf";
+  ASSERT_EQ(polychip::testing::RunCommand(binary + " gguf synth --vocab " POLYCHIP_TINY_MODEL
+                                          " --shape tiny --type F16 --weight-std 1.0 --seed 1"
+                                          " -q --out " + path)
+                .exit_code,
+            0);
+  auto cli = [&](const std::string& flags) {
+    const polychip::testing::CommandResult run = polychip::testing::RunCommand(
+        binary + " run -m " + path + " --device cpu:0 -t 2 -n 24 --ignore-eos " + flags +
+        " -p '" + kPrompt + "'");
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    return run.out;
+  };
+  const std::string f16 = cli("");
+  struct Case {
+    std::vector<polychip_param_t> settings;
+    std::string flags;
+  };
+  const Case cases[] = {
+      {{{"threads", "2"}, {"kv_cache_dtype", "q8_0"}}, "--kv-cache-dtype q8_0"},
+      {{{"threads", "2"}, {"kv_cache_dtype_k", "q8_0"}, {"kv_cache_dtype_v", "q4_0"}},
+       "--kv-cache-dtype-k q8_0 --kv-cache-dtype-v q4_0"},
+  };
+  for (const Case& c : cases) {
+    polychip_model_params_t params;
+    polychip_model_params_init(&params);
+    params.device = "cpu:0";
+    params.params = c.settings.data();
+    params.n_params = c.settings.size();
+    polychip_model_t* raw = nullptr;
+    ASSERT_EQ(Take(polychip_model_load(path.c_str(), &params, &raw)), "") << c.flags;
+    ModelPtr model(raw);
+    polychip_sampling_t sampling;
+    polychip_sampling_init(&sampling);
+    sampling.max_tokens = 24;
+    sampling.ignore_eos = 1;
+    polychip_request_t request;
+    polychip_request_init(&request);
+    request.prompt = kPrompt;
+    request.prompt_len = std::strlen(kPrompt);
+    request.sampling = &sampling;
+    request.on_token = Record;
+    Stream stream;
+    request.user_data = &stream;
+    polychip_result_t result{};
+    result.struct_size = sizeof(result);
+    ASSERT_EQ(Take(polychip_generate(model.get(), &request, &result)), "") << c.flags;
+    EXPECT_EQ(stream.tokens.size(), 24u) << c.flags;
+    const std::string expected = cli(c.flags);
+    EXPECT_NE(expected, f16) << c.flags << ": the model does not tell this cache type from f16";
+    EXPECT_EQ(stream.text + "\n", expected) << c.flags;
+  }
+
+  polychip_model_params_t params;
+  polychip_model_params_init(&params);
+  params.device = "cpu:0";
+  const polychip_param_t bad[] = {{"kv_cache_dtype", "q3_0"}};
+  params.params = bad;
+  params.n_params = 1;
+  polychip_model_t* m = nullptr;
+  polychip_error_t* error = polychip_model_load(path.c_str(), &params, &m);
+  ASSERT_NE(error, nullptr);
+  EXPECT_EQ(m, nullptr);
+  EXPECT_EQ(polychip_error_code(error), POLYCHIP_CODE_INVALID_ARGUMENT);
+  EXPECT_THAT(Take(error), HasSubstr("q8_0"));
+  std::remove(path.c_str());
+}
+
 TEST_F(CApiTest, ErrorsCarryTheCommandLinesMessages) {
   polychip_model_params_t params;
   polychip_model_params_init(&params);

@@ -142,7 +142,9 @@ class Launcher {
     w->buffer = b->buffer;
     w->offset = base;
     w->first = static_cast<uint32_t>(off - base);
-    w->range = std::min<uint64_t>((w->first + bytes + 3) / 4 * 4, b->size - base);
+    // Whole 8-byte words, so that a kernel reading 64-bit components reaches the operand's end
+    // (an allocation is rounded to far more than that).
+    w->range = std::min<uint64_t>((w->first + bytes + 7) / 8 * 8, b->size - base);
     if (w->first % unit != 0) {
       return BadArg(std::string(what) + " is not aligned to its element size");
     }
@@ -283,8 +285,8 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
   // A CPU device (lavapipe) gets matrow.comp: each invocation walks all of k for 16 columns
   // (decode) or 8 columns x 8 rows (tiles), so that its x loads are the same for every SIMD lane
   // and serve that many weights each; it reads x as vec4s (k, the x stride and the x offset
-  // multiples of 4; otherwise the GPU kernels), and F16/Q4_0 weights 32 or 16 bytes a load
-  // where the device has shaderInt64 (matrow64_*). A GPU gets tiles of 8 columns x 8 rows
+  // multiples of 4; otherwise the GPU kernels), and F16 and quantized weights as 64-bit
+  // components where the device has shaderInt64 (matrow64_*). A GPU gets tiles of 8 columns x 8 rows
   // reduced by shuffles (matvec.comp) where the subgroups allow, else one column x 8 rows
   // reduced through shared memory (matmul.comp).
   const Device& dev = L.device();
@@ -292,8 +294,7 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
                    a.x_stride % 4 == 0;
   const bool matvec = dev.info.subgroup_shuffle;
   const char* gpu_kind = !matvec ? "matmul_" : a.m == 1 ? "matvec_" : "mattile_";
-  const bool wide =
-      dev.info.int64 && (a.w_dtype == PC_DTYPE_F16 || a.w_dtype == PC_DTYPE_Q4_0);
+  const bool wide = dev.info.int64 && a.w_dtype != PC_DTYPE_F32 && a.w_dtype != PC_DTYPE_BF16;
   const char* cpu_kind = a.m != 1 ? "matrowtile_" : wide ? "matrow64_" : "matrow_";
   // Columns of a matrow.comp workgroup: 64 invocations of COLS (16 to decode, 8 in tiles).
   const uint64_t row_cols = a.m == 1 ? 16 * 64 : 8 * 64;

@@ -183,11 +183,15 @@ Verdict RmsNorm(Harness& h, bool with_weight, bool in_place) {
 }
 
 // ---- MATMUL -----------------------------------------------------------------------------------
-enum class MatmulCase { kDecode, kPrefill, kAccumulate, kUploaded };
+enum class MatmulCase { kDecode, kDecodeLong, kPrefill, kAccumulate, kUploaded };
 
 Verdict Matmul(Harness& h, pc_dtype_t dtype, MatmulCase c) {
-  // decode: one row; prefill: odd m and n, bias, padded strides; accumulate: += into out.
+  // decode: one row; decode_long: one row of k not a multiple of 256 (11 blocks of 32; three
+  // super-blocks of a K-quant), whose rows start at every even offset mod 16 in most formats (a
+  // kernel reading rows in wide words or groups of 256 elements meets its edge cases); prefill:
+  // odd m and n, bias, padded strides; accumulate: += into out.
   int64_t m = 1, n = 67, k = 256;
+  if (c == MatmulCase::kDecodeLong) k = BlockElems(static_cast<DType>(dtype)) == 256 ? 768 : 352;
   bool bias = false, accumulate = false;
   int64_t x_stride = k, out_stride = n;
   if (c == MatmulCase::kPrefill || c == MatmulCase::kUploaded) {
@@ -673,6 +677,8 @@ void AddOpChecks(std::vector<Check>& checks) {
   for (pc_dtype_t d : kWeightDtypes) {
     const std::string base = "op.matmul." + Lower(d);
     add(base + ".decode", [d](Harness& h) { return Matmul(h, d, MatmulCase::kDecode); });
+    add(base + ".decode_long",
+        [d](Harness& h) { return Matmul(h, d, MatmulCase::kDecodeLong); });
     add(base + ".prefill", [d](Harness& h) { return Matmul(h, d, MatmulCase::kPrefill); });
     add(base + ".accumulate", [d](Harness& h) { return Matmul(h, d, MatmulCase::kAccumulate); });
     add(base + ".uploaded", [d](Harness& h) { return Matmul(h, d, MatmulCase::kUploaded); });

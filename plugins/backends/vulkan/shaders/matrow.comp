@@ -6,20 +6,21 @@
 // every storage-buffer load lane by lane, per loaded component (a loop with a bounds check), so
 // what counts is the number of components loaded. Splitting k across lanes (matvec.comp, right
 // for a GPU's coalesced loads) loads each x value once per weight; here every x value loaded (as
-// a vec4) serves COLS weights of each lane, and the weights are read 16 bytes a load (32 with
-// INT64) where the format and alignment allow (F16 and Q4_0 in groups of 256 elements when
-// decoding), else as 32-bit words (Q8_0, F16/BF16 pairs), else byte by byte (dequant.glsl). No
-// shared memory, no subgroup operation, no barrier.
+// a vec4) serves COLS weights of each lane, and the weights are read in as few loads as the
+// format allows: decoding, F16 16 bytes a load (32 with INT64) where rows are aligned, and every
+// quantized format a group of 256 elements at a time into registers, 4 bytes a load (8 with
+// INT64) whatever its alignment (LoadGroup); tiles (prefill), F16/BF16 pairs and Q4_0/Q8_0 as
+// 32-bit words, the other formats byte by byte (dequant.glsl). No shared memory, no subgroup
+// operation, no barrier.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { vec4 x4[]; };  // the host aligns x to 4 floats
 layout(std430, binding = 1) readonly buffer Wt { uint w[]; };
 layout(std430, binding = 1) readonly buffer Wt4 { uvec4 w4[]; };  // the same bytes, 16 at a time
 #if defined(INT64)
-// INT64 (matrow64_*, devices with shaderInt64): 32 or 16 bytes a load, half the loads again (a
-// CPU driver pays per loaded component, whatever its width).
+// INT64 (matrow64_*, devices with shaderInt64): weights read as 64-bit components, half the
+// loads again (a CPU driver pays per loaded component, whatever its width).
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 layout(std430, binding = 1) readonly buffer Wt8 { u64vec4 w8[]; };
-layout(std430, binding = 1) readonly buffer Wt16 { u64vec2 w16[]; };
 #endif
 layout(std430, binding = 2) readonly buffer B { float bias[]; };
 layout(std430, binding = 3) buffer O { float o[]; };
@@ -80,6 +81,218 @@ void BlockWords(uint bb, out float v[32]) {
 }
 #endif
 
+#if !defined(WT_FLOAT)
+// ---- Decode (ROWS == 1): a weight row in groups of 256 elements (eight 32-element blocks, or
+// one K-quant super-block), each group's bytes loaded into registers with 64-bit loads (32-bit
+// without INT64) at whatever 2-byte alignment it has, then decoded from there: about GB / 8
+// loads a group where the block-by-block decode of dequant.glsl reads a byte or two a load.
+#if defined(WT_Q8_0)
+#define GB 272u  // bytes of 256 elements: 8 blocks of 34
+#elif defined(WT_Q4_0) || defined(WT_IQ4_NL) || defined(WT_Q4_K)
+#define GB 144u  // 8 blocks of 18; one Q4_K super-block
+#elif defined(WT_Q4_1)
+#define GB 160u
+#elif defined(WT_Q5_0)
+#define GB 176u
+#elif defined(WT_Q5_1)
+#define GB 192u
+#elif defined(WT_Q6_K)
+#define GB 210u
+#elif defined(WT_IQ4_XS)
+#define GB 136u
+#endif
+const uint GW = (GB + 3u) / 4u + 1u;  // u[]: the group's bytes as words, plus a zero word
+#if defined(INT64)
+layout(std430, binding = 1) readonly buffer Wt64 { uint64_t w64[]; };
+const uint NL = (GB + 13u) / 8u;  // 64-bit loads: the group at any even offset in a word
+#else
+const uint NL = (GB + 5u) / 4u;
+#endif
+const uint CW = 2u * NL + 2u;
+
+// u[i] = the bytes B + 4i .. B + 4i + 3 of the bound weight (B even). The last load is clamped
+// to the binding (it may lie past the row's end; the host rounds the window up to 8 bytes).
+void LoadGroup(uint B, out uint u[GW]) {
+  uint c[CW];
+#if defined(INT64)
+  uint q0 = B >> 3, last = uint(w64.length()) - 1u;
+  [[unroll]] for (uint i = 0u; i < NL; ++i) {
+    uvec2 h = unpackUint2x32(w64[i + 1u == NL ? min(q0 + i, last) : q0 + i]);
+    c[2u * i] = h.x;
+    c[2u * i + 1u] = h.y;
+  }
+  [[unroll]] for (uint i = 2u * NL; i < CW; ++i) c[i] = 0u;
+  bool o1 = (B & 4u) != 0u;
+#else
+  uint q0 = B >> 2, last = uint(w.length()) - 1u;
+  [[unroll]] for (uint i = 0u; i < NL; ++i) c[i] = w[i + 1u == NL ? min(q0 + i, last) : q0 + i];
+  [[unroll]] for (uint i = NL; i < CW; ++i) c[i] = 0u;
+  bool o1 = false;
+#endif
+  // Selects and masks, no branches: the offsets differ from lane to lane.
+  uint sh = (B & 2u) * 8u, hi_mask = (B & 2u) != 0u ? 0xFFFFFFFFu : 0u;
+  [[unroll]] for (uint i = 0u; i + 1u < GW; ++i) {
+    uint lo = mix(c[i], c[i + 1u], o1);
+    uint hi = mix(c[i + 1u], c[i + 2u], o1);
+    u[i] = (lo >> sh) | ((hi << 16) & hi_mask);
+  }
+  u[GW - 1u] = 0u;
+}
+
+// The group's bytes at a constant offset (after unrolling): 1, 2 (even offset) or 4 (even).
+#define GB8(off) ((u[(off) >> 2] >> (8u * ((off) & 3u))) & 0xFFu)
+#define GB16(off) ((u[(off) >> 2] >> (8u * ((off) & 2u))) & 0xFFFFu)
+#define GB32(off) \
+  (((off) & 2u) != 0u ? (u[(off) >> 2] >> 16) | (u[((off) >> 2) + 1u] << 16) : u[(off) >> 2])
+float Sum4(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+vec4 Bytes4(uint b) {  // four unsigned bytes
+  return vec4(float(b & 0xFFu), float((b >> 8) & 0xFFu), float((b >> 16) & 0xFFu),
+              float(b >> 24));
+}
+vec4 Lo4(uint q) { return Bytes4(q & 0x0F0F0F0Fu); }         // the low nibbles of 4 bytes
+vec4 Hi4(uint q) { return Bytes4((q >> 4) & 0x0F0F0F0Fu); }  // the high nibbles
+#if defined(WT_Q5_0) || defined(WT_Q5_1)
+// Bit 4 of each of 4 values from 4 consecutive bits of qh starting at bit `at`.
+uint HighBits(uint qh, uint at) {
+  uint b = qh >> at;
+  return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+#endif
+#if defined(WT_IQ4_NL) || defined(WT_IQ4_XS)
+// sdk::kIq4nlValues as int8 bytes, four a word: a select chain instead of an indexed constant
+// array (a per-lane gather on a CPU driver).
+float Iq4(uint n) {
+  uint word = n < 8u ? (n < 4u ? 0xBFAD9881u : 0xF6EADDCFu)
+                     : (n < 12u ? 0x26190D01u : 0x71594535u);
+  return float(S8(word >> (8u * (n & 3u))));
+}
+vec4 Iq4x4(uint q) {  // the codebook values of the 4 nibbles q, q >> 8, q >> 16, q >> 24
+  return vec4(Iq4(q & 0xFu), Iq4((q >> 8) & 0xFu), Iq4((q >> 16) & 0xFu), Iq4((q >> 24) & 0xFu));
+}
+#endif
+
+// sum_e W[e] x[e] over the group's first nt 32-element blocks (always 8 for the K-quants).
+float GroupDot(uint u[GW], vec4 xv[64], uint nt) {
+  float s = 0.0;
+#if defined(WT_Q4_K)
+  // f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles: sub-blocks 2j and
+  // 2j + 1 are the low and high nibbles of bytes 16 + 32j ...
+  float d = F16ToF32(GB16(0u)), dmin = F16ToF32(GB16(2u));
+  [[unroll]] for (uint sb = 0u; sb < 8u; ++sb) {
+    uint sc, m;
+    if (sb < 4u) {
+      sc = GB8(4u + sb) & 63u;
+      m = GB8(8u + sb) & 63u;
+    } else {
+      sc = (GB8(8u + sb) & 0xFu) | ((GB8(sb) >> 6) << 4);
+      m = (GB8(8u + sb) >> 4) | ((GB8(4u + sb) >> 6) << 4);
+    }
+    vec4 acc = vec4(0.0), xs = vec4(0.0);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      uint q = u[4u + 8u * (sb >> 1) + i] >> (4u * (sb & 1u));
+      acc += Lo4(q) * xv[8u * sb + i];
+      xs += xv[8u * sb + i];
+    }
+    s += d * float(sc) * Sum4(acc) - dmin * float(m) * Sum4(xs);
+  }
+#elif defined(WT_Q6_K)
+  // ql[128], qh[64], int8 scales[16], f16 d; chunk c = 4h + t: low bits from ql[64h + 32(t & 1)
+  // + l] (low nibble for t < 2), high 2 bits from qh[32h + l] >> 2t, scales 8h + 2t (+1 from
+  // l = 16), values minus 32.
+  float d = F16ToF32(GB16(208u));
+  [[unroll]] for (uint c = 0u; c < 8u; ++c) {
+    uint h = c >> 2, t = c & 3u;
+    vec4 a0 = vec4(0.0), a1 = vec4(0.0);
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      uint ql = (u[16u * h + 8u * (t & 1u) + i] >> (4u * (t >> 1))) & 0x0F0F0F0Fu;
+      uint qh = (u[32u + 8u * h + i] >> (2u * t)) & 0x03030303u;
+      vec4 q = Bytes4(ql | (qh << 4)) - 32.0;
+      if (i < 4u) {
+        a0 += q * xv[8u * c + i];
+      } else {
+        a1 += q * xv[8u * c + i];
+      }
+    }
+    s += d * (float(S8(GB8(192u + 8u * h + 2u * t))) * Sum4(a0) +
+              float(S8(GB8(193u + 8u * h + 2u * t))) * Sum4(a1));
+  }
+#elif defined(WT_IQ4_XS)
+  // f16 d, u16 scales_h, 4 bytes scales_l, 128 bytes of nibbles (16 per sub-block, Q4_0 order)
+  float d = F16ToF32(GB16(0u));
+  uint sh = GB16(2u);
+  [[unroll]] for (uint sb = 0u; sb < 8u; ++sb) {
+    uint ls = ((GB8(4u + (sb >> 1)) >> (4u * (sb & 1u))) & 0xFu) | (((sh >> (2u * sb)) & 3u) << 4);
+    vec4 acc = vec4(0.0);
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+      uint q = u[2u + 4u * sb + i];
+      acc += Iq4x4(q) * xv[8u * sb + i] + Iq4x4(q >> 4) * xv[8u * sb + 4u + i];
+    }
+    s += d * float(int(ls) - 32) * Sum4(acc);
+  }
+#else
+  [[unroll]] for (uint t = 0u; t < 8u; ++t) {
+    if (t < nt) {
+#if defined(WT_Q8_0)
+      uint o = 34u * t;  // f16 d, 32 int8
+      vec4 acc = vec4(0.0);
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        uint q = GB32(o + 2u + 4u * i);
+        acc += vec4(float(S8(q)), float(S8(q >> 8)), float(S8(q >> 16)), float(int(q) >> 24)) *
+               xv[8u * t + i];
+      }
+      s += F16ToF32(GB16(o)) * Sum4(acc);
+#elif defined(WT_Q4_0) || defined(WT_IQ4_NL)
+      uint o = 18u * t;  // f16 d, 16 bytes: element j the low nibble of byte j, j + 16 the high
+      vec4 acc = vec4(0.0);
+      [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+        uint q = GB32(o + 2u + 4u * i);
+#if defined(WT_Q4_0)
+        acc += (Lo4(q) - 8.0) * xv[8u * t + i] + (Hi4(q) - 8.0) * xv[8u * t + 4u + i];
+#else
+        acc += Iq4x4(q) * xv[8u * t + i] + Iq4x4(q >> 4) * xv[8u * t + 4u + i];
+#endif
+      }
+      s += F16ToF32(GB16(o)) * Sum4(acc);
+#elif defined(WT_Q4_1)
+      uint o = 20u * t;  // f16 d, f16 min, 16 bytes of nibbles
+      vec4 acc = vec4(0.0), xs = vec4(0.0);
+      [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+        uint q = GB32(o + 4u + 4u * i);
+        acc += Lo4(q) * xv[8u * t + i] + Hi4(q) * xv[8u * t + 4u + i];
+        xs += xv[8u * t + i] + xv[8u * t + 4u + i];
+      }
+      s += F16ToF32(GB16(o)) * Sum4(acc) + F16ToF32(GB16(o + 2u)) * Sum4(xs);
+#elif defined(WT_Q5_0) || defined(WT_Q5_1)
+#if defined(WT_Q5_0)
+      uint o = 22u * t, qo = o + 2u;  // f16 d, u32 qh, 16 bytes of nibbles
+#else
+      uint o = 24u * t, qo = o + 4u;  // f16 d, f16 min, u32 qh, 16 bytes of nibbles
+#endif
+      uint qh = GB32(qo);
+      vec4 acc = vec4(0.0), xs = vec4(0.0);
+      [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+        uint q = GB32(qo + 4u + 4u * i);
+        vec4 lo = Bytes4((q & 0x0F0F0F0Fu) | HighBits(qh, 4u * i));
+        vec4 hi = Bytes4(((q >> 4) & 0x0F0F0F0Fu) | HighBits(qh, 16u + 4u * i));
+#if defined(WT_Q5_0)
+        acc += (lo - 16.0) * xv[8u * t + i] + (hi - 16.0) * xv[8u * t + 4u + i];
+#else
+        acc += lo * xv[8u * t + i] + hi * xv[8u * t + 4u + i];
+        xs += xv[8u * t + i] + xv[8u * t + 4u + i];
+#endif
+      }
+      s += F16ToF32(GB16(o)) * Sum4(acc);
+#if defined(WT_Q5_1)
+      s += F16ToF32(GB16(o + 2u)) * Sum4(xs);
+#endif
+#endif
+    }
+  }
+#endif
+  return s;
+}
+#endif
+
 void main() {
   uint g = WorkgroupLinear();
   uint col_groups = (p.n + 64u * NC - 1u) / (64u * NC);
@@ -96,12 +309,12 @@ void main() {
   [[unroll]] for (uint c = 0u; c < NC; ++c) rb[c] = p.w_off + min(j0 + c, p.n - 1u) * p.row_bytes;
   uint xb = (p.x_off + i0 * p.x_stride) >> 2;  // in vec4s, as are the strides below
   uint xs = p.x_stride >> 2;
-  // Decode, F16 and Q4_0: groups of 256 elements read as 16-byte loads (32 for F16, 9 for
-  // Q4_0's eight 18-byte blocks) where the rows start on 16-byte boundaries; x for the group is
-  // loaded once for all the columns. The rest of k (or all of it) takes the loops below.
+  // Decode, F16: groups of 256 elements read as 16-byte loads (32 with INT64) where the rows
+  // start on 16-byte boundaries (32); x for the group is loaded once for all the columns. The
+  // rest of k (or all of it) takes the loops below. Quantized: every group (GroupDot).
   uint done = 0u;  // elements of k handled here
-#if ROWS == 1 && (defined(WT_F16) || defined(WT_Q4_0))
-#if defined(INT64) && defined(WT_F16)
+#if ROWS == 1 && defined(WT_F16)
+#if defined(INT64)
   uint groups = ((p.w_off | p.row_bytes) & 31u) == 0u ? p.k / 256u : 0u;
 #else
   uint groups = ((p.w_off | p.row_bytes) & 15u) == 0u ? p.k / 256u : 0u;
@@ -111,7 +324,6 @@ void main() {
     [[unroll]] for (uint q = 0u; q < 64u; ++q) xv[q] = x4[xb + gi * 64u + q];
     [[unroll]] for (uint c = 0u; c < NC; ++c) {
       float s = 0.0;
-#if defined(WT_F16)
 #if defined(INT64)
       uint base = (rb[c] >> 5) + gi * 16u;
       [[unroll]] for (uint i = 0u; i < 16u; ++i) {
@@ -129,40 +341,26 @@ void main() {
              dot(vec4(unpackHalf2x16(u.z), unpackHalf2x16(u.w)), xv[2u * i + 1u]);
       }
 #endif
-#else
-      uint base = (rb[c] >> 4) + gi * 9u;
-      uint a[36];
-      [[unroll]] for (uint i = 0u; i < 9u; ++i) {
-#if defined(INT64)
-        u64vec2 u2 = w16[base + i];
-        uvec4 u = uvec4(unpackUint2x32(u2.x), unpackUint2x32(u2.y));
-#else
-        uvec4 u = w4[base + i];
-#endif
-        a[4u * i] = u.x, a[4u * i + 1u] = u.y, a[4u * i + 2u] = u.z, a[4u * i + 3u] = u.w;
-      }
-      [[unroll]] for (uint t = 0u; t < 8u; ++t) {
-        // block t: bytes 18t (f16 scale) and 18t + 2 .. 18t + 17 (nibbles); 18t is even
-        uint o = 18u * t;
-        float d = F16ToF32(Word16(a[o >> 2], a[(o >> 2) + 1u], (o & 2u) != 0u) & 0xFFFFu);
-        vec4 lo = vec4(0.0), hi = vec4(0.0);
-        [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-          uint qb = o + 2u + 4u * i;  // nibble bytes 4i .. 4i+3
-          uint qs = Word16(a[qb >> 2], a[min((qb >> 2) + 1u, 35u)], (qb & 2u) != 0u);
-          vec4 l = vec4(float(qs & 0xFu), float((qs >> 8) & 0xFu), float((qs >> 16) & 0xFu),
-                        float((qs >> 24) & 0xFu)) - 8.0;
-          vec4 h = vec4(float((qs >> 4) & 0xFu), float((qs >> 12) & 0xFu),
-                        float((qs >> 20) & 0xFu), float(qs >> 28)) - 8.0;
-          lo += l * xv[8u * t + i];
-          hi += h * xv[8u * t + 4u + i];
-        }
-        s += d * (lo.x + lo.y + lo.z + lo.w + hi.x + hi.y + hi.z + hi.w);
-      }
-#endif
       acc[0][c] += s;
     }
   }
   done = groups * 256u;
+#elif ROWS == 1 && !defined(WT_FLOAT)
+  // The last group may hold fewer than 8 blocks (k % 256 != 0, 32-element formats): its x
+  // loads are clamped to x's end and its missing blocks skipped.
+  uint blocks = p.k / 32u, x_last = xb + p.k / 4u - 1u;
+  for (uint gi = 0u; gi * 8u < blocks; ++gi) {
+    uint nt = min(8u, blocks - gi * 8u);
+    vec4 xv[64];
+    [[unroll]] for (uint q = 0u; q < 64u; ++q) xv[q] = x4[min(xb + gi * 64u + q, x_last)];
+    // Not unrolled: a group's decode is long, and 16 copies of it took the driver's compiler
+    // (LLVM, in lavapipe) minutes to build the pipeline.
+    [[dont_unroll]] for (uint c = 0u; c < NC; ++c) {
+      uint u[GW];
+      LoadGroup(p.w_off + min(j0 + c, p.n - 1u) * p.row_bytes + gi * GB, u);
+      acc[0][c] += GroupDot(u, xv, nt);
+    }
+  }
 #endif
 #if defined(WT_FLOAT)
   // Four elements a step (the host asks k % 4 == 0; F16/BF16 rows on word boundaries).
@@ -190,7 +388,7 @@ void main() {
       }
     }
   }
-#else
+#elif ROWS != 1  // (decoding a quantized format: all of k in groups above)
   for (uint b = done / 32u; b < p.k / 32u; ++b) {
     float v[NC][32];
     [[unroll]] for (uint c = 0u; c < NC; ++c) {
