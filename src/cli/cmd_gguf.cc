@@ -279,7 +279,8 @@ std::function<int()> SetupGguf(CLI::App& app, const GlobalOptions&) {
   synth->add_option("--lora-rank", sa->lora_rank, "the adapter's rank (default 8)");
   synth->add_option("--lora-alpha", sa->lora_alpha, "adapter.lora.alpha (default 16)");
   synth->add_option("--lora-targets", sa->lora_targets,
-                    "adapted matrices: attn, ffn, output, comma-separated (default all three)");
+                    "adapted matrices: attn, ffn, experts (a mixture of experts' ffn_*_exps), output, "
+                    "comma-separated (default attn,ffn,output)");
 
   return [info, check, synth, info_path, info_all, check_path, sa]() {
     if (info->parsed()) return RunInfo(*info_path, *info_all);

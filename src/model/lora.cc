@@ -16,7 +16,8 @@ namespace {
 
 constexpr const char* kKindNames[kLoraKinds] = {
     "attn_q.weight", "attn_k.weight",  "attn_v.weight",  "attn_qkv.weight",    "attn_output.weight",
-    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight"};
+    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight",
+    "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
 
 bool EndsWith(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -102,11 +103,13 @@ StatusOr<std::shared_ptr<LoraAdapter>> LoraAdapter::Open(const std::string& path
     if (!is_a && !is_b) {
       return fail(fmt::format("tensor '{}' is neither a .lora_a nor a .lora_b", t.name));
     }
-    if (!IsLoraType(t.dtype) || t.dims.size() != 2) {
-      return fail(fmt::format("tensor '{}' is {} {}; expected a matrix of F32, F16, BF16 or Q8_0",
-                              t.name, DTypeName(t.dtype), t.ShapeString()));
-    }
     const std::string name = t.name.substr(0, t.name.size() - 7);
+    const bool experts = EndsWith(name, "_exps.weight");  // one matrix per expert
+    if (!IsLoraType(t.dtype) || t.dims.size() != (experts ? 3u : 2u)) {
+      return fail(fmt::format("tensor '{}' is {} {}; expected {} of F32, F16, BF16 or Q8_0",
+                              t.name, DTypeName(t.dtype), t.ShapeString(),
+                              experts ? "one matrix per expert (3-D)" : "a matrix"));
+    }
     auto spec = specs.find(name);
     if (spec == specs.end()) {
       return fail(fmt::format("tensor '{}' adapts '{}', which the base model ({}) does not have",
@@ -132,9 +135,12 @@ StatusOr<std::shared_ptr<LoraAdapter>> LoraAdapter::Open(const std::string& path
       return fail(fmt::format("'{}' has {} but no {}", name, p.a ? ".lora_a" : ".lora_b",
                               p.a ? ".lora_b" : ".lora_a"));
     }
-    const std::vector<int64_t>& w = specs[name].dims;  // {k, n}
-    // A: dims {k, rank}; B: dims {rank, n}.
-    if (p.a->dims[0] != w[0] || p.b->dims[1] != w[1] || p.a->dims[1] != p.b->dims[0]) {
+    const std::vector<int64_t>& w = specs[name].dims;  // {k, n} (experts: {k, n, n_expert})
+    // A: dims {k, rank}; B: dims {rank, n} (experts: each with n_expert last).
+    const bool experts_match = w.size() == p.a->dims.size() &&
+                               (w.size() == 2 || (p.a->dims[2] == w[2] && p.b->dims[2] == w[2]));
+    if (!experts_match || p.a->dims[0] != w[0] || p.b->dims[1] != w[1] ||
+        p.a->dims[1] != p.b->dims[0]) {
       return fail(fmt::format("'{}' is {} in the base, but its lora_a is {} and lora_b {} "
                               "(expected [{}, r] and [r, {}])",
                               name, fmt::format("[{}, {}]", w[0], w[1]), p.a->ShapeString(),
@@ -147,6 +153,13 @@ StatusOr<std::shared_ptr<LoraAdapter>> LoraAdapter::Open(const std::string& path
   }
   a->file_ = std::move(file);
   return a;
+}
+
+const LoraPair* LoraAdapter::Find(int32_t slot) const {
+  for (const LoraPair& p : pairs_) {
+    if (p.slot == slot) return &p;
+  }
+  return nullptr;
 }
 
 StatusOr<std::shared_ptr<const LoraAdapter>> LoraAdapter::OpenReplica(
@@ -316,6 +329,7 @@ StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapt
     if (is_output ? !shard.output : (layer < shard.layer_begin || layer >= shard.layer_end)) {
       continue;
     }
+    if (!is_output && IsExpertsKind(kind)) continue;  // applied on the host
     // Each part the runner multiplies by: its slot, the cut of A, the cut of B. A fused matrix
     // (phi3's attn_qkv, and ffn_up holding gate then up) runs as its parts (model_loader.cc):
     // A is shared, B cut by the same rows.
@@ -408,8 +422,8 @@ Status SynthesizeLora(const GgufFile& base, const LoraSynthOptions& opts, const 
   if (opts.rank <= 0) return InvalidArgument("the rank must be positive");
   PC_ASSIGN_OR_RETURN(ModelConfig c, ModelConfig::FromGguf(base));
   for (const std::string& t : opts.targets) {
-    if (t != "attn" && t != "ffn" && t != "output") {
-      return InvalidArgument("LoRA target '" + t + "': attn, ffn or output");
+    if (t != "attn" && t != "ffn" && t != "experts" && t != "output") {
+      return InvalidArgument("LoRA target '" + t + "': attn, ffn, experts or output");
     }
   }
   auto wants = [&](const std::string& t) {
@@ -423,24 +437,35 @@ Status SynthesizeLora(const GgufFile& base, const LoraSynthOptions& opts, const 
   w.SetF32("adapter.lora.alpha", opts.alpha);
   for (const TensorSpec& spec : ArchTensors(c)) {
     const int32_t slot = LoraSlotOfTensor(spec.name, c.n_layer);
-    if (slot < 0 || spec.dims.size() != 2) continue;
+    if (slot < 0) continue;
     const int32_t kind = slot % kLoraKinds;
     const bool is_output = slot == LoraOutputSlot(c.n_layer);
     const bool attn = !is_output && kind <= kLoraO;
-    if (is_output ? !wants("output") : attn ? !wants("attn") : !wants("ffn")) continue;
+    const bool experts = !is_output && IsExpertsKind(kind);
+    if (spec.dims.size() != (experts ? 3u : 2u)) continue;
+    if (is_output ? !wants("output")
+        : attn    ? !wants("attn")
+        : experts ? !wants("experts")
+                  : !wants("ffn")) {
+      continue;
+    }
     const int64_t k = spec.dims[0], n = spec.dims[1], r = opts.rank;
+    // Experts: one pair per expert, stacked ([n_expert, r, k] and [n_expert, n, r]).
+    const int64_t n_expert = experts ? spec.dims[2] : 1;
     // Q8_0 needs rows of whole blocks: B's rows are `rank` long.
     const DType a_type = opts.type;
     const DType b_type = RowBytes(opts.type, r) < 0 ? DType::kF16 : opts.type;
     if (RowBytes(a_type, k) < 0) continue;
     for (int half = 0; half < 2; ++half) {
       const std::string name = spec.name + (half == 0 ? ".lora_a" : ".lora_b");
-      const int64_t rows = half == 0 ? r : n, cols = half == 0 ? k : r;
+      const int64_t rows = (half == 0 ? r : n) * n_expert, cols = half == 0 ? k : r;
       const DType type = half == 0 ? a_type : b_type;
       const uint64_t key = opts.seed * 0x9E3779B97F4A7C15ull ^ HashName(name);
       const float std = opts.std;
+      std::vector<int64_t> dims = {cols, half == 0 ? r : n};
+      if (experts) dims.push_back(n_expert);
       PC_RETURN_IF_ERROR(w.AddTensor(
-          name, {cols, rows}, type, [=](uint8_t* dst, uint64_t) -> Status {
+          name, dims, type, [=](uint8_t* dst, uint64_t) -> Status {
             std::vector<float> row(static_cast<size_t>(cols));
             const int64_t row_bytes = RowBytes(type, cols);
             for (int64_t i = 0; i < rows; ++i) {
@@ -490,11 +515,15 @@ Status MergeLora(const std::string& base_path, const std::string& adapter_path, 
     PC_RETURN_IF_ERROR(w.AddTensor(
         t.name, t.dims, t.dtype, [tensor, &p, factor](uint8_t* dst, uint64_t) -> Status {
           const int64_t k = tensor->row_len(), n = tensor->n_rows(), r = p.rank;
-          // A [r, k] and B [n, r] as F32.
-          std::vector<float> a(static_cast<size_t>(r * k)), b(static_cast<size_t>(n * r));
+          // Experts' 3-D tensors: rows [e * per, (e + 1) * per) are expert e's, whose pair is
+          // A's rows [e * r, (e + 1) * r) and B's same rows as W's.
+          const int64_t per = tensor->dims.size() == 3 ? tensor->dims[1] : n;
+          const int64_t a_rows = r * (n / per);
+          // A [a_rows, k] and B [n, r] as F32.
+          std::vector<float> a(static_cast<size_t>(a_rows * k)), b(static_cast<size_t>(n * r));
           std::vector<float> row(static_cast<size_t>(k));
           const int64_t a_bytes = RowBytes(p.a->dtype, k), b_bytes = RowBytes(p.b->dtype, r);
-          for (int64_t i = 0; i < r; ++i) {
+          for (int64_t i = 0; i < a_rows; ++i) {
             PC_CHECK(DequantizeRow(p.a->dtype, p.a->data + i * a_bytes, a.data() + i * k, k));
           }
           for (int64_t i = 0; i < n; ++i) {
@@ -503,9 +532,10 @@ Status MergeLora(const std::string& base_path, const std::string& adapter_path, 
           const int64_t w_bytes = RowBytes(tensor->dtype, k);
           for (int64_t i = 0; i < n; ++i) {  // W[i, :] += factor * sum_j B[i, j] A[j, :]
             PC_CHECK(DequantizeRow(tensor->dtype, tensor->data + i * w_bytes, row.data(), k));
+            const float* a_e = a.data() + (i / per) * r * k;
             for (int64_t j = 0; j < r; ++j) {
               const float bij = factor * b[size_t(i * r + j)];
-              const float* aj = a.data() + j * k;
+              const float* aj = a_e + j * k;
               for (int64_t c = 0; c < k; ++c) row[size_t(c)] += bij * aj[c];
             }
             if (!QuantizeRow(tensor->dtype, row.data(), dst + i * w_bytes, k)) {

@@ -32,12 +32,16 @@
 namespace polychip::model {
 
 // The matrices an adapter may adapt, each layer's then the output: slot = layer * kLoraKinds +
-// kind, the output's n_layer * kLoraKinds. Experts' 3-D tensors (ffn_*_exps) and the embedding
-// table are not adaptable here (an adapter holding them is refused, naming the tensor).
+// kind, the output's n_layer * kLoraKinds. The experts' 3-D tensors (ffn_*_exps: A
+// [n_expert, rank, k], B [n_expert, n, rank], one pair per expert) are applied on the host
+// (transformer.cc, Experts), never uploaded. The embedding table is not adaptable here (an
+// adapter holding it is refused, naming the tensor).
 enum LoraKind : int32_t {
   kLoraQ, kLoraK, kLoraV, kLoraQkv, kLoraO, kLoraGate, kLoraUp, kLoraDown, kLoraRouter,
+  kLoraGateExps, kLoraUpExps, kLoraDownExps,
   kLoraKinds
 };
+inline bool IsExpertsKind(int32_t kind) { return kind >= kLoraGateExps && kind <= kLoraDownExps; }
 inline int32_t LoraSlot(int64_t layer, LoraKind kind) {
   return static_cast<int32_t>(layer * kLoraKinds + kind);
 }
@@ -76,6 +80,15 @@ class LoraAdapter : public engine::Adapter, public std::enable_shared_from_this<
   float default_scale() const { return default_scale_; }
   int64_t max_rank() const { return max_rank_; }
   const std::vector<LoraPair>& pairs() const { return pairs_; }
+  // The pair adapting `slot`, or null.
+  const LoraPair* Find(int32_t slot) const;
+  // Whether it adapts the experts of `layer` (their feed-forward then runs on the host).
+  bool AdaptsExperts(int64_t layer) const {
+    for (int32_t k = kLoraGateExps; k <= kLoraDownExps; ++k) {
+      if (Find(LoraSlot(layer, static_cast<LoraKind>(k))) != nullptr) return true;
+    }
+    return false;
+  }
   const GgufFile& file() const { return *file_; }
   // The factor s of W + s B A for a matrix of `rank` at the user's `scale`.
   float Factor(int64_t rank, float scale) const {
@@ -196,7 +209,8 @@ struct LoraSynthOptions {
   float alpha = 16;
   DType type = DType::kF16;  // F32, F16, BF16 or Q8_0
   // Which matrices: "attn" (q, k, v, output / qkv), "ffn" (gate, up, down; the router of a
-  // mixture of experts), "output" (untied output only).
+  // mixture of experts), "experts" (a mixture of experts' ffn_{gate,up,down}_exps), "output"
+  // (untied output only).
   std::vector<std::string> targets = {"attn", "ffn", "output"};
   uint64_t seed = 7;
   float std = 0.05f;  // A and B ~ N(0, std)

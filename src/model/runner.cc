@@ -43,6 +43,7 @@ StatusOr<std::unique_ptr<TransformerRunner>> TransformerRunner::Create(
 }
 
 Status TransformerRunner::Init(const GgufFile& file) {
+  base_path_ = file.path();
   const ModelConfig& c = config_;
   RunnerOptions& o = options_;
   PC_RETURN_IF_ERROR(CheckKvCacheDtypes(o.kv_dtypes, c.head_dim, c.head_dim));
@@ -425,6 +426,14 @@ Status TransformerRunner::PrepareLoras(std::span<const SequenceStep> batch) {
     shard.vocab = weights_->vocab;
   }
   const Status prepared = loras_->Prepare(wanted, config_, shard);
+  if (!lora_base_) {
+    for (const auto& a : wanted) {
+      for (int64_t l = shard.layer_begin; l < shard.layer_end && !lora_base_; ++l) {
+        if (!a->AdaptsExperts(l)) continue;
+        PC_ASSIGN_OR_RETURN(lora_base_, GgufFile::Open(base_path_));
+      }
+    }
+  }
   lora_uploads_.store(loras_->uploads(), std::memory_order_relaxed);
   PC_RETURN_IF_ERROR(prepared);
   if (loras_->max_rank() > lora_scratch_rank_) {
@@ -591,6 +600,7 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   in.max_blocks_per_seq = max_blocks;
   in.max_seq_len = max_len;
   in.lora = lora_tokens_;
+  in.lora_base = lora_base_.get();
   in.pool_runs = pool_runs_;
   PC_RETURN_IF_ERROR(transformer_->Layers(*stream_, in, buf_, kv_));
 

@@ -143,6 +143,10 @@ class TransformerRunner : public engine::ModelRunner {
   // LoRA: the resident adapters, the scratch [max(T, max_logit_rows), max rank] of x A^T, the
   // sub-step's runs of token rows and each output row's adapter.
   std::unique_ptr<LoraCache> loras_;
+  // The base model's file, opened again (from base_path_) for an adapter of the experts, whose
+  // feed-forward runs on the host from the file's weights (transformer.cc).
+  std::string base_path_;
+  std::unique_ptr<GgufFile> lora_base_;
   PoolBuffer lora_scratch_;
   int64_t lora_scratch_rank_ = 0;
   std::vector<LoraSegment> lora_tokens_;

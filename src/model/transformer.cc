@@ -33,6 +33,106 @@ void RouteToken(const float* logits, int64_t n, int64_t n_used, bool norm, float
   for (int64_t i = 0; i < n; ++i) w[order[i]] = i < n_used ? w[order[i]] * scale : 0;
 }
 
+// A float vector of rows [begin, begin + count) of a 2-D tensor (3-D: its matrices stacked)
+// in the file, dequantized.
+std::vector<float> HostRows(const GgufTensor& t, int64_t begin, int64_t count) {
+  const int64_t cols = t.row_len(), row_bytes = RowBytes(t.dtype, cols);
+  std::vector<float> out(size_t(count * cols));
+  for (int64_t r = 0; r < count; ++r) {
+    PC_CHECK(DequantizeRow(t.dtype, t.data + (begin + r) * row_bytes, out.data() + r * cols, cols));
+  }
+  return out;
+}
+
+// y [n] (+)= W [n, k] x [k].
+void HostMatVec(const float* w, const float* x, int64_t n, int64_t k, float* y, bool add) {
+  for (int64_t i = 0; i < n; ++i) {
+    double acc = 0;
+    const float* wi = w + i * k;
+    for (int64_t j = 0; j < k; ++j) acc += double(wi[j]) * x[j];
+    y[i] = add ? y[i] + float(acc) : float(acc);
+  }
+}
+
+// The feed-forward of a mixture of experts under an adapter of the experts, on the host, as
+// MOE defines it (pc_ops.h) with each chosen expert's matrices W_e + s B_e A_e: out [rows,
+// n_embd] = sum over the chosen experts of w_e down'_e(silu(gate'_e x) * up'_e x), for the
+// rows xn [rows, n_embd] routed by logits [rows, n_expert]. The low-rank terms are applied as
+// two products (W_e x + s B_e (A_e x)), never merged.
+Status HostAdaptedExperts(const GgufFile& base, const LoraAdapter& adapter, float scale,
+                          const ModelConfig& c, int64_t layer, const float* xn,
+                          const float* logits, int64_t rows, float* out) {
+  const int64_t E = c.n_expert, ff = c.n_ff_exp, d = c.n_embd;
+  const GgufTensor* w[3];
+  const LoraPair* p[3];
+  const char* names[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+  for (int m = 0; m < 3; ++m) {
+    w[m] = base.FindTensor(LayerTensorName(layer, names[m]));
+    if (w[m] == nullptr) return NotFound(base.path() + ": no " + LayerTensorName(layer, names[m]));
+    p[m] = adapter.Find(LoraSlot(layer, static_cast<LoraKind>(kLoraGateExps + m)));
+  }
+  std::vector<float> weights(size_t(rows * E));
+  for (int64_t t = 0; t < rows; ++t) {
+    RouteToken(logits + t * E, E, c.n_expert_used, c.moe_norm_weights, weights.data() + t * E);
+  }
+  std::fill(out, out + rows * d, 0.0f);
+  std::vector<float> g(static_cast<size_t>(ff)), u(static_cast<size_t>(ff)),
+      y(static_cast<size_t>(d)), low, x_rounded;
+  std::vector<uint8_t> x_q8;
+  for (int64_t e = 0; e < E; ++e) {
+    bool used = false;
+    for (int64_t t = 0; t < rows && !used; ++t) used = weights[size_t(t * E + e)] > 0;
+    if (!used) continue;
+    // Expert e's matrices (rows of the stacked ones: gate/up [ff, d], down [d, ff]) and pairs.
+    const int64_t n_out[3] = {ff, ff, d};
+    std::vector<float> we[3], ae[3], be[3];
+    float factor[3] = {0, 0, 0};
+    for (int m = 0; m < 3; ++m) {
+      we[m] = HostRows(*w[m], e * n_out[m], n_out[m]);
+      if (p[m] == nullptr) continue;
+      const int64_t r = p[m]->rank;
+      ae[m] = HostRows(*p[m]->a, e * r, r);
+      be[m] = HostRows(*p[m]->b, e * n_out[m], n_out[m]);
+      factor[m] = adapter.Factor(r, scale);
+    }
+    // W_e x + s B_e (A_e x), into y [n_out[m]]. Against a quantized W the devices (and
+    // llama.cpp) multiply int8 activations in blocks of 32: x is rounded so here too, or the
+    // host's rows would drift from the device's by that rounding.
+    auto product = [&](int m, const float* x_in, float* dst) {
+      const int64_t k = m == 2 ? ff : d;
+      const DType wt = w[m]->dtype;
+      const float* x = x_in;
+      if (wt != DType::kF32 && wt != DType::kF16 && wt != DType::kBF16 && k % 32 == 0) {
+        x_q8.resize(size_t(RowBytes(DType::kQ8_0, k)));
+        x_rounded.resize(size_t(k));
+        PC_CHECK(QuantizeRow(DType::kQ8_0, x, x_q8.data(), k));
+        PC_CHECK(DequantizeRow(DType::kQ8_0, x_q8.data(), x_rounded.data(), k));
+        x = x_rounded.data();
+      }
+      HostMatVec(we[m].data(), x, n_out[m], k, dst, false);
+      if (p[m] == nullptr || factor[m] == 0) return;
+      const int64_t r = p[m]->rank;
+      low.resize(size_t(r));
+      HostMatVec(ae[m].data(), x_in, r, k, low.data(), false);
+      for (float& v : low) v *= factor[m];
+      HostMatVec(be[m].data(), low.data(), n_out[m], r, dst, true);
+    };
+    for (int64_t t = 0; t < rows; ++t) {
+      const float wt = weights[size_t(t * E + e)];
+      if (wt <= 0) continue;
+      const float* x = xn + t * d;
+      product(0, x, g.data());
+      product(1, x, u.data());
+      for (int64_t i = 0; i < ff; ++i) {  // silu(gate) * up
+        g[size_t(i)] = g[size_t(i)] / (1 + std::exp(-g[size_t(i)])) * u[size_t(i)];
+      }
+      product(2, g.data(), y.data());
+      for (int64_t i = 0; i < d; ++i) out[t * d + i] += wt * y[size_t(i)];
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status StreamLauncher::HostCompute(DevPtr in, int64_t in_floats, DevPtr out, int64_t out_floats,
@@ -240,7 +340,7 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     PC_RETURN_IF_ERROR(ops.Recv(*pp_, b.x, T));  // the previous stage's hidden states
   }
 
-  const LoraRuns lora{in.lora, b.lora};
+  const LoraRuns lora{in.lora, b.lora, in.lora_base};
   const int64_t first_layer = pipeline ? pp_->first_layer : 0;
   const int64_t end_layer = pipeline ? pp_->end_layer : c.n_layer;
   for (int64_t l = first_layer; l < end_layer; ++l) {
@@ -361,6 +461,54 @@ Status Transformer::Experts(Launcher& ops, const LayerWeights& L, const StepBuff
   // adds their weighted sum into the residual stream.
   PC_RETURN_IF_ERROR(
       Matmul(ops, b.xn, L.router, 0, b.gate, T, false, lora, LoraSlot(layer, kLoraRouter)));
+  // The runs of rows whose adapter adapts these experts: MOE has no per-expert low-rank term,
+  // so their feed-forward is computed on the host (HostAdaptedExperts) from their residual
+  // stream, normed input and router logits as they are before MOE, and replaces what MOE adds
+  // to their rows. The other rows are MOE's alone.
+  struct HostRun {
+    const LoraSegment* seg;
+    std::vector<float> x, xn, logits;
+  };
+  std::vector<HostRun> host;
+  for (const LoraSegment& seg : lora.segments) {
+    if (seg.lora->adapter->AdaptsExperts(layer)) host.push_back({&seg, {}, {}, {}});
+  }
+  if (!host.empty() && lora.base == nullptr) {
+    return Internal("an adapter of the experts without the base model's file");
+  }
+  const int64_t d = c.n_embd, E = c.n_expert;
+  // Copies `n` floats at `p` to `dst` (the host reads them; the device keeps them as they were).
+  auto read = [&ops](DevPtr p, int64_t n, std::vector<float>* dst) {
+    return ops.HostCompute(p, n, p, n, [dst, n](const float* in, float* out) {
+      dst->assign(in, in + n);
+      std::copy(in, in + n, out);
+    });
+  };
+  for (HostRun& h : host) {
+    const int64_t at = h.seg->begin, rows = h.seg->rows;
+    PC_RETURN_IF_ERROR(read(b.x + uint64_t(at * d) * 4, rows * d, &h.x));
+    PC_RETURN_IF_ERROR(read(b.xn + uint64_t(at * d) * 4, rows * d, &h.xn));
+    PC_RETURN_IF_ERROR(read(b.gate + uint64_t(at * E) * 4, rows * E, &h.logits));
+  }
+  PC_RETURN_IF_ERROR(DeviceExperts(ops, L, b, T));
+  for (HostRun& h : host) {
+    const int64_t at = h.seg->begin, rows = h.seg->rows;
+    Status computed = Status::Ok();
+    PC_RETURN_IF_ERROR(ops.HostCompute(
+        b.x + uint64_t(at * d) * 4, rows * d, b.x + uint64_t(at * d) * 4, rows * d,
+        [&](const float*, float* out) {
+          computed = HostAdaptedExperts(*lora.base, *h.seg->lora->adapter, h.seg->scale, c, layer,
+                                        h.xn.data(), h.logits.data(), rows, out);
+          for (int64_t i = 0; i < rows * d; ++i) out[i] += h.x[size_t(i)];
+        }));
+    PC_RETURN_IF_ERROR(computed);
+  }
+  return Status::Ok();
+}
+
+Status Transformer::DeviceExperts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
+                                  int64_t T) const {
+  const ModelConfig& c = *c_;
   runtime::MoeArgs moe;
   moe.x = b.xn;
   moe.logits = b.gate;

@@ -131,6 +131,9 @@ struct StepInputs {
   std::span<const KvPoolRun> pool_runs;
   // LoRA adapters (lora.h) over runs of the step's tokens; empty: the base model only.
   std::span<const LoraSegment> lora;
+  // The base model's file, for the experts of an adapter that adapts them (computed on the
+  // host from the file's weights); null when no adapter of the step does.
+  const GgufFile* lora_base = nullptr;
 };
 
 // F32 activation buffers, sized for at least n_tokens rows.
@@ -150,6 +153,7 @@ struct StepBuffers {
 struct LoraRuns {
   std::span<const LoraSegment> segments;
   runtime::DevPtr scratch = 0;
+  const GgufFile* base = nullptr;  // StepInputs::lora_base
 };
 
 class Transformer {
@@ -216,9 +220,13 @@ class Transformer {
   // RMSNorm of every head of x [n_tokens, n_heads, head_dim] in place, by `weight` [head_dim].
   Status HeadNorm(Launcher& ops, runtime::DevPtr x, runtime::DevPtr weight, int64_t n_tokens,
                   int64_t n_heads) const;
-  // x += the routed experts of b.xn (n_expert > 0): the router's matmul into b.gate, then MOE.
+  // x += the routed experts of b.xn (n_expert > 0): the router's matmul into b.gate, then MOE
+  // (the rows of an adapter of the experts on the host).
   Status Experts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
                  int64_t n_tokens, const LoraRuns& lora, int64_t layer) const;
+  // x += MOE of b.xn routed by the logits in b.gate, over every row.
+  Status DeviceExperts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
+                       int64_t n_tokens) const;
   // x += post_norm(all_reduce(in W^T + bias)): the all-reduce over the tensor-parallel ranks,
   // the RMSNorm by post_norm [n_embd] only where it is not 0 (gemma3); scratch [m, n_embd].
   Status Residual(Launcher& ops, runtime::DevPtr in, const MatrixRef& w, runtime::DevPtr bias,

@@ -3,7 +3,8 @@
 // the same weights for the tensors both have). Through the engine on the cpu plugin, greedy
 // output with speculation (the draft being the model itself, the truncated draft, n-gram
 // lookup) is the output without it, for several requests batched together; and a draft
-// sharing the model's vocabulary is accepted while another vocabulary is refused.
+// sharing the model's vocabulary is accepted while another vocabulary is refused. Also here, on
+// the same models: an adapter of qwen3moe's experts batched with base requests.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -248,6 +249,57 @@ TEST(SpeculativeLora, TheDraftProposesWithTheRequestsAdapter) {
   r = launch::Resolve(spec, target->file, nullptr);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->engine.speculative.draft_takes_adapters);
+}
+
+// An adapter of a mixture of experts' experts runs its rows' routed feed-forward on the host
+// (transformer.cc) while the step's other rows stay in MOE: requests of the adapter batched with
+// base requests give each one's tokens alone, and the adapter changes them.
+TEST(ExpertLora, AdapterRowsBatchedWithBaseRowsGiveTheirTokensAlone) {
+  if (!CpuBuilt()) GTEST_SKIP() << "no cpu plugin in this tree";
+  const std::string path = Synth("qwen3moe", "qwen3moe-tiny", 2);
+  ASSERT_EQ(path.rfind("error", 0), std::string::npos) << path;
+  auto model = Load(path);
+  ASSERT_TRUE(model);
+  const std::string adapter_path = path + ".experts-lora.gguf";
+  LoraSynthOptions lo;
+  lo.rank = 8;
+  lo.std = 0.3f;
+  lo.targets = {"experts"};
+  ASSERT_TRUE(SynthesizeLora(*model->file.file, lo, adapter_path).ok());
+  LoraRegistry registry(model->file.config);
+  auto adapter = registry.Load({"e", adapter_path, 1});
+  ASSERT_TRUE(adapter.ok()) << adapter.status().ToString();
+
+  const std::vector<std::vector<int32_t>> prompts = {
+      {9, 1200, 33, 870, 4501, 77, 12, 3000, 640, 5},
+      {18, 902, 2222, 71, 19, 400, 8, 615, 90, 1717, 44, 6000, 13},
+      {5, 6, 7, 8, 9, 10, 11},
+  };
+  constexpr int kTokens = 12;
+  // Prompt i alone, with and without the adapter.
+  std::vector<std::vector<int32_t>> base, with;
+  for (const auto& p : prompts) {
+    base.push_back(Generate(model->runner.get(), engine::SpecAlgorithm::kNone, nullptr, {p},
+                            kTokens)[0]);
+    with.push_back(Generate(model->runner.get(), engine::SpecAlgorithm::kNone, nullptr, {p},
+                            kTokens, nullptr, {*adapter})[0]);
+  }
+  EXPECT_NE(with, base) << "the adapter does not change the greedy tokens";
+  // Every prompt twice in one batch: once with the adapter, once without, interleaved.
+  engine::EngineOptions eo;
+  eo.chunked_prefill_size = 32;
+  engine::Engine engine(model->runner.get(), eo, [](int32_t) { return std::string("x"); }, {});
+  std::vector<engine::GenerateInput> inputs(2 * prompts.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i].prompt = prompts[i / 2];
+    inputs[i].params.max_tokens = kTokens;
+    if (i % 2 == 1) inputs[i].adapter = *adapter;
+  }
+  const std::vector<std::vector<int32_t>> out = testing::GenerateAll(engine, inputs);
+  ASSERT_EQ(out.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ(out[i], i % 2 == 1 ? with[i / 2] : base[i / 2]) << "request " << i;
+  }
 }
 
 TEST(SpeculativeDraftVocabulary, SameVocabularyAcceptedOtherRefused) {

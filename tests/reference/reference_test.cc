@@ -294,12 +294,14 @@ struct LoraCase {
   float alpha = 16;
   std::string type = "F16";  // the adapter's
   float scale = 1;
+  std::string targets = "";  // --lora-targets; empty: synth's default (attn, ffn, output)
 };
 
 std::string LoraCaseName(const LoraCase& c) {
   char scale[16];
   std::snprintf(scale, sizeof(scale), "%g", c.scale);
   std::string n = CaseName(c.base) + "_r" + std::to_string(c.rank) + "_" + c.type + "_s" + scale;
+  if (!c.targets.empty()) n += "_" + c.targets;
   for (char& ch : n) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
@@ -309,13 +311,18 @@ void PrintTo(const LoraCase& c, std::ostream* os) { *os << LoraCaseName(c); }
 
 // A random adapter for `model` (`gguf synth --lora-for`); "" after adding a failure.
 std::string AdapterFor(const std::string& model, const LoraCase& c) {
-  const std::string out = model + ".lora-r" + std::to_string(c.rank) + "-" + c.type + ".gguf";
+  std::string targets = c.targets;
+  for (char& ch : targets) ch = ch == ',' ? '-' : ch;
+  const std::string out = model + ".lora-r" + std::to_string(c.rank) + "-" + c.type +
+                          (targets.empty() ? "" : "-" + targets) + ".gguf";
   const std::string tmp = out + ".tmp" + std::to_string(getpid());
   char alpha[16];
   std::snprintf(alpha, sizeof(alpha), "%g", c.alpha);
   const std::string cmd = kPolychip + " gguf synth --lora-for " + ShellQuote(model) +
                           " --lora-rank " + std::to_string(c.rank) + " --lora-alpha " + alpha +
-                          " --type " + c.type + " --weight-std 0.15 --quiet --out " +
+                          " --type " + c.type +
+                          (c.targets.empty() ? "" : " --lora-targets " + c.targets) +
+                          " --weight-std 0.15 --quiet --out " +
                           ShellQuote(tmp);
   const CommandResult r = RunCommand(cmd);
   if (r.exit_code != 0) {
@@ -378,6 +385,10 @@ std::vector<LoraCase> LoraCases() {
       {llama_f16, 8, 16, "F16", 1},   {llama_q4, 64, 32, "F32", 0.5f},
       {qwen2_f16, 64, 16, "BF16", 1}, {qwen2_q4, 8, 16, "Q8_0", 0.5f},
       {moe_f16, 8, 4, "F16", 0.5f},   {moe_q4, 64, 32, "F16", 1},
+      // Adapters of the experts' 3-D tensors (one pair per expert), computed on the host.
+      {moe_f16, 8, 16, "F16", 1, "experts"},
+      {moe_q4, 16, 32, "F16", 1, "experts"},
+      {moe_f16, 16, 32, "Q8_0", 0.5f, "attn,ffn,experts"},
   };
 }
 
@@ -440,6 +451,29 @@ TEST(LoraTest, ScaleZeroIsTheBaseAndTheMergedModelIsTheAdapter) {
   EXPECT_NE(wrong.err.find("architecture 'qwen2' does not match the base model's 'llama'"),
             std::string::npos)
       << wrong.err;
+}
+
+// An adapter of a mixture of experts' experts: merged into the base (`polychip lora merge`,
+// each expert's W_e + s B_e A_e), it gives the tokens the adapter gives on the host path.
+TEST(LoraTest, MergedExpertAdapterGivesTheAdapterTokens) {
+  const ModelCase base_case{"qwen2", "qwen3moe", "F16", "qwen3moe-tiny", false};
+  const std::string model = ModelFor(base_case);
+  if (model.empty()) return;
+  const std::string adapter =
+      AdapterFor(model, LoraCase{base_case, 8, 16, "F16", 1, "experts"});
+  if (adapter.empty()) return;
+  const auto base = RunTokens(model, "");
+  const auto with = RunTokens(model, "--lora " + ShellQuote("a=" + adapter));
+  ASSERT_EQ(with.size(), size_t(kPredict));
+  std::vector<int32_t> base_ids, with_ids;
+  for (const auto& t : base) base_ids.push_back(t.id);
+  for (const auto& t : with) with_ids.push_back(t.id);
+  EXPECT_NE(with_ids, base_ids) << "the adapter must change the greedy tokens";
+  const std::string merged = adapter + ".merged.gguf";
+  const CommandResult m = RunCommand(kPolychip + " lora merge " + ShellQuote(model) + " " +
+                                     ShellQuote(adapter) + " " + ShellQuote(merged));
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  ExpectSameTokens(RunTokens(merged, ""), with, "merged model vs --lora");
 }
 
 // The bundled demo model (models/polychip-tiny.gguf, trained by tools/train-tiny): its held-out
