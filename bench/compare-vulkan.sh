@@ -10,6 +10,14 @@
 # have their own output.weight (Q6_K in the mixtures; token_embd the base type). Types: f16,
 # q8_0, q4_0, q4_k_m; 8x512 (8 layers x 512, ff 1408) on request.
 #
+# What llama.cpp runs where: on lavapipe it keeps token_embd, and with this vocabulary the
+# output matrix too, in host memory ("tensor 'token_embd.weight' (and 1 others) cannot be used
+# with preferred buffer type Vulkan_Host, using CPU instead" under -v; GGML_VK_PERF_LOGGER=1
+# lists no vocabulary-sized MUL_MAT), so its decode runs the layers on lavapipe and the output
+# projection on its own CPU backend, while polychip runs every op on the device. qwen2s-* (on
+# request: untied, llama-spm's 32,000-token vocabulary) is a shape whose output matrix
+# llama.cpp keeps on the device, both programs then all on lavapipe.
+#
 # llama.cpp's Vulkan build: node-llama-cpp@3.21.1's own prebuilt one (npm package
 # @node-llama-cpp/linux-x64-vulkan: libggml-vulkan.so loaded as a ggml backend, libllama, ...).
 # The first run compiles llama.cpp's llama-bench from the oracle's source tree (the same
@@ -75,7 +83,8 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
 # name -> the synth arguments: qwen2t-LxE-TYPE (tied, the qwen2.5-0.5b shape resized),
-# qwen2u-LxE-TYPE (untied: no shape preset, the qwen2 architecture's own defaults).
+# qwen2u-LxE-TYPE (untied: no shape preset, the qwen2 architecture's own defaults), qwen2s-LxE-TYPE
+# (qwen2u's with llama-spm's vocabulary).
 synth_args() {
   local name="$1" kind dims type layers embd heads ff
   IFS=- read -r kind dims type <<< "$name"
@@ -86,8 +95,9 @@ synth_args() {
     *) echo "unknown model $name" >&2; exit 2 ;;
   esac
   case "$kind" in
-    qwen2t) echo "--shape qwen2.5-0.5b" ;;
-    qwen2u) echo "--arch qwen2" ;;
+    qwen2t) echo "--vocab $VOCAB/ggml-vocab-qwen2.gguf --shape qwen2.5-0.5b" ;;
+    qwen2u) echo "--vocab $VOCAB/ggml-vocab-qwen2.gguf --arch qwen2" ;;
+    qwen2s) echo "--vocab $VOCAB/ggml-vocab-llama-spm.gguf --arch qwen2" ;;
     *) echo "unknown model $name" >&2; exit 2 ;;
   esac
   echo "--layers $layers --embd $embd --heads $heads --kv-heads 2 --ff $ff --type ${type^^}"
@@ -99,7 +109,7 @@ for m in $MODELS; do
   args="$(synth_args "$m" | tr '\n' ' ')"
   log "synthesizing $f ($args)"
   # shellcheck disable=SC2086
-  "$PC" gguf synth --vocab "$VOCAB/ggml-vocab-qwen2.gguf" $args --out "$f" -q >&2
+  "$PC" gguf synth $args --out "$f" -q >&2
 done
 
 run() {  # label, output, command...
