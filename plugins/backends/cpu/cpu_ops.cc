@@ -576,7 +576,7 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
     std::fill(m, m + nh, -INFINITY);
     std::fill(sum, sum + nh, 0.f);
     std::fill(o, o + nh * hd, 0.f);
-    thread_local std::vector<float> qs, sc, vf, k_t;
+    thread_local std::vector<float> qs, sc, vf, kf, k_t;
     thread_local std::vector<int64_t> row_offsets, v_offsets;
     qs.resize(nh * hd);
     for (int64_t i = 0; i < nh * hd; ++i) qs[i] = q[t * nh * hd + i] * a.scale;
@@ -628,6 +628,21 @@ void AttentionDecode(const OpContext& c, const pc_attention_args_t& a) {
           // earlier chunk's K values; their scores are computed and never read.
           GemmT(c, qs.data() + kvh * group * hd, hd, group, k_t.data(), kAttnChunk, hd,
                 kAttnChunk, scores, kAttnChunk);
+        }
+      } else if (kt != PC_DTYPE_F32 && kt != PC_DTYPE_F16 && kt != PC_DTYPE_BF16) {
+        // A block-quantized K (q8_0, q4_0, fp8_e4m3): the chunk's rows decoded to f32 in one
+        // call, then plain dots. DotCacheRow decoded a row once per query vector of the group,
+        // one call per row, which made a q8_0 cache's decode slower than f16's.
+        kf.resize(kAttnChunk * n_kv * hd);
+        c.k->cache_rows_to_f32(kt, kc, row_offsets.data(), pc * n_kv, hd, kf.data());
+        for (int64_t j = 0; j < pc; ++j) {
+          for (int64_t kvh = 0; kvh < n_kv; ++kvh) {
+            const float* row = kf.data() + (j * n_kv + kvh) * hd;
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t v = kvh * group + g;
+              sc[v * kAttnChunk + j] = c.k->dot_f32(qs.data() + v * hd, row, hd);
+            }
+          }
         }
       } else {
         for (int64_t j = 0; j < pc; ++j) {
