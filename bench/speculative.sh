@@ -7,6 +7,9 @@
 #   trunc    a draft made of the target's first L layers (the same seed writes the same weights)
 #   ngram    prompt lookup, on a prompt that holds its own continuation (the target's greedy
 #            output for a first prompt, then that prompt again); llama.cpp's llama-lookup
+#   trained  the bundled model (models/polychip-tiny.gguf, trained weights) with the draft
+#            distilled from it (models/polychip-tiny-draft.gguf, tools/train-tiny/train_draft.py):
+#            real acceptance; its speedup is against the bundled model without speculation
 # polychip: `polychip run` with and without --speculative-*; llama.cpp: llama-bench tg (no
 # speculation), llama-speculative (-md, --spec-draft-n-max k, --spec-draft-n-min 0,
 # --spec-draft-p-min 0: it drafts
@@ -15,12 +18,16 @@
 # target's bytes per token / this machine's read bandwidth with the same threads (above 100%:
 # past the single stream's memory-bandwidth limit).
 #
-# usage: bench/speculative.sh [-t THREADS] [-n N_GEN] [-k K] [--layers L] [--shape S]
+# Every tokens/s is the median of -r runs (default 3), llama-bench's of its own -r.
+# env BEFORE_PLUGIN_DIR: also the none and self cases with the cpu plugin found there (an older
+# build's, for a before/after in one run).
+# usage: bench/speculative.sh [-t THREADS] [-n N_GEN] [-k K] [--layers L] [--shape S] [-r R]
+#                             [--tiny-n N_GEN of the bundled model's case, default 200]
 # env:   POLYCHIP_BUILD_DIR, POLYCHIP_LLAMA_CPP_DIR, POLYCHIP_BENCH_CACHE (bench/paths.sh)
 set -euo pipefail
 
 source "$(dirname "$0")/paths.sh"
-THREADS=2 NG=64 K=4 LAYERS=6 SHAPE=qwen2.5-0.5b
+THREADS=2 NG=64 K=4 LAYERS=6 SHAPE=qwen2.5-0.5b ROUNDS=3 TNG=200
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -t) THREADS="$2"; shift 2 ;;
@@ -28,6 +35,8 @@ while [[ $# -gt 0 ]]; do
     -k) K="$2"; shift 2 ;;
     --layers) LAYERS="$2"; shift 2 ;;
     --shape) SHAPE="$2"; shift 2 ;;
+    -r) ROUNDS="$2"; shift 2 ;;
+    --tiny-n) TNG="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -68,23 +77,24 @@ $PROMPT"
 
 # Generated tokens/s from polychip run's timings line; acceptance and tokens per verification
 # step from its speculative line (- without).
-pc_run() {  # name prompt [flags]
+pc_run_once() {  # name prompt [flags]
   local name="$1" prompt="$2"; shift 2
   log "polychip $name"
-  "$PC" run -m "$TARGET" -t "$THREADS" -p "$prompt" -n "$NG" --ignore-eos "$@" \
+  "$PC" run -m "${PC_MODEL:-$TARGET}" -t "$THREADS" -p "$prompt" -n "$NG" --ignore-eos "$@" \
     >"$OUT/$name.txt" 2>"$OUT/$name.err" || { cat "$OUT/$name.err" >&2; exit 1; }
   local tps acc len
   tps=$(sed -n 's/.*generation [0-9]* tokens, [0-9.]* s, \([0-9.]*\) tok\/s.*/\1/p' "$OUT/$name.err")
   acc=$(sed -n 's/.*(acceptance \([0-9.]*\)).*/\1/p' "$OUT/$name.err")
   len=$(sed -n 's/.*| \([0-9.]*\) tokens per verification step.*/\1/p' "$OUT/$name.err")
+  log "polychip $name: $(grep -h -E '^(timings|speculative):' "$OUT/$name.err" | tr '\n' ' ')"
   echo "${tps:-0} ${acc:--} ${len:--}"
 }
 # llama-speculative / llama-lookup: decoded speed, acceptance (n_accept / n_drafted), and
 # tokens per target step (n_predict / (n_predict - n_accept), the steps that emitted them).
-ll_run() {  # name tool prompt [flags]
+ll_run_once() {  # name tool prompt [flags]
   local name="ll-$1" tool="$2" prompt="$3"; shift 3  # its own files: polychip's are compared
-  log "llama.cpp $1"
-  "$LB/$tool" -m "$TARGET" -t "$THREADS" -tb "$THREADS" -p "$prompt" -n "$NG" --temp 0 -s 1 \
+  log "llama.cpp ${name#ll-}"
+  "$LB/$tool" -m "${PC_MODEL:-$TARGET}" -t "$THREADS" -tb "$THREADS" -p "$prompt" -n "$NG" --temp 0 -s 1 \
     --spec-draft-n-max "$K" "$@" >"$OUT/$name.txt" 2>"$OUT/$name.err" ||
     { tail -20 "$OUT/$name.err" >&2; exit 1; }
   awk '/decoded .* tokens in/ { for (i = 1; i <= NF; ++i) if ($i == "speed:") tps = $(i + 1) }
@@ -94,6 +104,23 @@ ll_run() {  # name tool prompt [flags]
              print (tps == "" ? 0 : tps), acc, len }' "$OUT/$name.err"
 }
 
+# Each measurement R times (the host is shared: load comes and goes), the median tokens/s; the
+# acceptance and tokens per verification are those of the last run (greedy: the same each time).
+median_of() {  # fn args...: prints "median-tps acc len"
+  local runs=() line last
+  for _ in $(seq "$ROUNDS"); do
+    line="$("$@")"
+    runs+=("${line%% *}")
+    last="$line"
+  done
+  local med
+  med=$(printf '%s\n' "${runs[@]}" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }')
+  log "tokens/s of the $ROUNDS runs: ${runs[*]} (median $med)"
+  echo "$med ${last#* }"
+}
+pc_run() { median_of pc_run_once "$@"; }
+ll_run() { median_of ll_run_once "$@"; }
+
 log "read bandwidth, $THREADS threads"
 BW=$("$PC" bench --membw -t "$THREADS" -o json | sed -n 's/.*"read_gbps": \([0-9.]*\).*/\1/p')
 BPT=$("$PC" bench -m "$TARGET" -t "$THREADS" -p 0 -n 1 -r 1 -o json 2>/dev/null |
@@ -101,15 +128,15 @@ BPT=$("$PC" bench -m "$TARGET" -t "$THREADS" -p 0 -n 1 -r 1 -o json 2>/dev/null 
 log "bandwidth $BW GB/s, $BPT bytes per token"
 
 log "llama.cpp without speculation (llama-bench tg$NG)"
-LL_BASE=$("$LB/llama-bench" -m "$TARGET" -t "$THREADS" -p 0 -n "$NG" -r 2 -o json 2>/dev/null |
+LL_BASE=$("$LB/llama-bench" -m "$TARGET" -t "$THREADS" -p 0 -n "$NG" -r "$ROUNDS" -o json 2>/dev/null |
           sed -n 's/.*"avg_ts": \([0-9.]*\).*/\1/p' | head -1)
 read -r PC_BASE _ _ <<<"$(pc_run base "$PROMPT")"
 read -r PC_BASE_ECHO _ _ <<<"$(pc_run base-echo "$ECHO")"
 
 rows=()
-row() {  # case tool k acc len tps base
+row() {  # case tool k acc len tps base [bytes per token]
   local pct speed
-  pct=$(awk -v t="$6" -v b="$BPT" -v bw="$BW" 'BEGIN { printf "%.0f%%", (bw > 0 ? 100 * t * b / (bw * 1e9) : 0) }')
+  pct=$(awk -v t="$6" -v b="${8:-$BPT}" -v bw="$BW" 'BEGIN { printf "%.0f%%", (bw > 0 ? 100 * t * b / (bw * 1e9) : 0) }')
   speed=$(awk -v t="$6" -v b="$7" 'BEGIN { printf "%.2fx", (b > 0 ? t / b : 0) }')
   rows+=("| $1 | $2 | $3 | $4 | $5 | $6 | $speed | $pct |")
 }
@@ -120,6 +147,15 @@ read -r t a l <<<"$(pc_run self "$PROMPT" --speculative-draft-model "$TARGET" "$
 row "self (draft = target)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
 read -r t a l <<<"$(ll_run self llama-speculative "$PROMPT" -md "$TARGET" --spec-draft-n-min 0 --spec-draft-p-min 0)"
 row "self (draft = target)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+# A before/after of a plugin change in the same run: BEFORE_PLUGIN_DIR holds the older build's
+# libpolychip_backend_cpu.so (POLYCHIP_PLUGIN_PATH is searched first).
+if [[ -n "${BEFORE_PLUGIN_DIR:-}" ]]; then
+  read -r t _ _ <<<"$(POLYCHIP_PLUGIN_PATH="$BEFORE_PLUGIN_DIR" pc_run base-before "$PROMPT")"
+  BEFORE_BASE=$t
+  row "none, before" "polychip" - - 1 "$t" "$t"
+  read -r t a l <<<"$(POLYCHIP_PLUGIN_PATH="$BEFORE_PLUGIN_DIR" pc_run self-before "$PROMPT" --speculative-draft-model "$TARGET" "${SPEC[@]}")"
+  row "self (draft = target), before" "polychip" "$K" "$a" "$l" "$t" "$BEFORE_BASE"
+fi
 read -r t a l <<<"$(pc_run trunc "$PROMPT" --speculative-draft-model "$DRAFT" "${SPEC[@]}")"
 row "trunc ($LAYERS layers)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
 read -r t a l <<<"$(ll_run trunc llama-speculative "$PROMPT" -md "$DRAFT" --spec-draft-n-min 0 --spec-draft-p-min 0)"
@@ -128,6 +164,31 @@ read -r t a l <<<"$(pc_run ngram "$ECHO" --speculative-algorithm ngram "${SPEC[@
 row "ngram (echo prompt)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE_ECHO"
 read -r t a l <<<"$(ll_run ngram llama-lookup "$ECHO")"
 row "ngram (echo prompt)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+# The bundled model and its trained draft (tokens of its own vocabulary, a Bible-like prompt;
+# the draft's context is the model's, 256).
+TINY="$ROOT/models/polychip-tiny.gguf" TINY_DRAFT="$ROOT/models/polychip-tiny-draft.gguf"
+TINY_PROMPT="And it came to pass, when the king heard the words of the law, that"
+if [[ -f "$TINY_DRAFT" ]]; then
+  TINY_BPT=$("$PC" bench -m "$TINY" -t "$THREADS" -p 0 -n 1 -r 1 -o json 2>/dev/null |
+             sed -n 's/.*"bytes_per_token": \([0-9]*\).*/\1/p' | head -1)
+  TINY_LL_BASE=$("$LB/llama-bench" -m "$TINY" -t "$THREADS" -p 0 -n "$TNG" -r "$ROUNDS" -o json 2>/dev/null |
+                 sed -n 's/.*"avg_ts": \([0-9.]*\).*/\1/p' | head -1)
+  NG_SAVED=$NG NG=$TNG PC_MODEL=$TINY
+  read -r TINY_BASE _ _ <<<"$(pc_run tiny-base "$TINY_PROMPT")"
+  row "none (bundled model)" "polychip" - - 1 "$TINY_BASE" "$TINY_BASE" "$TINY_BPT"
+  row "none (bundled model)" "llama.cpp" - - 1 "$TINY_LL_BASE" "$TINY_LL_BASE" "$TINY_BPT"
+  read -r t a l <<<"$(pc_run trained "$TINY_PROMPT" --speculative-draft-model "$TINY_DRAFT" "${SPEC[@]}")"
+  row "trained draft" "polychip" "$K" "$a" "$l" "$t" "$TINY_BASE" "$TINY_BPT"
+  read -r t a l <<<"$(ll_run trained llama-speculative "$TINY_PROMPT" -md "$TINY_DRAFT" --spec-draft-n-min 0 --spec-draft-p-min 0)"
+  row "trained draft" "llama.cpp" "$K" "$a" "$l" "$t" "$TINY_LL_BASE" "$TINY_BPT"
+  NG=$NG_SAVED
+  unset PC_MODEL
+  cmp -s "$OUT/tiny-base.txt" "$OUT/trained.txt" ||
+    { log "WARNING: polychip trained-draft output differs from base:"; diff "$OUT/tiny-base.txt" "$OUT/trained.txt" >&2 || true; }
+else
+  log "no $TINY_DRAFT: the trained-draft case is skipped"
+fi
+
 # Greedy output is the same with and without speculation.
 for name in self trunc; do
   cmp -s "$OUT/base.txt" "$OUT/$name.txt" ||
@@ -136,7 +197,8 @@ done
 cmp -s "$OUT/base-echo.txt" "$OUT/ngram.txt" ||
   { log "WARNING: polychip ngram output differs:"; diff "$OUT/base-echo.txt" "$OUT/ngram.txt" >&2 || true; }
 
-echo "$SHAPE F16, $THREADS threads, $NG tokens, greedy; read bandwidth $BW GB/s, $BPT bytes per token"
+echo "$SHAPE F16, $THREADS threads, $NG tokens, greedy; read bandwidth $BW GB/s, $BPT bytes per token;" \
+  "bundled model: ${TINY_BPT:-?} bytes per token, $TNG tokens; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| case | tool | k | acceptance | tokens per verification | tokens/s | speedup | % of bandwidth |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
