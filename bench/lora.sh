@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The cost of LoRA adapters (docs/lora.md): `polychip bench` decode and prefill of a model with
 # no adapter, 1 adapter and 4 distinct adapters (sequence s runs adapter s % 4), at rank 16 and
-# 64, at batch 1 and 16; and llama.cpp's llama-bench with --lora at batch 1 on the same files
-# and threads. Prints one table and each configuration's speed relative to the base model.
+# 64, at batch 1 and 16; and llama.cpp's llama-bench at batch 1 on the same files and threads,
+# with --lora where its llama-bench takes it, else llama-perplexity's prefill time per pass
+# without and with the adapter. Prints one table and each configuration's speed relative to the
+# base model (decode at batch 1; prefill and decode together at batch 16, as bench reports them).
 # Goal: rank-16 decode within 10% of the base model's speed.
 #
 # usage: bench/lora.sh [-s SHAPE] [-y TYPE] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS]
@@ -53,37 +55,64 @@ for batch in 1 16; do
     run "4 adapters r$rank b$batch" "$batch" "${flags[@]}"
   done
 done
-LB="$LLAMA/build/bin/llama-bench"
+LB="$LLAMA/build/bin/llama-bench" LP="$LLAMA/build/bin/llama-perplexity"
 if [[ -x "$LB" ]]; then
   "$LB" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" -o json > "$OUT/llama-base.json" 2>/dev/null || true
-  for rank in 16 64; do
-    "$LB" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" --lora "$(adapter $rank 1)" -o json \
-      > "$OUT/llama-r$rank.json" 2>/dev/null || echo "llama-bench --lora failed (rank $rank)" >&2
-  done
+  # llama-bench has no --lora (this build's): llama.cpp's prefill with an adapter comes from
+  # llama-perplexity's time per pass of NP tokens (its first pass, one batch), without and with.
+  if "$LB" --help 2>&1 | grep -q -- '--lora'; then
+    for rank in 16 64; do
+      "$LB" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" --lora "$(adapter $rank 1)" -o json \
+        > "$OUT/llama-r$rank.json" 2>/dev/null || echo "llama-bench --lora failed (rank $rank)" >&2
+    done
+  elif [[ -x "$LP" ]]; then
+    TEXT="$ROOT/tests/data/lighthouse.txt"
+    for rank in 0 16 64; do
+      lora=()
+      [[ $rank == 0 ]] || lora=(--lora "$(adapter $rank 1)")
+      "$LP" -m "$MODEL" -f "$TEXT" -c "$NP" -b "$NP" -t "$THREADS" --chunks 2 "${lora[@]}" \
+        > "$OUT/llama-ppl-r$rank.log" 2>&1 || echo "llama-perplexity failed (rank $rank)" >&2
+    done
+  fi
 else
   echo "no $LB: build it with cmake --build $LLAMA/build --target llama-bench" >&2
 fi
-python3 - "$OUT" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-def ours(label):
-    rec = json.load(open(os.path.join(out, label + ".json")))
-    rec = rec if isinstance(rec, list) else rec.get("results", [rec])
-    pp = next((r["avg_ts"] for r in rec if r.get("n_prompt", 0) > 0), float("nan"))
-    tg = next((r["avg_ts"] for r in rec if r.get("n_gen", 0) > 0), float("nan"))
-    return pp, tg
+python3 - "$OUT" "$NP" <<'PY'
+import json, os, re, sys
+out, n_prompt = sys.argv[1], int(sys.argv[2])
+def records(path):
+    try:
+        rec = json.load(open(path))
+    except (OSError, ValueError):
+        return []
+    return rec if isinstance(rec, list) else rec.get("results", [rec])
+def speeds(rec):
+    # At batch > 1 polychip bench reports one record of prefill and decode together
+    # ("pp128+tg32@16"): its tokens/s goes in the last column.
+    nan = float("nan")
+    pp = next((r["avg_ts"] for r in rec if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0), nan)
+    tg = next((r["avg_ts"] for r in rec if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0), nan)
+    both = next((r["avg_ts"] for r in rec if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) > 0), nan)
+    return pp, tg, both
 order = open(os.path.join(out, "order")).read().split("\n")
-rows = {l: ours(l) for l in order if l}
-print(f"{'configuration':24} {'prefill t/s':>12} {'decode t/s':>12} {'decode vs base':>15}")
-for l, (pp, tg) in rows.items():
-    base = rows["base " + l.split()[-1]][1]
-    print(f"{l:24} {pp:12.1f} {tg:12.1f} {tg / base:14.1%}")
+rows = {l: speeds(records(os.path.join(out, l + ".json"))) for l in order if l}
+print(f"{'configuration':28} {'prefill t/s':>12} {'decode t/s':>11} {'pp+tg t/s':>10} {'vs base':>8}")
+for l, (pp, tg, both) in rows.items():
+    base = rows["base " + l.split()[-1]]
+    mine, ref = (tg, base[1]) if tg == tg else (both, base[2])
+    print(f"{l:28} {pp:12.1f} {tg:11.1f} {both:10.1f} {mine / ref:8.1%}")
 for name in ["llama-base", "llama-r16", "llama-r64"]:
-    p = os.path.join(out, name + ".json")
-    if not os.path.exists(p) or os.path.getsize(p) == 0:
+    rec = records(os.path.join(out, name + ".json"))
+    if not rec:
         continue
-    rec = json.load(open(p))
-    pp = next((r["avg_ts"] for r in rec if r["n_prompt"] > 0), float("nan"))
-    tg = next((r["avg_ts"] for r in rec if r["n_gen"] > 0), float("nan"))
-    print(f"{'llama.cpp ' + name[6:] + ' b1':24} {pp:12.1f} {tg:12.1f}")
+    pp, tg, _ = speeds(rec)
+    print(f"{'llama.cpp ' + name[6:] + ' b1':28} {pp:12.1f} {tg:11.1f}")
+for rank in [0, 16, 64]:
+    p = os.path.join(out, f"llama-ppl-r{rank}.log")
+    if not os.path.exists(p):
+        continue
+    m = re.search(r"([0-9.]+) seconds per pass", open(p, errors="replace").read())
+    if m:
+        label = "base" if rank == 0 else f"r{rank}"
+        print(f"{'llama.cpp ' + label + ' (perplexity)':28} {n_prompt / float(m.group(1)):12.1f}")
 PY
