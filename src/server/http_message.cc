@@ -53,6 +53,10 @@ void HttpResponse::SetHeader(std::string_view name, std::string value) {
 }
 
 void HttpResponse::SetContent(std::string content, std::string_view content_type) {
+  // A whole body replaces a stream set before it (a handler that set a stream and then failed
+  // answers its error, not the stream); the stream's end runs now, not completed.
+  if (on_end_) std::exchange(on_end_, nullptr)(false);
+  provider_ = nullptr;
   body = std::move(content);
   SetHeader("Content-Type", std::string(content_type));
 }

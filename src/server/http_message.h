@@ -63,7 +63,7 @@ class HttpResponse {
   // Replaces every field named `name` with one.
   void SetHeader(std::string_view name, std::string value);
   std::string Header(std::string_view name) const { return HeaderValue(headers, name); }
-  // The whole body at once, with its Content-Type.
+  // The whole body at once, with its Content-Type; it replaces a stream set before.
   void SetContent(std::string content, std::string_view content_type);
   // A body produced while it is sent (server-sent events): no Content-Length.
   void SetStream(std::string_view content_type, StreamProvider provider, StreamEnd on_end);

@@ -503,10 +503,10 @@ void RunHandler(const HttpTransport::Handler& handler, const HttpRequest& req, H
   } catch (const std::exception& e) {
     spdlog::error("handler {} failed: {}", req.path, e.what());
     res.status = 500;
-    res.body.clear();
+    res.SetContent("", "text/plain");  // drops a stream the handler set before it threw
   } catch (...) {
     res.status = 500;
-    res.body.clear();
+    res.SetContent("", "text/plain");
   }
 }
 

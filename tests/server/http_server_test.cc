@@ -1096,5 +1096,21 @@ TEST(HttpMessage, AStreamsEndRunsOnceFromTheLastOwner) {
   EXPECT_EQ(ends, std::vector<bool>{true});
 }
 
+// A handler that set a stream and then failed answers its error: the body replaces the stream,
+// whose end runs once, not completed.
+TEST(HttpMessage, ABodyReplacesAStreamSetBefore) {
+  std::vector<bool> ends;
+  {
+    HttpResponse res;
+    res.SetStream("text/event-stream", [](StreamSink&) { return true; },
+                  [&](bool completed) { ends.push_back(completed); });
+    res.SetContent("{\"error\":{}}", "application/json");
+    EXPECT_FALSE(res.streaming());
+    EXPECT_EQ(res.Header("content-type"), "application/json");
+    EXPECT_EQ(ends, std::vector<bool>{false});
+  }
+  EXPECT_EQ(ends, std::vector<bool>{false});
+}
+
 }  // namespace
 }  // namespace polychip::server
