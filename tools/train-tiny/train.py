@@ -150,6 +150,26 @@ def lr_at(step, args):
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
 
 
+def make_optimizer(model, args):
+    """AdamW with weight decay on the matrices only (not norms)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def resume(ckpt_path, model, opt, args):
+    """Loads a checkpoint if there is one (not in --bench); returns (step, train_seconds)."""
+    if not os.path.exists(ckpt_path) or args.bench:
+        return 0, 0.0
+    ck = torch.load(ckpt_path)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    log(f"resumed at step {ck['step']}")
+    return ck["step"], ck["train_seconds"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -189,20 +209,9 @@ def main():
     model = Llama(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {cfg.to_dict()}, {n_params / 1e6:.2f}M parameters")
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-
+    opt = make_optimizer(model, args)
     ckpt_path = os.path.join(args.workdir, "ckpt.pt")
-    step, train_seconds = 0, 0.0
-    if os.path.exists(ckpt_path) and not args.bench:
-        ck = torch.load(ckpt_path)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, train_seconds = ck["step"], ck["train_seconds"]
-        log(f"resumed at step {step}")
+    step, train_seconds = resume(ckpt_path, model, opt, args)
 
     total = args.bench or args.steps
     t_last, loss_acc, n_acc = time.time(), 0.0, 0

@@ -37,7 +37,8 @@ import export  # noqa: E402
 import gguf_write as gw  # noqa: E402
 from check import model_from_gguf  # noqa: E402
 from model import Config, Llama  # noqa: E402
-from train import build_corpus, chapters_text, chat_stream, get_batch, heldout_ppl, lr_at  # noqa: E402
+from train import (build_corpus, chapters_text, chat_stream, get_batch, heldout_ppl,  # noqa: E402
+                   lr_at, make_optimizer, resume)
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -134,20 +135,9 @@ def main():
     student = Llama(cfg)
     n_params = sum(p.numel() for p in student.parameters())
     log(f"student: {cfg.to_dict()}, {n_params / 1e6:.2f}M parameters")
-    decay = [p for p in student.parameters() if p.dim() >= 2]
-    no_decay = [p for p in student.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-
+    opt = make_optimizer(student, args)
     ckpt_path = os.path.join(args.workdir, "draft-ckpt.pt")
-    step, train_seconds = 0, 0.0
-    if os.path.exists(ckpt_path) and not args.bench:
-        ck = torch.load(ckpt_path)
-        student.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, train_seconds = ck["step"], ck["train_seconds"]
-        log(f"resumed at step {step}")
+    step, train_seconds = resume(ckpt_path, student, opt, args)
 
     total = args.bench or args.steps
     t_last, loss_acc, n_acc = time.time(), 0.0, 0
