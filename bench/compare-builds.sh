@@ -36,13 +36,13 @@ for r in $(seq "$ROUNDS"); do
       > "$OUT/$side.$r.json" 2> "$OUT/$side.log" || { cat "$OUT/$side.log" >&2; exit 1; }
   done
 done
-python3 - "$OUT" "$ROUNDS" "$NP" <<'PY'
+python3 - "$OUT" "$ROUNDS" "$NP" "$NG" <<'PY'
 import json, statistics, sys
-out, rounds, np_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, rounds, np_, ng = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 def ts(side, r, kind):
     rs = json.load(open(f"{out}/{side}.{r}.json"))
     return next(x["avg_ts"] for x in rs if (x["n_prompt"] > 0) == (kind == "pp"))
-for kind in (["pp"] if np_ > 0 else []) + ["tg"]:
+for kind in (["pp"] if np_ > 0 else []) + (["tg"] if ng > 0 else []):
     pairs = [(ts("old", r, kind), ts("new", r, kind)) for r in range(1, rounds + 1)]
     ratios = [n / o for o, n in pairs]
     print(f"{kind}: " + "  ".join(f"{o:.1f}/{n:.1f}" for o, n in pairs))
