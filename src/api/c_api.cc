@@ -141,11 +141,9 @@ StatusOr<launch::LaunchSpec> ReadSettings(const polychip_model_params_t* p) {
 StatusOr<std::string> SelectBackend(const launch::LaunchSpec& s) {
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config, launch::RuntimeConfigOf(s));
   for (std::string& dir : LibrarySearchDirs()) config.extra_search_path.push_back(dir);
-  runtime::PluginParams params;
-  if (s.threads > 0) params.emplace_back("threads", std::to_string(s.threads));
-  if (config.backend) {  // as model::OpenDevice below would (it finds this load and reuses it)
-    config.backend->params.insert(config.backend->params.end(), params.begin(), params.end());
-  }
+  // RuntimeConfigOf gave the named backend its threads; a discovered one gets them here, as
+  // model::OpenDevice below would pass them (it finds this load and reuses it).
+  const runtime::PluginParams params = model::ThreadsParams(s.threads);
   PC_ASSIGN_OR_RETURN(runtime::Selection selection,
                       runtime::SelectPlugins(config, runtime::Discovery::kBest, params));
   if (!selection.backend) {

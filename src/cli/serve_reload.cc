@@ -81,7 +81,7 @@ std::pair<int, json> ServeReloader::Reload(runtime::PluginSpec spec) {
   }
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return Refuse(409, "a plugin reload is already in progress");
-  if (threads_ > 0) spec.params.emplace_back("threads", std::to_string(threads_));
+  for (auto& p : model::ThreadsParams(threads_)) spec.params.push_back(p);
 
   model::ReloadOutcome outcome;
   const auto start = std::chrono::steady_clock::now();
@@ -145,7 +145,7 @@ void ServeReloader::ReloadFromConfig() {
     const runtime::PluginSpec have = runner_->CurrentSpec();
     runtime::PluginParams have_params;  // less the threads parameter the server adds
     for (const auto& p : have.params) {
-      if (!(threads_ > 0 && p.first == "threads")) have_params.push_back(p);
+      if (!(threads_ > 0 && p.first == model::kThreadsParam)) have_params.push_back(p);
     }
     const bool same_plugin = (want.name.empty() || want.name == have.name) &&
                              (want.path.empty() || Canonical(want.path) == Canonical(have.path));

@@ -61,8 +61,8 @@ std::string KvSizing::Describe() const {
 StatusOr<runtime::RuntimeConfig> RuntimeConfigOf(const LaunchSpec& spec) {
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
                       runtime::ResolveRuntimeConfig(spec.config_path, spec.device));
-  if (spec.threads > 0 && config.backend) {
-    config.backend->params.emplace_back("threads", std::to_string(spec.threads));
+  if (config.backend) {
+    for (auto& p : model::ThreadsParams(spec.threads)) config.backend->params.push_back(p);
   }
   return config;
 }

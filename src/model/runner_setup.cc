@@ -7,13 +7,17 @@
 
 namespace polychip::model {
 
+runtime::PluginParams ThreadsParams(int threads) {
+  if (threads <= 0) return {};
+  return {{kThreadsParam, std::to_string(threads)}};
+}
+
 StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_path,
                                                       const std::string& device_flag,
                                                       int threads) {
   PC_ASSIGN_OR_RETURN(runtime::RuntimeConfig config,
                       runtime::ResolveRuntimeConfig(config_path, device_flag));
-  runtime::PluginParams params;
-  if (threads > 0) params.emplace_back("threads", std::to_string(threads));
+  const runtime::PluginParams params = ThreadsParams(threads);
   if (config.backend) {
     config.backend->params.insert(config.backend->params.end(), params.begin(), params.end());
   }

@@ -15,8 +15,14 @@
 
 namespace polychip::model {
 
+// How a thread count reaches a plugin: threads > 0 becomes its "threads" parameter; 0 (auto)
+// passes nothing and the plugin picks (the cpu plugin: one per core). Every entry point that
+// loads a backend (OpenDevice, the launch builder, the C API, hot reload) adds it through here.
+inline constexpr const char* kThreadsParam = "threads";
+runtime::PluginParams ThreadsParams(int threads);
+
 // Loads the configured backend (or, with none configured, the best one discovered) and opens
-// its first selected device. threads > 0 is passed to the plugin as its "threads" parameter.
+// its first selected device, with ThreadsParams(threads).
 StatusOr<std::shared_ptr<runtime::Device>> OpenDevice(const std::string& config_path,
                                                       const std::string& device_flag,
                                                       int threads = 0);
