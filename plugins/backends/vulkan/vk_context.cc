@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -170,6 +171,8 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
   info.subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
                           sg.subgroupSize >= 8;
+  info.subgroup_broadcast = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                            (sg.supportedOperations & VK_SUBGROUP_FEATURE_BALLOT_BIT);
   const bool subgroup_ops = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                             (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
 
@@ -180,6 +183,17 @@ PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd) {
   info.timeline = f12.timelineSemaphore;
   info.buffer_device_address = f12.bufferDeviceAddress;
   info.int64 = f2.features.shaderInt64;
+  // Texel views for the CPU device's decode matmul: a CPU driver (lavapipe) turns a storage
+  // buffer load whose address differs between lanes into a branchy per-lane loop (bounds check,
+  // exec-mask test, a store into a stack vector and a reload of the whole vector), while a
+  // texel fetch is one branchless gather of 16 bytes a lane. POLYCHIP_VULKAN_TEXELS=0 turns
+  // them off (the storage-buffer kernels then run, for comparison).
+  VkFormatProperties fp{};
+  vk.vkGetPhysicalDeviceFormatProperties(pd, VK_FORMAT_R32G32B32A32_UINT, &fp);
+  const char* texels_env = std::getenv("POLYCHIP_VULKAN_TEXELS");
+  info.texel_blocks = info.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU &&
+                      (fp.bufferFeatures & VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT) &&
+                      !(texels_env && std::string(texels_env) == "0");
 
   VkPhysicalDeviceMemoryProperties mp{};
   vk.vkGetPhysicalDeviceMemoryProperties(pd, &mp);
@@ -308,6 +322,10 @@ pc_error_t* Device::Alloc(uint64_t size, pc_devptr_t* out) {
   bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
              VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   if (info.buffer_device_address) bi.usage |= VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT;
+  const uint64_t texels = bytes / 16;
+  const bool texel_view =
+      info.texel_blocks && texels <= info.props.limits.maxTexelBufferElements && texels > 0;
+  if (texel_view) bi.usage |= VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT;
   bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
   VkResult r = vk->vkCreateBuffer(device, &bi, nullptr, &b->buffer);
   VkMemoryRequirements req{};
@@ -333,6 +351,15 @@ pc_error_t* Device::Alloc(uint64_t size, pc_devptr_t* out) {
     VkBufferDeviceAddressInfo ai{VK_STRUCTURE_TYPE_BUFFER_DEVICE_ADDRESS_INFO};
     ai.buffer = b->buffer;
     b->address = vk->vkGetBufferDeviceAddress(device, &ai);
+  }
+  if (texel_view) {  // without one (an error here) the block's matmuls take the other kernels
+    VkBufferViewCreateInfo vi{VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO};
+    vi.buffer = b->buffer;
+    vi.format = VK_FORMAT_R32G32B32A32_UINT;
+    vi.offset = 0;
+    vi.range = texels * 16;
+    if (vk->vkCreateBufferView(device, &vi, nullptr, &b->texels) != VK_SUCCESS)
+      b->texels = VK_NULL_HANDLE;
   }
   b->free[0] = bytes;
   reserved += bytes;
@@ -371,6 +398,7 @@ pc_error_t* Device::Free(pc_devptr_t ptr) {
   }
   if (!merged) b.free[off] = size;
   if (b.live.empty()) {  // an empty block goes back to the heap
+    if (b.texels) vk->vkDestroyBufferView(device, b.texels, nullptr);
     vk->vkDestroyBuffer(device, b.buffer, nullptr);
     vk->vkFreeMemory(device, b.memory, nullptr);
     reserved -= b.size;
@@ -473,11 +501,13 @@ VkResult StreamState::Begin() {
     ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     ai.commandBufferCount = 1;
     r = vk.vkAllocateCommandBuffers(device->device, &ai, &b->cb);
-    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerBatch * kDescriptorsPerSet};
+    VkDescriptorPoolSize ps[2] = {
+        {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSetsPerBatch * kDescriptorsPerSet},
+        {VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER, kSetsPerBatch * 2}};  // matrowtex_*: x, W
     VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
     pi.maxSets = kSetsPerBatch;
-    pi.poolSizeCount = 1;
-    pi.pPoolSizes = &ps;
+    pi.poolSizeCount = device->info.texel_blocks ? 2 : 1;
+    pi.pPoolSizes = ps;
     if (r == VK_SUCCESS) r = vk.vkCreateDescriptorPool(device->device, &pi, nullptr, &b->pool);
     if (r == VK_SUCCESS && device->info.timestamps && device->count_ops) {
       VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};

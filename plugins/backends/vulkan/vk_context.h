@@ -45,7 +45,8 @@ namespace polychip::vulkan {
   X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout) X(vkCreateDescriptorSetLayout)         \
   X(vkDestroyDescriptorSetLayout) X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool)        \
   X(vkResetDescriptorPool) X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets)              \
-  X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkGetQueryPoolResults)
+  X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkGetQueryPoolResults)                       \
+  X(vkGetPhysicalDeviceFormatProperties) X(vkCreateBufferView) X(vkDestroyBufferView)
 
 struct Vk {
   void* library = nullptr;
@@ -87,6 +88,10 @@ struct PhysicalInfo {
   bool timestamps = false;
   bool buffer_device_address = false, timeline = false;
   bool int64 = false;  // shaderInt64, enabled when present (the matrow64_* kernels)
+  // A CPU device whose uniform texel buffers take R32G32B32A32_UINT over a whole block: every
+  // block then gets a texel view (Block::texels), which the matrowtex_* decode kernels read.
+  bool texel_blocks = false;
+  bool subgroup_broadcast = false;  // subgroupBroadcast in compute (the ballot feature)
   std::string why_unusable;  // empty when usable
 };
 PhysicalInfo Inspect(const Vk& vk, VkPhysicalDevice pd);
@@ -98,6 +103,7 @@ struct Block {
   VkBuffer buffer = VK_NULL_HANDLE;
   uint64_t size = 0;
   uint64_t address = 0;  // buffer device address, when enabled
+  VkBufferView texels = VK_NULL_HANDLE;  // the whole block, 16 bytes a texel (texel_blocks)
   std::map<uint64_t, uint64_t> live;  // offset -> size
   std::map<uint64_t, uint64_t> free;  // offset -> size, coalesced
 };
@@ -186,6 +192,7 @@ struct StreamState {
 struct Kernel {
   std::string name;
   uint32_t n_bindings = 0;
+  uint32_t n_texel_bindings = 0;  // the first ones are uniform texel buffers, the rest storage
   VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
   VkPipelineLayout layout = VK_NULL_HANDLE;
   VkPipeline pipeline = VK_NULL_HANDLE;

@@ -55,8 +55,10 @@ bool FloatType(pc_dtype_t t) {
   return t == PC_DTYPE_F32 || t == PC_DTYPE_F16 || t == PC_DTYPE_BF16;
 }
 
-// The kernel named `name` with n_bindings storage buffers, built on first use.
-pc_error_t* GetKernel(Device& d, const std::string& name, uint32_t n_bindings, Kernel** out) {
+// The kernel named `name` with n_bindings buffers, built on first use: the first n_texel of
+// them uniform texel buffers, the rest storage buffers.
+pc_error_t* GetKernel(Device& d, const std::string& name, uint32_t n_bindings, Kernel** out,
+                      uint32_t n_texel = 0) {
   std::lock_guard<std::mutex> lock(d.kernels_mu);
   for (auto& k : d.kernels) {
     if (k->name == name) {
@@ -73,9 +75,13 @@ pc_error_t* GetKernel(Device& d, const std::string& name, uint32_t n_bindings, K
   auto k = std::make_unique<Kernel>();
   k->name = name;
   k->n_bindings = n_bindings;
+  k->n_texel_bindings = n_texel;
   std::vector<VkDescriptorSetLayoutBinding> bindings(n_bindings);
   for (uint32_t i = 0; i < n_bindings; ++i) {
-    bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    bindings[i] = {i,
+                   i < n_texel ? VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+                               : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                   1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
   }
   VkDescriptorSetLayoutCreateInfo sli{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
   sli.bindingCount = n_bindings;
@@ -114,10 +120,13 @@ pc_error_t* GetKernel(Device& d, const std::string& name, uint32_t n_bindings, K
 
 // A storage-buffer window onto [ptr, ptr + bytes): the binding starts at the offset rounded down
 // to minStorageBufferOffsetAlignment and `first` is where the operand starts inside it, in bytes.
+// A texel window (BindTexels) is the texel view of the operand's whole block, `first` the
+// operand's byte offset in the block.
 struct Window {
   VkBuffer buffer = VK_NULL_HANDLE;
   uint64_t offset = 0, range = 0;
   uint32_t first = 0;
+  VkBufferView view = VK_NULL_HANDLE;
 };
 
 class Launcher {
@@ -155,6 +164,17 @@ class Launcher {
     }
     return nullptr;
   }
+  // The texel view of the block holding [ptr, ptr + bytes); false where it has none (no view,
+  // or an offset past 32 bits), and then the caller takes a storage-buffer kernel.
+  bool BindTexels(pc_devptr_t ptr, uint64_t bytes, Window* w) {
+    uint64_t off = 0;
+    Block* b = ptr ? d_.Resolve(ptr, std::max<uint64_t>(bytes, 1), &off) : nullptr;
+    if (!b || !b->texels || off + bytes > UINT32_MAX) return false;
+    *w = Window{};
+    w->view = b->texels;
+    w->first = static_cast<uint32_t>(off);
+    return true;
+  }
   // The device address of a paged cache (a layer's cache may exceed one window).
   pc_error_t* Address(pc_devptr_t ptr, const char* what, uint64_t* address) {
     uint64_t off = 0;
@@ -186,8 +206,13 @@ class Launcher {
       writes[i].dstSet = set;
       writes[i].dstBinding = static_cast<uint32_t>(i);
       writes[i].descriptorCount = 1;
-      writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-      writes[i].pBufferInfo = &infos[i];
+      if (i < k.n_texel_bindings) {
+        writes[i].descriptorType = VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER;
+        writes[i].pTexelBufferView = &windows[i].view;
+      } else {
+        writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        writes[i].pBufferInfo = &infos[i];
+      }
     }
     vk.vkUpdateDescriptorSets(d_.device, static_cast<uint32_t>(writes.size()), writes.data(), 0,
                               nullptr);
@@ -296,6 +321,11 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
   const char* gpu_kind = !matvec ? "matmul_" : a.m == 1 ? "matvec_" : "mattile_";
   const bool wide = dev.info.int64 && a.w_dtype != PC_DTYPE_F32 && a.w_dtype != PC_DTYPE_BF16;
   const char* cpu_kind = a.m != 1 ? "matrowtile_" : wide ? "matrow64_" : "matrow_";
+  // Decode on a CPU device with subgroups of 8 reads x and W through texel views of their
+  // blocks (matrowtex_*, see matrow.comp) where both have one.
+  const bool texel = cpu && a.m == 1 && dev.info.texel_blocks && dev.info.subgroup_size == 8 &&
+                     dev.info.subgroup_broadcast && a.w_dtype != PC_DTYPE_F32 &&
+                     a.w_dtype != PC_DTYPE_BF16;
   // Columns of a matrow.comp workgroup: 64 invocations of COLS (16 to decode, 8 in tiles).
   const uint64_t row_cols = a.m == 1 ? 16 * 64 : 8 * 64;
   const uint64_t row_bytes = sdk::RowBytes(a.w_dtype, a.k);
@@ -323,7 +353,17 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
              a.accumulate ? 1u : 0u};
       const bool row = cpu && push.x_off % 4 == 0;
       Kernel* k = nullptr;
-      PCV_TRY(GetKernel(L.device(), std::string(row ? cpu_kind : gpu_kind) + suffix, 4, &k));
+      Window xt, wt;
+      if (row && texel && L.BindTexels(a.x + m0 * a.x_stride * 4, a.k * 4, &xt) &&
+          xt.first % 16 == 0 && L.BindTexels(a.w + n0 * row_bytes, nn * row_bytes, &wt)) {
+        w[0] = xt;
+        w[1] = wt;
+        push.x_off = xt.first / 4;
+        push.w_off = wt.first;
+        PCV_TRY(GetKernel(L.device(), std::string("matrowtex_") + suffix, 4, &k, 2));
+      } else {
+        PCV_TRY(GetKernel(L.device(), std::string(row ? cpu_kind : gpu_kind) + suffix, 4, &k));
+      }
       const uint64_t col_groups = row ? Ceil(nn, row_cols) : matvec ? Ceil(nn, 8) : nn;
       const uint64_t row_groups = a.m == 1 && (row || matvec) ? mm : Ceil(mm, 8);
       PCV_TRY(L.Dispatch(*k, w, &push, sizeof(push), col_groups * row_groups));

@@ -311,6 +311,7 @@ void DeviceClose(pc_device_t* device) {
   s.vk.vkDeviceWaitIdle(d.device);
   pv::DestroyKernels(d);
   for (auto& [id, b] : d.blocks) {
+    if (b->texels) s.vk.vkDestroyBufferView(d.device, b->texels, nullptr);
     s.vk.vkDestroyBuffer(d.device, b->buffer, nullptr);
     s.vk.vkFreeMemory(d.device, b->memory, nullptr);
   }

@@ -10,12 +10,31 @@
 // format allows: decoding, F16 16 bytes a load (32 with INT64) where rows are aligned, and every
 // quantized format a group of 256 elements at a time into registers, 4 bytes a load (8 with
 // INT64) whatever its alignment (LoadGroup); tiles (prefill), F16/BF16 pairs and Q4_0/Q8_0 as
-// 32-bit words, the other formats byte by byte (dequant.glsl). No shared memory, no subgroup
-// operation, no barrier.
+// 32-bit words, the other formats byte by byte (dequant.glsl). No shared memory, no barrier.
+//
+// TEXEL (matrowtex_*, decode on a CPU device with subgroups of 8): x and W are read through
+// uniform texel buffers (the texel view of their memory blocks, 16 bytes a texel; the offsets
+// in the push constants are then from the block's start). Lavapipe compiles a storage-buffer
+// load whose address differs between lanes into a per-lane loop (a bounds check, an exec-mask
+// test, a store into a stack vector and a reload of the whole vector: a store-forwarding stall
+// per lane and component), and one whose address is the same in every lane (x) the same way;
+// a texel fetch is a branchless gather of 16 bytes a lane. x is read once per subgroup: each
+// of its 8 lanes fetches an eighth of the group's x and subgroupBroadcast hands it to the others.
 layout(local_size_x = 64) in;
+#if defined(TEXEL)
+#extension GL_KHR_shader_subgroup_ballot : require
+layout(binding = 0) uniform usamplerBuffer xt;
+layout(binding = 1) uniform usamplerBuffer wt;
+vec4 X4(uint i) { return uintBitsToFloat(texelFetch(xt, int(i))); }
+uint W32(uint i) { return texelFetch(wt, int(i >> 2))[i & 3u]; }
+int S8(uint v) { return int(v << 24) >> 24; }
+#else
 layout(std430, binding = 0) readonly buffer X { vec4 x4[]; };  // the host aligns x to 4 floats
 layout(std430, binding = 1) readonly buffer Wt { uint w[]; };
 layout(std430, binding = 1) readonly buffer Wt4 { uvec4 w4[]; };  // the same bytes, 16 at a time
+vec4 X4(uint i) { return x4[i]; }
+uint W32(uint i) { return w[i]; }
+#endif
 #if defined(INT64)
 // INT64 (matrow64_*, devices with shaderInt64): weights read as 64-bit components, half the
 // loads again (a CPU driver pays per loaded component, whatever its width).
@@ -28,7 +47,11 @@ layout(push_constant) uniform P {
   uint x_off, w_off, b_off, o_off;  // x, bias, out in floats; w in bytes
   uint m, n, k, x_stride, o_stride, row_bytes, has_bias, accumulate;
 } p;
+#if !defined(TEXEL)
 #include "dequant.glsl"
+#elif defined(WT_F32) || defined(WT_F16) || defined(WT_BF16)
+#define WT_FLOAT 1
+#endif
 
 // ROWS: rows of x per invocation, 1 for decode (matrow_*), 8 for prefill and batched decode
 // (matrowtile_*). COLS: columns (rows of W) per invocation, so that each x value loaded serves
@@ -53,7 +76,7 @@ void BlockWords(uint bb, out float v[32]) {
   bool odd = (bb & 2u) != 0u;
 #if defined(WT_Q4_0)
   uint a[5];
-  [[unroll]] for (uint i = 0u; i < 5u; ++i) a[i] = w[q + i];
+  [[unroll]] for (uint i = 0u; i < 5u; ++i) a[i] = W32(q + i);
   uint u[5];  // u[i]: the block's bytes 4i .. 4i+3
   [[unroll]] for (uint i = 0u; i < 4u; ++i) u[i] = Word16(a[i], a[i + 1u], odd);
   u[4] = odd ? a[4] >> 16 : a[4];
@@ -68,7 +91,7 @@ void BlockWords(uint bb, out float v[32]) {
   }
 #else
   uint a[9];
-  [[unroll]] for (uint i = 0u; i < 9u; ++i) a[i] = w[q + i];
+  [[unroll]] for (uint i = 0u; i < 9u; ++i) a[i] = W32(q + i);
   uint u[9];  // u[i]: the block's bytes 4i .. 4i+3
   [[unroll]] for (uint i = 0u; i < 8u; ++i) u[i] = Word16(a[i], a[i + 1u], odd);
   u[8] = odd ? a[8] >> 16 : a[8];
@@ -102,19 +125,37 @@ void BlockWords(uint bb, out float v[32]) {
 #define GB 136u
 #endif
 const uint GW = (GB + 3u) / 4u + 1u;  // u[]: the group's bytes as words, plus a zero word
-#if defined(INT64)
+#if defined(TEXEL)
+const uint NL = (GB + 29u) / 16u;  // texel fetches: the group at any even offset in a texel
+const uint CW = 4u * NL + 4u;
+#elif defined(INT64)
 layout(std430, binding = 1) readonly buffer Wt64 { uint64_t w64[]; };
 const uint NL = (GB + 13u) / 8u;  // 64-bit loads: the group at any even offset in a word
+const uint CW = 2u * NL + 2u;
 #else
 const uint NL = (GB + 5u) / 4u;
-#endif
 const uint CW = 2u * NL + 2u;
+#endif
 
 // u[i] = the bytes B + 4i .. B + 4i + 3 of the bound weight (B even). The last load is clamped
 // to the binding (it may lie past the row's end; the host rounds the window up to 8 bytes).
 void LoadGroup(uint B, out uint u[GW]) {
   uint c[CW];
-#if defined(INT64)
+#if defined(TEXEL)
+  uint q0 = B >> 4, last = uint(textureSize(wt)) - 1u;
+  [[unroll]] for (uint i = 0u; i < NL; ++i) {
+    uvec4 t = texelFetch(wt, int(i + 1u == NL ? min(q0 + i, last) : q0 + i));
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) c[4u * i + e] = t[e];
+  }
+  [[unroll]] for (uint i = 4u * NL; i < CW; ++i) c[i] = 0u;
+  // The group's first word is c[wo]: shift the words down by wo (selects: wo differs between
+  // lanes), then by the 2-byte offset below.
+  uint wo = (B >> 2) & 3u;
+  [[unroll]] for (uint i = 0u; i < CW - 3u; ++i) {
+    c[i] = wo == 0u ? c[i] : wo == 1u ? c[i + 1u] : wo == 2u ? c[i + 2u] : c[i + 3u];
+  }
+  bool o1 = false;
+#elif defined(INT64)
   uint q0 = B >> 3, last = uint(w64.length()) - 1u;
   [[unroll]] for (uint i = 0u; i < NL; ++i) {
     uvec2 h = unpackUint2x32(w64[i + 1u == NL ? min(q0 + i, last) : q0 + i]);
@@ -125,13 +166,16 @@ void LoadGroup(uint B, out uint u[GW]) {
   bool o1 = (B & 4u) != 0u;
 #else
   uint q0 = B >> 2, last = uint(w.length()) - 1u;
-  [[unroll]] for (uint i = 0u; i < NL; ++i) c[i] = w[i + 1u == NL ? min(q0 + i, last) : q0 + i];
+  [[unroll]] for (uint i = 0u; i < NL; ++i) c[i] = W32(i + 1u == NL ? min(q0 + i, last) : q0 + i);
   [[unroll]] for (uint i = NL; i < CW; ++i) c[i] = 0u;
   bool o1 = false;
 #endif
-  // Selects and masks, no branches: the offsets differ from lane to lane.
+  // Selects and masks, no branches: the offsets differ from lane to lane. The loops here are
+  // written `i < constant` because glslc unrolls only that form, and an array indexed in a
+  // loop left rolled becomes a per-lane gather and scatter through the stack on lavapipe (what
+  // made this kernel slow before).
   uint sh = (B & 2u) * 8u, hi_mask = (B & 2u) != 0u ? 0xFFFFFFFFu : 0u;
-  [[unroll]] for (uint i = 0u; i + 1u < GW; ++i) {
+  [[unroll]] for (uint i = 0u; i < GW - 1u; ++i) {
     uint lo = mix(c[i], c[i + 1u], o1);
     uint hi = mix(c[i + 1u], c[i + 2u], o1);
     u[i] = (lo >> sh) | ((hi << 16) & hi_mask);
@@ -230,8 +274,12 @@ float GroupDot(uint u[GW], vec4 xv[64], uint nt) {
     s += d * float(int(ls) - 32) * Sum4(acc);
   }
 #else
+  // A missing block's sum is dropped by a select, not skipped by a branch: the branch kept
+  // the compiler from unrolling the loop, and every u[] and xv[] index then became a per-lane
+  // gather from the stack.
   [[unroll]] for (uint t = 0u; t < 8u; ++t) {
-    if (t < nt) {
+    {
+      float s0 = s;
 #if defined(WT_Q8_0)
       uint o = 34u * t;  // f16 d, 32 int8
       vec4 acc = vec4(0.0);
@@ -286,6 +334,7 @@ float GroupDot(uint u[GW], vec4 xv[64], uint nt) {
       s += F16ToF32(GB16(o + 2u)) * Sum4(xs);
 #endif
 #endif
+      s = t < nt ? s : s0;
     }
   }
 #endif
@@ -293,12 +342,33 @@ float GroupDot(uint u[GW], vec4 xv[64], uint nt) {
 }
 #endif
 
+// xv = the 64 vec4s of x from vec4 index at, none read past last (clamped).
+void LoadX(uint at, uint last, out vec4 xv[64]) {
+#if defined(TEXEL)
+  [[unroll]] for (uint j = 0u; j < 8u; ++j) {
+    vec4 part = X4(min(at + 8u * j + gl_SubgroupInvocationID, last));
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) xv[8u * j + i] = subgroupBroadcast(part, i);
+  }
+#else
+  [[unroll]] for (uint q = 0u; q < 64u; ++q) xv[q] = X4(min(at + q, last));
+#endif
+}
+
 void main() {
   uint g = WorkgroupLinear();
   uint col_groups = (p.n + 64u * NC - 1u) / (64u * NC);
   uint j0 = ((g % col_groups) * 64u + gl_LocalInvocationID.x) * NC;
   uint i0 = (g / col_groups) * NR;
+#if defined(TEXEL)
+  // Every lane stays to the end (the subgroup broadcasts need them all); past n it repeats
+  // the last column and stores nothing.
+  if (i0 >= p.m) return;
+  bool live = j0 < p.n;
+  j0 = min(j0, p.n - 1u);
+#else
   if (i0 >= p.m || j0 >= p.n) return;
+  const bool live = true;
+#endif
   uint nr = min(NR, p.m - i0);
   uint nc = min(NC, p.n - j0);
   float acc[NR][NC];
@@ -314,17 +384,24 @@ void main() {
   // rest of k (or all of it) takes the loops below. Quantized: every group (GroupDot).
   uint done = 0u;  // elements of k handled here
 #if ROWS == 1 && defined(WT_F16)
-#if defined(INT64)
+#if defined(INT64) && !defined(TEXEL)
   uint groups = ((p.w_off | p.row_bytes) & 31u) == 0u ? p.k / 256u : 0u;
 #else
   uint groups = ((p.w_off | p.row_bytes) & 15u) == 0u ? p.k / 256u : 0u;
 #endif
   for (uint gi = 0u; gi < groups; ++gi) {
     vec4 xv[64];
-    [[unroll]] for (uint q = 0u; q < 64u; ++q) xv[q] = x4[xb + gi * 64u + q];
+    LoadX(xb + gi * 64u, xb + p.k / 4u - 1u, xv);
     [[unroll]] for (uint c = 0u; c < NC; ++c) {
       float s = 0.0;
-#if defined(INT64)
+#if defined(TEXEL)
+      uint base = (rb[c] >> 4) + gi * 32u;
+      [[unroll]] for (uint i = 0u; i < 32u; ++i) {
+        uvec4 u = texelFetch(wt, int(base + i));
+        s += dot(vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)), xv[2u * i]) +
+             dot(vec4(unpackHalf2x16(u.z), unpackHalf2x16(u.w)), xv[2u * i + 1u]);
+      }
+#elif defined(INT64)
       uint base = (rb[c] >> 5) + gi * 16u;
       [[unroll]] for (uint i = 0u; i < 16u; ++i) {
         u64vec4 u = w8[base + i];
@@ -352,7 +429,7 @@ void main() {
   for (uint gi = 0u; gi * 8u < blocks; ++gi) {
     uint nt = min(8u, blocks - gi * 8u);
     vec4 xv[64];
-    [[unroll]] for (uint q = 0u; q < 64u; ++q) xv[q] = x4[min(xb + gi * 64u + q, x_last)];
+    LoadX(xb + gi * 64u, x_last, xv);
     // Not unrolled: a group's decode is long, and 16 copies of it took the driver's compiler
     // (LLVM, in lavapipe) minutes to build the pipeline.
     [[dont_unroll]] for (uint c = 0u; c < NC; ++c) {
@@ -369,10 +446,10 @@ void main() {
     [[unroll]] for (uint c = 0u; c < NC; ++c) {
 #if defined(WT_F32)
       uint e = (rb[c] >> 2) + 4u * q;
-      v[c] = vec4(uintBitsToFloat(w[e]), uintBitsToFloat(w[e + 1u]), uintBitsToFloat(w[e + 2u]),
-                  uintBitsToFloat(w[e + 3u]));
+      v[c] = vec4(uintBitsToFloat(W32(e)), uintBitsToFloat(W32(e + 1u)),
+                  uintBitsToFloat(W32(e + 2u)), uintBitsToFloat(W32(e + 3u)));
 #else
-      uint u0 = w[(rb[c] >> 2) + 2u * q], u1 = w[(rb[c] >> 2) + 2u * q + 1u];
+      uint u0 = W32((rb[c] >> 2) + 2u * q), u1 = W32((rb[c] >> 2) + 2u * q + 1u);
 #if defined(WT_F16)
       v[c] = vec4(unpackHalf2x16(u0), unpackHalf2x16(u1));
 #else
@@ -383,7 +460,7 @@ void main() {
     }
     [[unroll]] for (uint r = 0u; r < NR; ++r) {
       if (r < nr) {
-        vec4 xv = x4[xb + r * xs + q];
+        vec4 xv = X4(xb + r * xs + q);
         [[unroll]] for (uint c = 0u; c < NC; ++c) acc[r][c] += dot(v[c], xv);
       }
     }
@@ -406,7 +483,7 @@ void main() {
         float s[NC];
         [[unroll]] for (uint c = 0u; c < NC; ++c) s[c] = 0.0;
         [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-          vec4 xv = x4[xr + q];
+          vec4 xv = X4(xr + q);
           [[unroll]] for (uint c = 0u; c < NC; ++c) {
             s[c] += dot(vec4(v[c][4u * q], v[c][4u * q + 1u], v[c][4u * q + 2u],
                              v[c][4u * q + 3u]), xv);
@@ -419,7 +496,7 @@ void main() {
 #endif
   [[unroll]] for (uint r = 0u; r < NR; ++r) {
     [[unroll]] for (uint c = 0u; c < NC; ++c) {
-      if (r < nr && c < nc) {
+      if (live && r < nr && c < nc) {
         float y = acc[r][c];
         if (p.has_bias != 0u) y += bias[p.b_off + j0 + c];
         uint oi = p.o_off + (i0 + r) * p.o_stride + j0 + c;
