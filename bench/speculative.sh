@@ -10,6 +10,13 @@
 #   trained  the bundled model (models/polychip-tiny.gguf, trained weights) with the draft
 #            distilled from it (models/polychip-tiny-draft.gguf, tools/train-tiny/train_draft.py):
 #            real acceptance; its speedup is against the bundled model without speculation
+#   constructed  a CONSTRUCTED pair at the target's shape (bench/spec-constructed-pair.py): a
+#            small random qwen2 draft (2 layers, width 128, the same vocabulary) and a target
+#            that computes the draft's function in its first 2 layers plus the noise of 22
+#            random layers scaled by --noise (default 0.006: acceptance ~0.83 at k 4); it reads
+#            the full shape's bytes per token. Agreement known by construction, not training;
+#            its speedup is against that target without speculation. Needs numpy
+#            (POLYCHIP_PYTHON, default /usr/bin/python3).
 # polychip: `polychip run` with and without --speculative-*; llama.cpp: llama-bench tg (no
 # speculation), llama-speculative (-md, --spec-draft-n-max k, --spec-draft-n-min 0,
 # --spec-draft-p-min 0: it drafts
@@ -23,11 +30,15 @@
 # build's, for a before/after in one run).
 # usage: bench/speculative.sh [-t THREADS] [-n N_GEN] [-k K] [--layers L] [--shape S] [-r R]
 #                             [--tiny-n N_GEN of the bundled model's case, default 200]
+#                             [--cases self,trunc,ngram,trained,constructed (default: all)]
+#                             [--noise S of the constructed pair, default 0.006]
+# ("none", the target without speculation for both tools, always runs.)
 # env:   POLYCHIP_BUILD_DIR, POLYCHIP_LLAMA_CPP_DIR, POLYCHIP_BENCH_CACHE (bench/paths.sh)
 set -euo pipefail
 
 source "$(dirname "$0")/paths.sh"
 THREADS=2 NG=64 K=4 LAYERS=6 SHAPE=qwen2.5-0.5b ROUNDS=3 TNG=200
+CASES=self,trunc,ngram,trained,constructed NOISE=0.006
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -t) THREADS="$2"; shift 2 ;;
@@ -37,10 +48,16 @@ while [[ $# -gt 0 ]]; do
     --shape) SHAPE="$2"; shift 2 ;;
     -r) ROUNDS="$2"; shift 2 ;;
     --tiny-n) TNG="$2"; shift 2 ;;
+    --cases) CASES="$2"; shift 2 ;;
+    --noise) NOISE="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 log() { echo "[speculative] $*" >&2; }
+want() { [[ ",$CASES," == *",$1,"* ]]; }
+for c in ${CASES//,/ }; do
+  [[ "$c" =~ ^(self|trunc|ngram|trained|constructed)$ ]] || { echo "unknown case $c" >&2; exit 2; }
+done
 [[ -x "$PC" ]] || { echo "missing $PC (build first, or set POLYCHIP_BUILD_DIR)" >&2; exit 1; }
 for tool in llama-speculative llama-lookup llama-bench; do
   if [[ ! -x "$LB/$tool" && -f "$LLAMA_DIR/build/build.ninja" ]]; then
@@ -66,14 +83,16 @@ synth() {  # out [extra flags]
   mv "$out.tmp" "$out"
 }
 synth "$TARGET"
-synth "$DRAFT" --layers "$LAYERS"
+want trunc && synth "$DRAFT" --layers "$LAYERS"
 
 PROMPT="The history of the lighthouse begins with fires lit on hills"
 # The ngram case's prompt: the first prompt, the target's greedy continuation, the prompt again.
-log "the target's greedy continuation (for the ngram prompt)"
-CONT="$("$PC" run -m "$TARGET" -t "$THREADS" -p "$PROMPT" -n "$NG" --ignore-eos 2>/dev/null)"
-ECHO="$PROMPT$CONT
+if want ngram; then
+  log "the target's greedy continuation (for the ngram prompt)"
+  CONT="$("$PC" run -m "$TARGET" -t "$THREADS" -p "$PROMPT" -n "$NG" --ignore-eos 2>/dev/null)"
+  ECHO="$PROMPT$CONT
 $PROMPT"
+fi
 
 # Generated tokens/s from polychip run's timings line; acceptance and tokens per verification
 # step from its speculative line (- without).
@@ -131,7 +150,7 @@ log "llama.cpp without speculation (llama-bench tg$NG)"
 LL_BASE=$("$LB/llama-bench" -m "$TARGET" -t "$THREADS" -p 0 -n "$NG" -r "$ROUNDS" -o json 2>/dev/null |
           sed -n 's/.*"avg_ts": \([0-9.]*\).*/\1/p' | head -1)
 read -r PC_BASE _ _ <<<"$(pc_run base "$PROMPT")"
-read -r PC_BASE_ECHO _ _ <<<"$(pc_run base-echo "$ECHO")"
+want ngram && read -r PC_BASE_ECHO _ _ <<<"$(pc_run base-echo "$ECHO")"
 
 rows=()
 row() {  # case tool k acc len tps base [bytes per token]
@@ -143,32 +162,76 @@ row() {  # case tool k acc len tps base [bytes per token]
 row "none" "polychip" - - 1 "$PC_BASE" "$PC_BASE"
 row "none" "llama.cpp" - - 1 "$LL_BASE" "$LL_BASE"
 SPEC=(--speculative-num-draft-tokens "$K")
-read -r t a l <<<"$(pc_run self "$PROMPT" --speculative-draft-model "$TARGET" "${SPEC[@]}")"
-row "self (draft = target)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
-read -r t a l <<<"$(ll_run self llama-speculative "$PROMPT" -md "$TARGET" --spec-draft-n-min 0 --spec-draft-p-min 0)"
-row "self (draft = target)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+if want self; then
+  read -r t a l <<<"$(pc_run self "$PROMPT" --speculative-draft-model "$TARGET" "${SPEC[@]}")"
+  row "self (draft = target)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
+  read -r t a l <<<"$(ll_run self llama-speculative "$PROMPT" -md "$TARGET" --spec-draft-n-min 0 --spec-draft-p-min 0)"
+  row "self (draft = target)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+fi
 # A before/after of a plugin change in the same run: BEFORE_PLUGIN_DIR holds the older build's
 # libpolychip_backend_cpu.so (POLYCHIP_PLUGIN_PATH is searched first).
-if [[ -n "${BEFORE_PLUGIN_DIR:-}" ]]; then
+if [[ -n "${BEFORE_PLUGIN_DIR:-}" ]] && want self; then
   read -r t _ _ <<<"$(POLYCHIP_PLUGIN_PATH="$BEFORE_PLUGIN_DIR" pc_run base-before "$PROMPT")"
   BEFORE_BASE=$t
   row "none, before" "polychip" - - 1 "$t" "$t"
   read -r t a l <<<"$(POLYCHIP_PLUGIN_PATH="$BEFORE_PLUGIN_DIR" pc_run self-before "$PROMPT" --speculative-draft-model "$TARGET" "${SPEC[@]}")"
   row "self (draft = target), before" "polychip" "$K" "$a" "$l" "$t" "$BEFORE_BASE"
 fi
-read -r t a l <<<"$(pc_run trunc "$PROMPT" --speculative-draft-model "$DRAFT" "${SPEC[@]}")"
-row "trunc ($LAYERS layers)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
-read -r t a l <<<"$(ll_run trunc llama-speculative "$PROMPT" -md "$DRAFT" --spec-draft-n-min 0 --spec-draft-p-min 0)"
-row "trunc ($LAYERS layers)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
-read -r t a l <<<"$(pc_run ngram "$ECHO" --speculative-algorithm ngram "${SPEC[@]}")"
-row "ngram (echo prompt)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE_ECHO"
-read -r t a l <<<"$(ll_run ngram llama-lookup "$ECHO")"
-row "ngram (echo prompt)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+if want trunc; then
+  read -r t a l <<<"$(pc_run trunc "$PROMPT" --speculative-draft-model "$DRAFT" "${SPEC[@]}")"
+  row "trunc ($LAYERS layers)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE"
+  read -r t a l <<<"$(ll_run trunc llama-speculative "$PROMPT" -md "$DRAFT" --spec-draft-n-min 0 --spec-draft-p-min 0)"
+  row "trunc ($LAYERS layers)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+fi
+if want ngram; then
+  read -r t a l <<<"$(pc_run ngram "$ECHO" --speculative-algorithm ngram "${SPEC[@]}")"
+  row "ngram (echo prompt)" "polychip" "$K" "$a" "$l" "$t" "$PC_BASE_ECHO"
+  read -r t a l <<<"$(ll_run ngram llama-lookup "$ECHO")"
+  row "ngram (echo prompt)" "llama.cpp" "$K" "$a" "$l" "$t" "$LL_BASE"
+fi
+# The constructed pair: the draft from a small synthesized model, the target from $TARGET
+# (bench/spec-constructed-pair.py says how); both cached, the target's name holding the noise.
+PY="${POLYCHIP_PYTHON:-/usr/bin/python3}"
+CDRAFT="$CACHE/spec-constructed-draft-2x128-f16.gguf"
+CTARGET="$CACHE/spec-constructed-$SHAPE-f16-noise$NOISE.gguf"
+if want constructed && ! "$PY" -c 'import numpy' 2>/dev/null; then
+  log "$PY has no numpy (apt-get install python3-numpy, or set POLYCHIP_PYTHON): the constructed case is skipped"
+elif want constructed; then
+  if [[ ! -f "$CTARGET" || ! -f "$CDRAFT" ]]; then
+    log "building the constructed pair ($CDRAFT, $CTARGET)"
+    "$PC" gguf synth --vocab "$VOCAB/ggml-vocab-qwen2.gguf" --shape "$SHAPE" --layers 2 --embd 128 \
+      --heads 2 --kv-heads 1 --ff 512 --type F16 --seed 11 --weight-std 0.04 --quiet \
+      --out "$OUT/draft-base.gguf" >&2
+    "$PY" "$ROOT/bench/spec-constructed-pair.py" --draft-base "$OUT/draft-base.gguf" \
+      --base "$TARGET" --noise "$NOISE" --draft-out "$CDRAFT" --out "$CTARGET" >&2
+  fi
+  C_LL_BASE=$("$LB/llama-bench" -m "$CTARGET" -t "$THREADS" -p 0 -n "$NG" -r "$ROUNDS" -o json 2>/dev/null |
+              sed -n 's/.*"avg_ts": \([0-9.]*\).*/\1/p' | head -1)
+  PC_MODEL=$CTARGET
+  read -r C_BASE _ _ <<<"$(pc_run constructed-base "$PROMPT")"
+  row "none (constructed target)" "polychip" - - 1 "$C_BASE" "$C_BASE"
+  row "none (constructed target)" "llama.cpp" - - 1 "$C_LL_BASE" "$C_LL_BASE"
+  read -r t a l <<<"$(pc_run constructed "$PROMPT" --speculative-draft-model "$CDRAFT" "${SPEC[@]}")"
+  row "constructed pair, noise $NOISE" "polychip" "$K" "$a" "$l" "$t" "$C_BASE"
+  read -r t a l <<<"$(ll_run constructed llama-speculative "$PROMPT" -md "$CDRAFT" --spec-draft-n-min 0 --spec-draft-p-min 0)"
+  row "constructed pair, noise $NOISE" "llama.cpp" "$K" "$a" "$l" "$t" "$C_LL_BASE"
+  unset PC_MODEL
+  # A random model's greedy text can collapse into repeating one token; say how many of the
+  # generated tokens are distinct (one more run, not timed).
+  C_DISTINCT=$("$PC" run -m "$CTARGET" -t "$THREADS" -p "$PROMPT" -n "$NG" --ignore-eos --print-tokens 2>&1 >/dev/null |
+               awk '/^token / { seen[$2] = 1; n++ } END { print length(seen) " distinct of " n }')
+  C_NOTE="constructed target greedy output: $C_DISTINCT tokens; "
+  log "$C_NOTE"
+  cmp -s "$OUT/constructed-base.txt" "$OUT/constructed.txt" ||
+    { log "WARNING: polychip constructed-pair output differs from base:"; diff "$OUT/constructed-base.txt" "$OUT/constructed.txt" >&2 || true; }
+fi
 # The bundled model and its trained draft (tokens of its own vocabulary, a Bible-like prompt;
 # the draft's context is the model's, 256).
 TINY="$ROOT/models/polychip-tiny.gguf" TINY_DRAFT="$ROOT/models/polychip-tiny-draft.gguf"
 TINY_PROMPT="And it came to pass, when the king heard the words of the law, that"
-if [[ -f "$TINY_DRAFT" ]]; then
+if ! want trained; then
+  :
+elif [[ -f "$TINY_DRAFT" ]]; then
   TINY_BPT=$("$PC" bench -m "$TINY" -t "$THREADS" -p 0 -n 1 -r 1 -o json 2>/dev/null |
              sed -n 's/.*"bytes_per_token": \([0-9]*\).*/\1/p' | head -1)
   TINY_LL_BASE=$("$LB/llama-bench" -m "$TINY" -t "$THREADS" -p 0 -n "$TNG" -r "$ROUNDS" -o json 2>/dev/null |
@@ -191,14 +254,18 @@ fi
 
 # Greedy output is the same with and without speculation.
 for name in self trunc; do
+  want "$name" || continue
   cmp -s "$OUT/base.txt" "$OUT/$name.txt" ||
     { log "WARNING: polychip $name output differs from base:"; diff "$OUT/base.txt" "$OUT/$name.txt" >&2 || true; }
 done
-cmp -s "$OUT/base-echo.txt" "$OUT/ngram.txt" ||
-  { log "WARNING: polychip ngram output differs:"; diff "$OUT/base-echo.txt" "$OUT/ngram.txt" >&2 || true; }
+if want ngram; then
+  cmp -s "$OUT/base-echo.txt" "$OUT/ngram.txt" ||
+    { log "WARNING: polychip ngram output differs:"; diff "$OUT/base-echo.txt" "$OUT/ngram.txt" >&2 || true; }
+fi
 
 echo "$SHAPE F16, $THREADS threads, $NG tokens, greedy; read bandwidth $BW GB/s, $BPT bytes per token;" \
-  "bundled model: ${TINY_BPT:-?} bytes per token, $TNG tokens; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  "bundled model: ${TINY_BPT:-?} bytes per token, $TNG tokens;" \
+  "${C_NOTE:-}load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| case | tool | k | acceptance | tokens per verification | tokens/s | speedup | % of bandwidth |"
 echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"

@@ -1,4 +1,4 @@
-"""Minimal GGUF v3 writer (and reader, for checks): little-endian, alignment 32.
+"""Minimal GGUF v3 writer (and reader): little-endian, alignment 32.
 
 Layout: header (magic, version, tensor count, kv count), key/value metadata, tensor
 infos (name, dims innermost first, type, offset), padding to the alignment, tensor data
@@ -82,10 +82,14 @@ class GGUFWriter:
                 f.write(b"\0" * _pad(arr.nbytes))
 
 
-def read_gguf(path):
-    """Returns (metadata dict, {name: np.ndarray in PyTorch order}). For checks only."""
-    with open(path, "rb") as f:
-        data = f.read()
+def read_gguf(path, writable=False):
+    """Returns (metadata dict, {name: np.ndarray in PyTorch order}).
+
+    The arrays are views of a memory map of the file (a 1 GB model is not read into memory);
+    with writable=True, assigning to them rewrites the file's tensor data in place (the
+    metadata and tensor layout stay as they are).
+    """
+    data = np.memmap(path, dtype=np.uint8, mode="r+" if writable else "r")
     pos = 0
 
     def take(fmt):
@@ -97,7 +101,7 @@ def read_gguf(path):
     def string():
         nonlocal pos
         n = take("Q")
-        s = data[pos:pos + n].decode("utf-8")
+        s = bytes(data[pos:pos + n]).decode("utf-8")
         pos += n
         return s
 
@@ -109,7 +113,7 @@ def read_gguf(path):
             return [value(et) for _ in range(n)]
         return take(_SCALAR_FMT[vtype])
 
-    assert data[:4] == b"GGUF", "not a GGUF file"
+    assert bytes(data[:4]) == b"GGUF", "not a GGUF file"
     pos = 4
     version, n_tensors, n_kv = take("IQQ")
     assert version == 3
@@ -129,6 +133,7 @@ def read_gguf(path):
     for name, dims, gtype, off in infos:
         dt = np.dtype(_NP_DTYPE[gtype]).newbyteorder("<")
         count = int(np.prod(dims))
-        arr = np.frombuffer(data, dtype=dt, count=count, offset=base + off)
+        start = base + off
+        arr = data[start:start + count * dt.itemsize].view(dt)
         tensors[name] = arr.reshape(dims[::-1])
     return meta, tensors

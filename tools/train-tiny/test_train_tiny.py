@@ -84,6 +84,28 @@ class GgufTest(unittest.TestCase):
         self.assertEqual(len(raw) % gw.ALIGNMENT, 0)
 
 
+    def test_writable_read_rewrites_tensors_in_place(self):
+        w = gw.GGUFWriter()
+        w.add_string("general.architecture", "llama")
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        b = np.linspace(-1, 1, 5).astype(np.float32)
+        w.add_tensor("m.weight", a, gw.GGML_F16)
+        w.add_tensor("n.weight", b, gw.GGML_F32)
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "t.gguf")
+            w.write(p)
+            size = os.path.getsize(p)
+            _, tw = gw.read_gguf(p, writable=True)
+            tw["n.weight"][:] = 2 * b
+            tw["m.weight"][1, :] = -1
+            del tw
+            meta, t = gw.read_gguf(p)
+            self.assertEqual(os.path.getsize(p), size)
+            self.assertEqual(meta["general.architecture"], "llama")
+            np.testing.assert_array_equal(t["n.weight"], 2 * b)
+            np.testing.assert_array_equal(t["m.weight"], [[0, 1, 2], [-1, -1, -1]])
+
+
 class ModelTest(unittest.TestCase):
     def test_gqa_forward_is_causal(self):
         torch.manual_seed(0)
