@@ -321,11 +321,14 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
   const char* gpu_kind = !matvec ? "matmul_" : a.m == 1 ? "matvec_" : "mattile_";
   const bool wide = dev.info.int64 && a.w_dtype != PC_DTYPE_F32 && a.w_dtype != PC_DTYPE_BF16;
   const char* cpu_kind = a.m != 1 ? "matrowtile_" : wide ? "matrow64_" : "matrow_";
-  // Decode on a CPU device with subgroups of 8 reads x and W through texel views of their
-  // blocks (matrowtex_*, see matrow.comp) where both have one.
-  const bool texel = cpu && a.m == 1 && dev.info.texel_blocks && dev.info.subgroup_size == 8 &&
-                     dev.info.subgroup_broadcast && a.w_dtype != PC_DTYPE_F32 &&
-                     a.w_dtype != PC_DTYPE_BF16;
+  // A CPU device reads x and W through texel views of their blocks where both have one (see
+  // matrow.comp): tiles always (matrowtiletex_*), decode where the subgroups are 8 wide
+  // (matrowtex_*, F16 and the quantized formats).
+  const bool texel =
+      cpu && dev.info.texel_blocks &&
+      (a.m != 1 || (dev.info.subgroup_size == 8 && dev.info.subgroup_broadcast &&
+                    a.w_dtype != PC_DTYPE_F32 && a.w_dtype != PC_DTYPE_BF16));
+  const char* texel_kind = a.m != 1 ? "matrowtiletex_" : "matrowtex_";
   // Columns of a matrow.comp workgroup: 64 invocations of COLS (16 to decode, 8 in tiles).
   const uint64_t row_cols = a.m == 1 ? 16 * 64 : 8 * 64;
   const uint64_t row_bytes = sdk::RowBytes(a.w_dtype, a.k);
@@ -354,13 +357,14 @@ pc_error_t* Matmul(Launcher& L, const pc_matmul_args_t& a) {
       const bool row = cpu && push.x_off % 4 == 0;
       Kernel* k = nullptr;
       Window xt, wt;
-      if (row && texel && L.BindTexels(a.x + m0 * a.x_stride * 4, a.k * 4, &xt) &&
+      if (row && texel &&
+          L.BindTexels(a.x + m0 * a.x_stride * 4, ((mm - 1) * a.x_stride + a.k) * 4, &xt) &&
           xt.first % 16 == 0 && L.BindTexels(a.w + n0 * row_bytes, nn * row_bytes, &wt)) {
         w[0] = xt;
         w[1] = wt;
         push.x_off = xt.first / 4;
         push.w_off = wt.first;
-        PCV_TRY(GetKernel(L.device(), std::string("matrowtex_") + suffix, 4, &k, 2));
+        PCV_TRY(GetKernel(L.device(), std::string(texel_kind) + suffix, 4, &k, 2));
       } else {
         PCV_TRY(GetKernel(L.device(), std::string(row ? cpu_kind : gpu_kind) + suffix, 4, &k));
       }

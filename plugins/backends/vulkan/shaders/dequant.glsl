@@ -1,16 +1,20 @@
 // Weight decoding for one weight format, chosen by a WT_<format> define. The including shader
-// declares `uint w[]` (the weight's bytes as little-endian words); offsets below are bytes.
+// declares `uint w[]` (the weight's bytes as little-endian words), or defines W_WORD(i) as the
+// i-th such word (matrow.comp's texel variants); offsets below are bytes.
 //   WT_FLOAT   set for F32/F16/BF16: any row length, WeightAt(row_byte, e) decodes element e.
 //   otherwise  rows of 32-element chunks (a block, or a K-quant's sub-block): Chunk(row_byte, c, v).
-uint Rd8(uint b) { return (w[b >> 2] >> ((b & 3u) * 8u)) & 0xFFu; }
-uint Rd16(uint b) { return (w[b >> 2] >> ((b & 2u) * 8u)) & 0xFFFFu; }  // b even
+#ifndef W_WORD
+#define W_WORD(i) w[i]
+#endif
+uint Rd8(uint b) { return (W_WORD(b >> 2) >> ((b & 3u) * 8u)) & 0xFFu; }
+uint Rd16(uint b) { return (W_WORD(b >> 2) >> ((b & 2u) * 8u)) & 0xFFFFu; }  // b even
 int S8(uint v) { return int(v << 24) >> 24; }
 
 #if defined(WT_F32) || defined(WT_F16) || defined(WT_BF16)
 #define WT_FLOAT 1
 float WeightAt(uint rb, uint e) {
 #if defined(WT_F32)
-  return uintBitsToFloat(w[(rb >> 2) + e]);
+  return uintBitsToFloat(W_WORD((rb >> 2) + e));
 #elif defined(WT_F16)
   return F16ToF32(Rd16(rb + 2u * e));
 #else

@@ -12,14 +12,16 @@
 // INT64) whatever its alignment (LoadGroup); tiles (prefill), F16/BF16 pairs and Q4_0/Q8_0 as
 // 32-bit words, the other formats byte by byte (dequant.glsl). No shared memory, no barrier.
 //
-// TEXEL (matrowtex_*, decode on a CPU device with subgroups of 8): x and W are read through
+// TEXEL (matrowtex_*: decode on a CPU device with subgroups of 8; matrowtiletex_*: tiles on a
+// CPU device): x and W are read through
 // uniform texel buffers (the texel view of their memory blocks, 16 bytes a texel; the offsets
 // in the push constants are then from the block's start). Lavapipe compiles a storage-buffer
 // load whose address differs between lanes into a per-lane loop (a bounds check, an exec-mask
 // test, a store into a stack vector and a reload of the whole vector: a store-forwarding stall
 // per lane and component), and one whose address is the same in every lane (x) the same way;
-// a texel fetch is a branchless gather of 16 bytes a lane. x is read once per subgroup: each
-// of its 8 lanes fetches an eighth of the group's x and subgroupBroadcast hands it to the others.
+// a texel fetch is a branchless gather of 16 bytes a lane. Decoding, x is read once per
+// subgroup: each of its 8 lanes fetches an eighth of the group's x and subgroupBroadcast hands
+// it to the others.
 layout(local_size_x = 64) in;
 #if defined(TEXEL)
 #extension GL_KHR_shader_subgroup_ballot : require
@@ -27,7 +29,7 @@ layout(binding = 0) uniform usamplerBuffer xt;
 layout(binding = 1) uniform usamplerBuffer wt;
 vec4 X4(uint i) { return uintBitsToFloat(texelFetch(xt, int(i))); }
 uint W32(uint i) { return texelFetch(wt, int(i >> 2))[i & 3u]; }
-int S8(uint v) { return int(v << 24) >> 24; }
+#define W_WORD(i) W32(i)
 #else
 layout(std430, binding = 0) readonly buffer X { vec4 x4[]; };  // the host aligns x to 4 floats
 layout(std430, binding = 1) readonly buffer Wt { uint w[]; };
@@ -47,11 +49,7 @@ layout(push_constant) uniform P {
   uint x_off, w_off, b_off, o_off;  // x, bias, out in floats; w in bytes
   uint m, n, k, x_stride, o_stride, row_bytes, has_bias, accumulate;
 } p;
-#if !defined(TEXEL)
 #include "dequant.glsl"
-#elif defined(WT_F32) || defined(WT_F16) || defined(WT_BF16)
-#define WT_FLOAT 1
-#endif
 
 // ROWS: rows of x per invocation, 1 for decode (matrow_*), 8 for prefill and batched decode
 // (matrowtile_*). COLS: columns (rows of W) per invocation, so that each x value loaded serves
@@ -458,11 +456,11 @@ void main() {
 #endif
 #endif
     }
+    // Rows past nr repeat the last one (never stored): a branch here kept the loop rolled,
+    // and acc[r][c] then became a per-lane gather and scatter through the stack.
     [[unroll]] for (uint r = 0u; r < NR; ++r) {
-      if (r < nr) {
-        vec4 xv = X4(xb + r * xs + q);
-        [[unroll]] for (uint c = 0u; c < NC; ++c) acc[r][c] += dot(v[c], xv);
-      }
+      vec4 xv = X4(xb + min(r, nr - 1u) * xs + q);
+      [[unroll]] for (uint c = 0u; c < NC; ++c) acc[r][c] += dot(v[c], xv);
     }
   }
 #elif ROWS != 1  // (decoding a quantized format: all of k in groups above)
@@ -477,20 +475,18 @@ void main() {
       Chunk(rb[c], b, v[c]);
 #endif
     }
-    [[unroll]] for (uint r = 0u; r < NR; ++r) {
-      if (r < nr) {
-        uint xr = xb + r * xs + b * 8u;
-        float s[NC];
-        [[unroll]] for (uint c = 0u; c < NC; ++c) s[c] = 0.0;
-        [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-          vec4 xv = X4(xr + q);
-          [[unroll]] for (uint c = 0u; c < NC; ++c) {
-            s[c] += dot(vec4(v[c][4u * q], v[c][4u * q + 1u], v[c][4u * q + 2u],
-                             v[c][4u * q + 3u]), xv);
-          }
+    [[unroll]] for (uint r = 0u; r < NR; ++r) {  // past nr: the last row again (see above)
+      uint xr = xb + min(r, nr - 1u) * xs + b * 8u;
+      float s[NC];
+      [[unroll]] for (uint c = 0u; c < NC; ++c) s[c] = 0.0;
+      [[unroll]] for (uint q = 0u; q < 8u; ++q) {
+        vec4 xv = X4(xr + q);
+        [[unroll]] for (uint c = 0u; c < NC; ++c) {
+          s[c] += dot(vec4(v[c][4u * q], v[c][4u * q + 1u], v[c][4u * q + 2u],
+                           v[c][4u * q + 3u]), xv);
         }
-        [[unroll]] for (uint c = 0u; c < NC; ++c) acc[r][c] += s[c];
       }
+      [[unroll]] for (uint c = 0u; c < NC; ++c) acc[r][c] += s[c];
     }
   }
 #endif
