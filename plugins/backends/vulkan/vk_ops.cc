@@ -458,8 +458,14 @@ pc_error_t* Attention(Launcher& L, const pc_attention_args_t& a) {
     return MakeError(PC_CODE_UNIMPLEMENTED, "attention: cache dtype");
   if (a.head_dim > 256)
     return MakeError(PC_CODE_UNIMPLEMENTED, "attention: head_dim above 256");
+  // On a CPU device whose blocks have texel views, K and V are read through them
+  // (attention_tex: bindings 0 and 1, the cache offsets in place of the addresses).
+  Window kt, vt;
+  const bool texel = L.device().info.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU &&
+                     L.BindTexels(a.k_cache, 4, &kt) && L.BindTexels(a.v_cache, 4, &vt);
   Kernel* k = nullptr;
-  PCV_TRY(GetKernel(L.device(), "attention", 5, &k));
+  PCV_TRY(GetKernel(L.device(), texel ? "attention_tex" : "attention", texel ? 7 : 5, &k,
+                    texel ? 2 : 0));
   const uint64_t q_bytes = a.n_tokens * a.n_heads * a.head_dim * 4;
   std::vector<Window> w(5);
   PCV_TRY(L.Bind(a.q, q_bytes, 4, "q", &w[0]));
@@ -468,8 +474,12 @@ pc_error_t* Attention(Launcher& L, const pc_attention_args_t& a) {
   PCV_TRY(L.Bind(a.seq_lens, a.n_seqs * 4, 4, "seq_lens", &w[3]));
   PCV_TRY(L.Bind(a.block_tables, a.n_seqs * a.max_blocks_per_seq * 4, 4, "block_tables", &w[4]));
   uint64_t kc = 0, vc = 0;
-  PCV_TRY(L.Address(a.k_cache, "k_cache", &kc));
-  PCV_TRY(L.Address(a.v_cache, "v_cache", &vc));
+  if (texel) {
+    kc = kt.first, vc = vt.first;
+  } else {
+    PCV_TRY(L.Address(a.k_cache, "k_cache", &kc));
+    PCV_TRY(L.Address(a.v_cache, "v_cache", &vc));
+  }
   struct {
     uint32_t kc_lo, kc_hi, vc_lo, vc_hi, q_off, o_off, qs_off, sl_off, bt_off;
     uint32_t n_tokens, n_seqs, n_heads, n_kv_heads, head_dim, block_size, max_blocks, dtype;
@@ -480,6 +490,7 @@ pc_error_t* Attention(Launcher& L, const pc_attention_args_t& a) {
          U32(a.n_heads), U32(a.n_kv_heads), U32(a.head_dim), U32(a.block_size),
          U32(a.max_blocks_per_seq), CacheCode(a.cache_dtype), a.scale,
          U32(std::min<int64_t>(sdk::AttentionWindow(a), UINT32_MAX))};
+  if (texel) w.insert(w.begin(), {kt, vt});
   return L.Dispatch(*k, w, &push, sizeof(push), a.n_tokens * a.n_heads);
 }
 

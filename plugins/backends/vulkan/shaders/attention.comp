@@ -8,13 +8,25 @@
 // The row's positions go by in tiles of 64 (one per invocation for the scores, then every
 // invocation accumulates its own output dimensions) with an online softmax, so any context
 // length fits in fixed shared memory. Caches by device address (see kv_store.comp).
+//
+// TEXEL (attention_tex, CPU devices whose memory blocks have texel views): K and V are read
+// through the texel views of their blocks (bindings 0 and 1, the other buffers after them; the
+// cache "addresses" in the push constants are then byte offsets in those blocks): lavapipe
+// compiles a buffer-reference load into a per-lane loop, a texel fetch into a branchless gather.
 layout(local_size_x = 64) in;
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer Words { uint d[]; };
-layout(std430, binding = 0) readonly buffer Q { float q[]; };
-layout(std430, binding = 1) writeonly buffer O { float o[]; };
-layout(std430, binding = 2) readonly buffer QS { int qstart[]; };
-layout(std430, binding = 3) readonly buffer SL { int seq_lens[]; };
-layout(std430, binding = 4) readonly buffer BT { int btab[]; };
+#if defined(TEXEL)
+#define B0 2
+layout(binding = 0) uniform usamplerBuffer k_texels;
+layout(binding = 1) uniform usamplerBuffer v_texels;
+#else
+#define B0 0
+#endif
+layout(std430, binding = B0 + 0) readonly buffer Q { float q[]; };
+layout(std430, binding = B0 + 1) writeonly buffer O { float o[]; };
+layout(std430, binding = B0 + 2) readonly buffer QS { int qstart[]; };
+layout(std430, binding = B0 + 3) readonly buffer SL { int seq_lens[]; };
+layout(std430, binding = B0 + 4) readonly buffer BT { int btab[]; };
 layout(push_constant) uniform P {
   uvec2 k_cache, v_cache;
   uint q_off, o_off, qs_off, sl_off, bt_off;
@@ -35,6 +47,21 @@ float Cache(Words c, uint e) {
   uint h = (c.d[e >> 1] >> ((e & 1u) * 16u)) & 0xFFFFu;
   return p.dtype == 1u ? F16ToF32(h) : Bf16ToF32(h);
 }
+#if defined(TEXEL)
+// Element e of the cache starting at byte `base` of the texel view t.
+float TexelCache(usamplerBuffer t, uint base, uint e) {
+  uint b = base + (p.dtype == 0u ? 4u * e : 2u * e);
+  uint word = texelFetch(t, int(b >> 4))[(b >> 2) & 3u];
+  if (p.dtype == 0u) return uintBitsToFloat(word);
+  uint h = (word >> ((b & 2u) * 8u)) & 0xFFFFu;
+  return p.dtype == 1u ? F16ToF32(h) : Bf16ToF32(h);
+}
+#define K_AT(e) TexelCache(k_texels, p.k_cache.x, e)
+#define V_AT(e) TexelCache(v_texels, p.v_cache.x, e)
+#else
+#define K_AT(e) Cache(kc, e)
+#define V_AT(e) Cache(vc, e)
+#endif
 
 void main() {
   uint g = WorkgroupLinear();
@@ -47,7 +74,9 @@ void main() {
   uint n_q = uint(qstart[p.qs_off + s + 1u]) - q0;
   uint n_ctx = uint(seq_lens[p.sl_off + s]) - n_q + (t - q0) + 1u;  // positions 0..own
   uint kvh = h / (p.n_heads / p.n_kv_heads);
+#if !defined(TEXEL)
   Words kc = Words(p.k_cache), vc = Words(p.v_cache);
+#endif
   uint hd = p.head_dim;
   uint qb = p.q_off + (t * p.n_heads + h) * hd;
   for (uint d = lid; d < hd; d += 64u) qv[d] = q[qb + d];
@@ -66,7 +95,7 @@ void main() {
       slot_of[lid] = slot;
       uint kb = (slot * p.n_kv_heads + kvh) * hd;
       float dot_ = 0.0;
-      for (uint d = 0u; d < hd; ++d) dot_ += qv[d] * Cache(kc, kb + d);
+      for (uint d = 0u; d < hd; ++d) dot_ += qv[d] * K_AT(kb + d);
       score = dot_ * p.scale;
     }
     float sg_max = subgroupMax(score);
@@ -90,7 +119,7 @@ void main() {
       if (d < hd) {
         float a = acc[i] * alpha;
         for (uint j = 0u; j < n_here; ++j) {
-          a += sc[j] * Cache(vc, (slot_of[j] * p.n_kv_heads + kvh) * hd + d);
+          a += sc[j] * V_AT((slot_of[j] * p.n_kv_heads + kvh) * hd + d);
         }
         acc[i] = a;
       }
