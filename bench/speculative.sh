@@ -5,8 +5,10 @@
 # Cases (the target: the qwen2.5-0.5b shape, F16, random weights, qwen2 vocabulary):
 #   self     the draft is the target itself: acceptance 1, the verification overhead and ceiling
 #   trunc    a draft made of the target's first L layers (the same seed writes the same weights)
-#   ngram    prompt lookup, on a prompt that holds its own continuation (the target's greedy
-#            output for a first prompt, then that prompt again); llama.cpp's llama-lookup
+#   ngram    prompt lookup, on a prompt that holds its own continuation (the model's greedy
+#            output for a first prompt, then that prompt again); llama.cpp's llama-lookup. On
+#            the target (whose random text never repeats, so the lookup finds nothing) and on
+#            the bundled model (trained: it continues the echo much as it did the first time)
 #   trained  the bundled model (models/polychip-tiny.gguf, trained weights) with the draft
 #            distilled from it (models/polychip-tiny-draft.gguf, tools/train-tiny/train_draft.py):
 #            real acceptance; its speedup is against the bundled model without speculation
@@ -105,6 +107,8 @@ pc_run_once() {  # name prompt [flags]
   tps=$(sed -n 's/.*generation [0-9]* tokens, [0-9.]* s, \([0-9.]*\) tok\/s.*/\1/p' "$OUT/$name.err")
   acc=$(sed -n 's/.*(acceptance \([0-9.]*\)).*/\1/p' "$OUT/$name.err")
   len=$(sed -n 's/.*| \([0-9.]*\) tokens per verification step.*/\1/p' "$OUT/$name.err")
+  # Speculation that never proposed (an n-gram lookup that found no match) verified nothing.
+  if grep -q '| 0 verification steps' "$OUT/$name.err"; then acc="no-drafts" len="-"; fi
   log "polychip $name: $(grep -h -E '^(timings|speculative):' "$OUT/$name.err" | tr '\n' ' ')"
   echo "${tps:-0} ${acc:--} ${len:--}"
 }
@@ -229,9 +233,7 @@ fi
 # the draft's context is the model's, 256).
 TINY="$ROOT/models/polychip-tiny.gguf" TINY_DRAFT="$ROOT/models/polychip-tiny-draft.gguf"
 TINY_PROMPT="And it came to pass, when the king heard the words of the law, that"
-if ! want trained; then
-  :
-elif [[ -f "$TINY_DRAFT" ]]; then
+if want trained || want ngram; then
   TINY_BPT=$("$PC" bench -m "$TINY" -t "$THREADS" -p 0 -n 1 -r 1 -o json 2>/dev/null |
              sed -n 's/.*"bytes_per_token": \([0-9]*\).*/\1/p' | head -1)
   TINY_LL_BASE=$("$LB/llama-bench" -m "$TINY" -t "$THREADS" -p 0 -n "$TNG" -r "$ROUNDS" -o json 2>/dev/null |
@@ -240,6 +242,33 @@ elif [[ -f "$TINY_DRAFT" ]]; then
   read -r TINY_BASE _ _ <<<"$(pc_run tiny-base "$TINY_PROMPT")"
   row "none (bundled model)" "polychip" - - 1 "$TINY_BASE" "$TINY_BASE" "$TINY_BPT"
   row "none (bundled model)" "llama.cpp" - - 1 "$TINY_LL_BASE" "$TINY_LL_BASE" "$TINY_BPT"
+  NG=$NG_SAVED
+  unset PC_MODEL
+fi
+# n-gram lookup where it can pay: a random model's text never repeats its context, so on the
+# qwen2.5-0.5b shape the lookup finds nothing; the bundled model, trained, continues an echo of
+# its own text (the prompt, its greedy continuation, the prompt again) much as it did the
+# first time, which the lookup proposes.
+if want ngram; then
+  NG_SAVED=$NG NG=$TNG PC_MODEL=$TINY
+  log "the bundled model's greedy continuation (for its ngram prompt)"
+  TINY_CONT="$("$PC" run -m "$TINY" -t "$THREADS" -p "$TINY_PROMPT" -n "$TNG" --ignore-eos 2>/dev/null)"
+  TINY_ECHO="$TINY_PROMPT$TINY_CONT
+$TINY_PROMPT"
+  read -r TINY_BASE_ECHO _ _ <<<"$(pc_run tiny-base-echo "$TINY_ECHO")"
+  read -r t a l <<<"$(pc_run tiny-ngram "$TINY_ECHO" --speculative-algorithm ngram "${SPEC[@]}")"
+  row "ngram (echo prompt, bundled model)" "polychip" "$K" "$a" "$l" "$t" "$TINY_BASE_ECHO" "$TINY_BPT"
+  read -r t a l <<<"$(ll_run tiny-ngram llama-lookup "$TINY_ECHO")"
+  row "ngram (echo prompt, bundled model)" "llama.cpp" "$K" "$a" "$l" "$t" "$TINY_LL_BASE" "$TINY_BPT"
+  NG=$NG_SAVED
+  unset PC_MODEL
+  cmp -s "$OUT/tiny-base-echo.txt" "$OUT/tiny-ngram.txt" ||
+    { log "WARNING: polychip ngram output on the bundled model differs:"; diff "$OUT/tiny-base-echo.txt" "$OUT/tiny-ngram.txt" >&2 || true; }
+fi
+if ! want trained; then
+  :
+elif [[ -f "$TINY_DRAFT" ]]; then
+  NG_SAVED=$NG NG=$TNG PC_MODEL=$TINY
   read -r t a l <<<"$(pc_run trained "$TINY_PROMPT" --speculative-draft-model "$TINY_DRAFT" "${SPEC[@]}")"
   row "trained draft" "polychip" "$K" "$a" "$l" "$t" "$TINY_BASE" "$TINY_BPT"
   read -r t a l <<<"$(ll_run trained llama-speculative "$TINY_PROMPT" -md "$TINY_DRAFT" --spec-draft-n-min 0 --spec-draft-p-min 0)"
