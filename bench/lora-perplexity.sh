@@ -13,38 +13,44 @@
 # 0.15), whose logits are peaky: a tiny rounding difference (llama.cpp rounds activations to
 # int8 in blocks of 256 against K-quants, the cpu plugin in blocks of 32) can flip a
 # mixture-of-experts route, which moves the perplexity of the few tokens after it. Scoring the
-# whole text (512 tokens) averages that out; 2 chunks (the unit test's) leave it visible.
+# whole text (512 tokens) averages that out; 2 chunks (the unit test's) leave it visible, and a
+# longer text (-f models/polychip-tiny.heldout.txt -c 64: 8,192 tokens) averages it further.
 #
-# usage: bench/lora-perplexity.sh [-t THREADS] [-c CHUNKS]   (defaults: 2 threads, all chunks)
+# usage: bench/lora-perplexity.sh [-t THREADS] [-c CHUNKS] [-f TEXT] [-a ARCHS]
+#   defaults: 2 threads, all chunks, tests/data/lighthouse.txt, ARCHS "llama qwen2 qwen3moe"
+#   (-a takes a comma- or space-separated subset)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${POLYCHIP_BUILD_DIR:-$ROOT/build}/bin/polychip"
 LLAMA="${POLYCHIP_LLAMA_CPP_DIR:-$HOME/.cache/polychip/llama.cpp}"
 LP="$LLAMA/build/bin/llama-perplexity"
-THREADS=2 CHUNKS=""
+THREADS=2 CHUNKS="" TEXT="$ROOT/tests/data/lighthouse.txt" ARCHS="llama qwen2 qwen3moe"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -t) THREADS="$2"; shift 2 ;;
     -c) CHUNKS="--chunks $2"; shift 2 ;;
-    *) sed -n 2,16p "$0" >&2; exit 2 ;;
+    -f) TEXT="$2"; shift 2 ;;
+    -a) ARCHS="${2//,/ }"; shift 2 ;;
+    *) sed -n 2,21p "$0" >&2; exit 2 ;;
   esac
 done
 [[ -x "$BIN" ]] || { echo "missing $BIN (build the polychip target)" >&2; exit 1; }
 [[ -x "$LP" ]] || { echo "missing $LP" >&2; exit 1; }
 DIR="${POLYCHIP_BENCH_DIR:-$ROOT/build/bench-models}/lora-ppl"
 mkdir -p "$DIR"
-TEXT="$ROOT/tests/data/lighthouse.txt"
+[[ -f "$TEXT" ]] || { echo "missing $TEXT" >&2; exit 1; }
 export POLYCHIP_DEVICE_BACKEND=cpu
 
 ppl() { grep -o 'Final estimate: PPL = [0-9.]*' | awk '{print $5}'; }
 printf '%-9s %-7s %-4s %-6s %-5s %-5s %11s %11s %11s %9s %13s\n' \
   arch base rank alpha type scale "base PPL" polychip llama.cpp diff "llama.cpp -fa"
 fail=0
-for arch in llama qwen2 qwen3moe; do
+for arch in $ARCHS; do
   case $arch in
     llama) vocab=llama-bpe shape=tiny targets=attn,ffn,output ;;
     qwen2) vocab=qwen2 shape=tiny targets=attn,ffn,output ;;
     qwen3moe) vocab=qwen2 shape=qwen3moe-tiny targets=attn,ffn,experts,output ;;
+    *) echo "unknown arch $arch (llama, qwen2, qwen3moe)" >&2; exit 2 ;;
   esac
   for base in F16 Q4_K_M; do
     model="$DIR/$arch-$base.gguf"
