@@ -30,7 +30,9 @@ if [ "$installed" != "$version" ]; then
   mkdir -p "$cache/npm"
   # --ignore-scripts: we only want the files; its install script would build its own binaries.
   # --omit=optional: skip the prebuilt platform binaries (hundreds of MB) we do not run.
-  npm install --no-audit --no-fund --ignore-scripts --omit=optional --prefix "$cache/npm" \
+  # --legacy-peer-deps: npm re-resolves the folder's earlier packages (setup-test-deps.sh's
+  # clients), whose optional zod peers conflict (openai@4 wants zod 3, @anthropic-ai/sdk takes 4).
+  npm install --no-audit --no-fund --ignore-scripts --omit=optional --legacy-peer-deps --prefix "$cache/npm" \
     "node-llama-cpp@$version" >&2
 fi
 
