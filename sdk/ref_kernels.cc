@@ -359,8 +359,81 @@ void MoeRoute(const float* logits, int64_t n_experts, int64_t n_used, bool norm_
   }
 }
 
+bool IsLowRankDtype(pc_dtype_t t) { return IsFloatType(t) || t == PC_DTYPE_Q8_0; }
+
+MoeLowRank MoeLowRankOf(const pc_moe_args_t& a, int projection) {
+  MoeLowRank t;
+  if (a.struct_size < offsetof(pc_moe_args_t, down_lora_scale) + sizeof(a.down_lora_scale))
+    return t;
+  switch (projection) {
+    case 0: t = {a.gate_lora_a, a.gate_lora_b, a.gate_lora_rank, a.gate_lora_scale}; break;
+    case 1: t = {a.up_lora_a, a.up_lora_b, a.up_lora_rank, a.up_lora_scale}; break;
+    case 2: t = {a.down_lora_a, a.down_lora_b, a.down_lora_rank, a.down_lora_scale}; break;
+    default: break;
+  }
+  return t;
+}
+
+bool MoeHasLowRank(const pc_moe_args_t& a) {
+  for (int p = 0; p < 3; ++p) {
+    if (MoeLowRankOf(a, p).present()) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// One projection's low-rank term of MOE, mapped: A [n_experts * rank, cols], B [n_experts *
+// rows, rank]. Adds s B_e (A_e v) to y[rows] for expert e. The reference rounds nothing (as its
+// MATMUL): the product is F32 arithmetic over the dequantized A and B.
+struct RefLowRank {
+  const uint8_t* a = nullptr;
+  const uint8_t* b = nullptr;
+  pc_dtype_t a_dtype = PC_DTYPE_F32, b_dtype = PC_DTYPE_F32;
+  int64_t rank = 0, rows = 0, cols = 0;
+  float scale = 0;
+
+  void Add(int64_t e, const float* v, float* y) const {
+    if (a == nullptr) return;
+    const int64_t a_row = RowBytes(a_dtype, cols), b_row = RowBytes(b_dtype, rank);
+    std::vector<float> w(std::max(cols, rank)), t(rank);
+    for (int64_t i = 0; i < rank; ++i) {  // t = A_e v   [rank]
+      DequantizeRow(a_dtype, a + (e * rank + i) * a_row, w.data(), cols);
+      float sum = 0;
+      for (int64_t k = 0; k < cols; ++k) sum += v[k] * w[k];
+      t[i] = sum;
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // y += s B_e t   [rows]
+      DequantizeRow(b_dtype, b + (e * rows + r) * b_row, w.data(), rank);
+      float sum = 0;
+      for (int64_t i = 0; i < rank; ++i) sum += t[i] * w[i];
+      y[r] += scale * sum;
+    }
+  }
+};
+
+}  // namespace
+
 const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem) {
   if (a.n_tokens == 0) return nullptr;
+  // The low-rank terms of gate, up, down (1.7): [rows, cols] of one expert's matrix.
+  RefLowRank terms[3];
+  const int64_t term_rows[3] = {a.n_ff, a.n_ff, a.n_embd};
+  const int64_t term_cols[3] = {a.n_embd, a.n_embd, a.n_ff};
+  for (int p = 0; p < 3; ++p) {
+    const MoeLowRank t = MoeLowRankOf(a, p);
+    if (!t.present()) continue;
+    RefLowRank& r = terms[p];
+    r.a_dtype = a.lora_a_dtype;
+    r.b_dtype = a.lora_b_dtype;
+    r.rank = t.rank;
+    r.rows = term_rows[p];
+    r.cols = term_cols[p];
+    r.scale = t.scale;
+    r.a = Map<const uint8_t>(mem, t.a, a.n_experts * t.rank * RowBytes(r.a_dtype, r.cols));
+    r.b = Map<const uint8_t>(mem, t.b, a.n_experts * r.rows * RowBytes(r.b_dtype, t.rank));
+    if (!r.a || !r.b) return kBadAddress;
+  }
   const int64_t gate_row = RowBytes(a.gate_dtype, a.n_embd);
   const int64_t up_row = RowBytes(a.up_dtype, a.n_embd);
   const int64_t down_row = RowBytes(a.down_dtype, a.n_ff);
@@ -374,7 +447,7 @@ const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem) {
   if (mem.validate_only) return nullptr;
   std::vector<int32_t> experts(a.n_used);
   std::vector<float> weights(a.n_used), w_row(std::max(a.n_embd, a.n_ff));
-  std::vector<float> h(a.n_ff), y(a.n_embd);
+  std::vector<float> h(a.n_ff), y_up(a.n_ff), y(a.n_embd), d_e(a.n_embd);
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     const float* xt = x + t * a.n_embd;  // [n_embd]
     MoeRoute(logits + t * a.n_experts, a.n_experts, a.n_used, a.norm_weights != 0,
@@ -388,14 +461,21 @@ const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem) {
         for (int64_t k = 0; k < a.n_embd; ++k) g += xt[k] * w_row[k];
         DequantizeRow(a.up_dtype, up + (e * a.n_ff + r) * up_row, w_row.data(), a.n_embd);
         for (int64_t k = 0; k < a.n_embd; ++k) u += xt[k] * w_row[k];
-        h[r] = g / (1.0f + std::exp(-g)) * u;
+        h[r] = g;
+        y_up[r] = u;
       }
+      terms[0].Add(e, xt, h.data());
+      terms[1].Add(e, xt, y_up.data());
+      for (int64_t r = 0; r < a.n_ff; ++r) h[r] = h[r] / (1.0f + std::exp(-h[r])) * y_up[r];
+      std::fill(d_e.begin(), d_e.end(), 0.f);
       for (int64_t r = 0; r < a.n_embd; ++r) {  // y += w_e * down_e h   [n_embd]
         DequantizeRow(a.down_dtype, down + (e * a.n_embd + r) * down_row, w_row.data(), a.n_ff);
         float d = 0;
         for (int64_t k = 0; k < a.n_ff; ++k) d += h[k] * w_row[k];
-        y[r] += weights[j] * d;
+        d_e[r] = d;
       }
+      terms[2].Add(e, h.data(), d_e.data());
+      for (int64_t r = 0; r < a.n_embd; ++r) y[r] += weights[j] * d_e[r];
     }
     float* ot = out + t * a.n_embd;
     for (int64_t r = 0; r < a.n_embd; ++r) ot[r] = a.accumulate ? ot[r] + y[r] : y[r];
@@ -505,6 +585,18 @@ const char* Validate(const pc_moe_args_t& a) {
   if (RowBytes(a.gate_dtype, a.n_embd) < 0 || RowBytes(a.up_dtype, a.n_embd) < 0 ||
       RowBytes(a.down_dtype, a.n_ff) < 0)
     return "row length not a multiple of the weight block";
+  // The low-rank terms (1.7; absent from an older host's shorter struct).
+  const int64_t cols[3] = {a.n_embd, a.n_embd, a.n_ff};
+  for (int p = 0; p < 3; ++p) {
+    const MoeLowRank t = MoeLowRankOf(a, p);
+    if ((t.a != 0) != (t.b != 0) || (t.a != 0 && t.rank <= 0))
+      return "a low-rank term needs A, B and a positive rank";
+    if (!t.present()) continue;
+    if (!IsLowRankDtype(a.lora_a_dtype) || !IsLowRankDtype(a.lora_b_dtype))
+      return "low-rank A and B are F32, F16, BF16 or Q8_0";
+    if (RowBytes(a.lora_a_dtype, cols[p]) < 0 || RowBytes(a.lora_b_dtype, t.rank) < 0)
+      return "low-rank row length not a multiple of its type's block";
+  }
   return nullptr;
 }
 
@@ -548,9 +640,10 @@ bool RefSupports(const pc_op_query_t& q) {
       pc_dtype_t d = q.dtypes[i++];
       // V's cache dtype from a host older than 1.6: the same as K's.
       if (kind == DtypeKind::kCache && i == 2 && d == PC_DTYPE_INVALID) d = q.dtypes[0];
-      ok = ok && (kind == DtypeKind::kWeight ? Decodable(d)
-                  : kind == DtypeKind::kCache ? IsCacheDtype(d)
-                                              : IsFloatType(d));
+      ok = ok && (kind == DtypeKind::kWeight    ? Decodable(d)
+                  : kind == DtypeKind::kCache   ? IsCacheDtype(d)
+                  : kind == DtypeKind::kLowRank ? d == PC_DTYPE_INVALID || IsLowRankDtype(d)
+                                                : IsFloatType(d));
     });
     // An op without dtype members reads F32 activations only.
     if (i == 0) ok = q.dtypes[0] == PC_DTYPE_F32 || q.dtypes[0] == PC_DTYPE_INVALID;

@@ -68,7 +68,8 @@ class Recorder final : public Launcher {
   }
   std::vector<OpUse> Uses(int64_t n_layer) const;
 
-#define PC_DT(member, role, kind) dtypes.push_back(a.member);
+#define PC_DT(member, role, kind) \
+  if (runtime::DtypeMeant(a, #role)) dtypes.push_back(a.member);
 #define PC_LAYOUT(member)
 #define PC_M(type, m, since)                                                          \
   if (Newer(since, kOpSince) && a.m != decltype(a.m){} && !runtime::ReadsAsAbsent(a, #m)) \

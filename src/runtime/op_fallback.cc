@@ -58,10 +58,8 @@ Status StageOut(Stream& to_main, Stream& fallback_stream, const DeviceBuffer& bu
   return to_main.Synchronize();  // host must outlive the copy
 }
 
-uint64_t QueryKey(const pc_op_query_t& q) {
-  return static_cast<uint64_t>(q.op) | (static_cast<uint64_t>(q.dtypes[0] + 1) & 0xff) << 8 |
-         (static_cast<uint64_t>(q.dtypes[1] + 1) & 0xff) << 16 |
-         static_cast<uint64_t>(q.layout) << 32;
+std::array<int64_t, 6> QueryKey(const pc_op_query_t& q) {
+  return {q.op, q.dtypes[0], q.dtypes[1], q.dtypes[2], q.dtypes[3], q.layout};
 }
 
 // The op_supports query that `args` (the op's ABI struct) needs answered.
@@ -72,7 +70,9 @@ pc_op_query_t QueryFor(const typename T::Args& args) {
   q.op = T::kOp;
   for (auto& d : q.dtypes) d = PC_DTYPE_INVALID;
   int i = 0;
-  T::Dtypes([&](auto member, const char*, sdk::DtypeKind) { q.dtypes[i++] = args.*member; });
+  T::Dtypes([&](auto member, const char* role, sdk::DtypeKind) {
+    q.dtypes[i++] = DtypeMeant(args, role) ? args.*member : PC_DTYPE_INVALID;
+  });
   if (i == 0) q.dtypes[0] = PC_DTYPE_F32;
   q.shape_class = PC_SHAPE_ANY;
   q.layout = PC_LAYOUT_GGUF;
@@ -84,6 +84,18 @@ pc_op_query_t QueryFor(const typename T::Args& args) {
 }
 
 }  // namespace
+
+// The op_supports query a launch of `args` (op's ABI struct) needs answered (ops.cc).
+pc_op_query_t OpQueryOf(pc_op_t op, const void* args) {
+  pc_op_query_t q{};
+  q.struct_size = sizeof(q);
+  q.op = PC_OP_COUNT;  // an unknown op: no plugin says yes
+  sdk::VisitOp(op, 0, [&](auto t) {
+    q = QueryFor<decltype(t)>(*static_cast<const typename decltype(t)::Args*>(args));
+    return 0;
+  });
+  return q;
+}
 
 OpFallback::OpFallback(std::shared_ptr<Device> fallback) : fallback_(std::move(fallback)) {}
 OpFallback::~OpFallback() = default;
@@ -102,7 +114,7 @@ bool OpFallback::ShouldFallBack(const Device& device, int32_t op, const void* ar
     return NewerMemberInUse(id, args, fallback_->backend()->abi_minor()) == nullptr &&
            AskOpSupports(*fallback_, *query);
   }
-  const uint64_t key = QueryKey(*query);
+  const auto key = QueryKey(*query);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = supported_.find(key);
   if (it == supported_.end()) it = supported_.emplace(key, AskOpSupports(device, *query)).first;

@@ -14,6 +14,7 @@
 // Slow by design (two synchronisations per op), and meant for bring-up, not production.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -65,7 +66,8 @@ class OpFallback {
   std::map<DevPtr, uint64_t> immutable_;  // start -> bytes
   std::map<std::string, std::unique_ptr<DeviceWeight>> weights_;  // by "ptr/dtype/rows/cols"
   std::map<std::string, uint64_t> launches_;
-  std::map<uint64_t, bool> supported_;  // cache of ShouldFallBack's device query
+  // Cache of ShouldFallBack's device query, by (op, dtypes[0..3], layout).
+  std::map<std::array<int64_t, 6>, bool> supported_;
 };
 
 }  // namespace polychip::runtime

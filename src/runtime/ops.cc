@@ -45,6 +45,10 @@ bool AskOpSupports(const Device& device, const pc_op_query_t& q) {
   if ((q.op == PC_OP_KV_STORE || q.op == PC_OP_ATTENTION) && device.backend()->abi_minor() < 6 &&
       q.dtypes[1] != PC_DTYPE_INVALID && q.dtypes[1] != q.dtypes[0])
     return false;
+  // MOE's low-rank terms came in 1.7: an older plugin ignores dtypes[3] (and would ignore the
+  // terms at launch), so it is not asked.
+  if (q.op == PC_OP_MOE && q.dtypes[3] != PC_DTYPE_INVALID && device.backend()->abi_minor() < 7)
+    return false;
   const pc_backend_iface_t* t = TableOf(*device.backend());
   return t->op_supports(static_cast<pc_device_t*>(device.raw()), &q) != 0;
 }
@@ -105,6 +109,19 @@ Status CheckMembersKnown(const Device& device, pc_op_t op, const void* args) {
                             "newer plugin with --op-fallback cpu, or update the plugin");
 }
 
+pc_op_query_t OpQueryOf(pc_op_t op, const void* args);  // op_fallback.cc
+
+bool CanLaunchArgs(const Device& device, pc_op_t op, const void* args) {
+  const pc_op_query_t q = OpQueryOf(op, args);
+  auto on = [&](const Device& d) {
+    return NewerMemberInUse(op, args, d.backend()->abi_minor()) == nullptr && AskOpSupports(d, q);
+  };
+  if (on(device)) return true;
+  // The fallback reads weights in the GGUF layout only (op_fallback.cc).
+  const OpFallback* fallback = device.op_fallback();
+  return fallback != nullptr && q.layout == PC_LAYOUT_GGUF && on(fallback->device());
+}
+
 // Generated from the op list: C++ mirror -> ABI struct, member by member, then the launch on
 // the stream's device, or on its fallback device when it lacks the op (op_fallback.h).
 #define PC_M(type, m, since) r.m = static_cast<decltype(r.m)>(a.m);
@@ -121,6 +138,13 @@ Status CheckMembersKnown(const Device& device, pc_op_t op, const void* args) {
     }                                                                       \
     PC_RETURN_IF_ERROR(CheckMembersKnown(stream.device(), PC_OP_##NAME, &r)); \
     return LaunchOnStream(stream, PC_OP_##NAME, &r);                        \
+  }                                                                         \
+  bool CanLaunch(const Device& device, const Camel##Args& a) {              \
+    args_t r{};                                                             \
+    r.struct_size = sizeof(r);                                              \
+    MEMBERS                                                                 \
+    CompleteArgs(r);                                                        \
+    return CanLaunchArgs(device, PC_OP_##NAME, &r);                         \
   }
 #include "polychip/plugin/pc_ops.def"
 #undef PC_OP

@@ -51,10 +51,23 @@ bool ReadsAsAbsent(const Args& a, std::string_view member) {
   return false;
 }
 
+// Whether the dtype member of `role` (pc_ops.def's DTYPES) says something in this launch: MOE's
+// lora_a (1.7) only when it has low-rank terms (without, a query says PC_DTYPE_INVALID).
+template <typename Args>
+bool DtypeMeant(const Args& a, std::string_view role) {
+  if constexpr (requires { a.gate_lora_a; }) {
+    if (role == "lora_a") return a.gate_lora_a != 0 || a.up_lora_a != 0 || a.down_lora_a != 0;
+  }
+  return true;
+}
+
 // The C++ mirrors of the ABI's args structs, generated from the op list: <Name>Args has the
 // members of pc_<name>_args_t in the same order (pc_ops.h documents each one's meaning and
 // shape), with C++ types (DevPtr, DType, RopeMode), all zero by default. Launch(stream, args)
-// converts and launches; a MATMUL x_stride/out_stride of 0 means k/n.
+// converts and launches; a MATMUL x_stride/out_stride of 0 means k/n. CanLaunch(device, args)
+// says whether Launch would run it: on the device (its plugin knows every member set and says
+// yes to the query) or on its op fallback; for a launch whose support is not settled at load
+// (MOE's low-rank terms, 1.7), so that the caller can take another path instead.
 namespace ops_internal {
 using CppOf_pc_dtype_t = DType;
 using CppOf_pc_rope_mode_t = RopeMode;
@@ -70,7 +83,8 @@ using CppOf_float = float;
   struct Camel##Args {                                                      \
     MEMBERS                                                                 \
   };                                                                        \
-  Status Launch(const Stream& stream, const Camel##Args& args);
+  Status Launch(const Stream& stream, const Camel##Args& args);             \
+  bool CanLaunch(const Device& device, const Camel##Args& args);
 #include "polychip_op_list.def"  // include/polychip/plugin/pc_ops.def
 #undef PC_OP
 #undef PC_PTR

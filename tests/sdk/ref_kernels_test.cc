@@ -366,5 +366,96 @@ TEST(RefKernels, MoeByHand) {
   EXPECT_NE(RefLaunch(PC_OP_MOE, &a, IdentityMemory()), nullptr);
 }
 
+// MOE's low-rank terms (1.7) are the merged matrices' MOE: on 3 tokens of 4 experts (2 used), a
+// launch with per-expert terms of rank 2 on gate and down (none on up) gives what a plain launch
+// over W_e + s B_e A_e gives; all terms 0, or a struct of 1.6's size, are a plain launch; a term
+// with an address but no rank is refused.
+TEST(RefKernels, MoeLowRankIsTheMergedMatrices) {
+  const int64_t T = 3, d = 4, ff = 6, E = 4, r = 2;
+  uint32_t seed = 1;
+  auto rnd = [&seed] {
+    seed = seed * 1664525u + 1013904223u;
+    return float(seed >> 8) / float(1 << 24) - 0.5f;
+  };
+  auto fill = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& f : v) f = rnd();
+    return v;
+  };
+  std::vector<float> x = fill(T * d), logits = fill(T * E);
+  std::vector<float> gate = fill(E * ff * d), up = fill(E * ff * d), down = fill(E * d * ff);
+  // A [E * r, cols], B [E * rows, r] for gate (rows ff, cols d) and down (rows d, cols ff).
+  std::vector<float> ga = fill(E * r * d), gb = fill(E * ff * r);
+  std::vector<float> da = fill(E * r * ff), db = fill(E * d * r);
+  const float gs = 0.7f, ds = -1.3f;
+  auto merge = [&](std::vector<float> w, const std::vector<float>& a, const std::vector<float>& b,
+                   int64_t rows, int64_t cols, float s) {
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t k = 0; k < cols; ++k) {
+          float sum = 0;
+          for (int64_t j = 0; j < r; ++j)
+            sum += b[(e * rows + i) * r + j] * a[(e * r + j) * cols + k];
+          w[(e * rows + i) * cols + k] += s * sum;
+        }
+    return w;
+  };
+  const std::vector<float> gate_m = merge(gate, ga, gb, ff, d, gs);
+  const std::vector<float> down_m = merge(down, da, db, d, ff, ds);
+  auto args = [&](const std::vector<float>& g, const std::vector<float>& dn, float* out) {
+    pc_moe_args_t a{};
+    a.struct_size = sizeof(a);
+    a.x = reinterpret_cast<uintptr_t>(x.data());
+    a.logits = reinterpret_cast<uintptr_t>(logits.data());
+    a.gate = reinterpret_cast<uintptr_t>(g.data()), a.gate_dtype = PC_DTYPE_F32;
+    a.up = reinterpret_cast<uintptr_t>(up.data()), a.up_dtype = PC_DTYPE_F32;
+    a.down = reinterpret_cast<uintptr_t>(dn.data()), a.down_dtype = PC_DTYPE_F32;
+    a.out = reinterpret_cast<uintptr_t>(out);
+    a.n_tokens = T, a.n_embd = d, a.n_ff = ff, a.n_experts = E, a.n_used = 2;
+    a.norm_weights = 1;
+    return a;
+  };
+  std::vector<float> merged(T * d), low(T * d), plain(T * d), old_host(T * d);
+  pc_moe_args_t m = args(gate_m, down_m, merged.data());
+  ASSERT_EQ(RefLaunch(PC_OP_MOE, &m, IdentityMemory()), nullptr);
+  pc_moe_args_t a = args(gate, down, low.data());
+  EXPECT_FALSE(MoeHasLowRank(a));
+  a.lora_a_dtype = a.lora_b_dtype = PC_DTYPE_F32;
+  a.gate_lora_a = reinterpret_cast<uintptr_t>(ga.data());
+  a.gate_lora_b = reinterpret_cast<uintptr_t>(gb.data());
+  a.gate_lora_rank = r, a.gate_lora_scale = gs;
+  a.down_lora_a = reinterpret_cast<uintptr_t>(da.data());
+  a.down_lora_b = reinterpret_cast<uintptr_t>(db.data());
+  a.down_lora_rank = r, a.down_lora_scale = ds;
+  EXPECT_TRUE(MoeHasLowRank(a));
+  ASSERT_EQ(RefLaunch(PC_OP_MOE, &a, IdentityMemory()), nullptr);
+  for (int64_t i = 0; i < T * d; ++i) EXPECT_NEAR(low[i], merged[i], 1e-5) << i;
+  // 1.6's struct ends before the terms: they are absent.
+  pc_moe_args_t older = a;
+  older.struct_size = offsetof(pc_moe_args_t, lora_a_dtype);
+  older.out = reinterpret_cast<uintptr_t>(old_host.data());
+  EXPECT_FALSE(MoeHasLowRank(older));
+  ASSERT_EQ(RefLaunch(PC_OP_MOE, &older, IdentityMemory()), nullptr);
+  pc_moe_args_t p = args(gate, down, plain.data());
+  ASSERT_EQ(RefLaunch(PC_OP_MOE, &p, IdentityMemory()), nullptr);
+  EXPECT_EQ(old_host, plain);
+  bool differs = false;
+  for (int64_t i = 0; i < T * d; ++i) differs = differs || std::fabs(plain[i] - low[i]) > 1e-3f;
+  EXPECT_TRUE(differs) << "the terms changed nothing";
+  a.up_lora_a = a.gate_lora_a;  // an address without B and rank
+  EXPECT_NE(RefLaunch(PC_OP_MOE, &a, IdentityMemory()), nullptr);
+  // The query: dtypes[3] is A's type, PC_DTYPE_INVALID without terms.
+  pc_op_query_t q{};
+  q.struct_size = sizeof(q);
+  q.op = PC_OP_MOE;
+  q.dtypes[0] = q.dtypes[1] = q.dtypes[2] = PC_DTYPE_Q4_K;
+  q.dtypes[3] = PC_DTYPE_INVALID;
+  EXPECT_TRUE(RefSupports(q));
+  q.dtypes[3] = PC_DTYPE_Q8_0;
+  EXPECT_TRUE(RefSupports(q));
+  q.dtypes[3] = PC_DTYPE_Q4_K;  // not a low-rank type
+  EXPECT_FALSE(RefSupports(q));
+}
+
 }  // namespace
 }  // namespace polychip::sdk

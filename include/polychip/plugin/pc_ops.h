@@ -65,7 +65,8 @@ typedef struct pc_op_query {
   pc_op_t op;
   /* Op-specific: EMBEDDING {table}; MATMUL {weight}; KV_STORE and ATTENTION {K cache, V cache}
    * (V's came in 1.6: PC_DTYPE_INVALID from an older host means the same as K's);
-   * CONVERT {src, dst}; MOE {gate, up, down}; others {F32}. Unused entries are PC_DTYPE_INVALID. */
+   * CONVERT {src, dst}; MOE {gate, up, down, lora A} (1.7: the 4th PC_DTYPE_INVALID without
+   * low-rank terms, as an older host sends it); others {F32}. Unused entries are PC_DTYPE_INVALID. */
   pc_dtype_t dtypes[4];
   pc_shape_class_t shape_class;
   /* (1.2) Layout of the EMBEDDING table or the MATMUL weight: PC_LAYOUT_GGUF, or a tag this
@@ -306,6 +307,37 @@ typedef struct pc_moe_args {
   int64_t n_used;       /* experts per token, 1..n_experts */
   int32_t norm_weights; /* non-zero: the chosen experts' weights are divided by their sum */
   int32_t accumulate;   /* non-zero: add into out (fuses the residual connection) */
+  /* (1.7) Per-expert low-rank terms: a LoRA adapter of the experts, applied unmerged so that
+   * each launch (a run of rows of one adapter) may have its own factor. With them each chosen
+   * expert's matrices act as
+   *   gate_e + s_gate B_gate_e A_gate_e,  up_e + s_up B_up_e A_up_e,  down_e + s_down ...
+   * i.e. gate_e x + s_gate B_gate_e (A_gate_e x) (the same for up, and for down on the product
+   * silu(gate) * up), where A_e is rows [e * r, (e + 1) * r) of the stacked A [n_experts * r,
+   * cols] and B_e rows [e * rows, (e + 1) * rows) of the stacked B [n_experts * rows, r]: the
+   * adapter file's tensors (GGUF dims {cols, r, n_experts} and {r, rows, n_experts}) as they
+   * are, in the GGUF layout. Each product rounds its input as MATMUL does against a weight of
+   * that type: against a Q8_0 A or B the input is rounded to int8 in blocks of 32 first (the
+   * cpu plugin's and llama.cpp's quantized matmuls), against F32/F16/BF16 it is not. A
+   * projection whose A (or B) is 0 has no term; all six 0 (an older host's shorter struct, or
+   * a launch without an adapter): plain MOE. The query's dtypes[3] is lora_a_dtype for a
+   * launch with terms, PC_DTYPE_INVALID without (a plugin older than 1.7 ignores dtypes[3], so
+   * the host asks only a 1.7 plugin about terms, and launches them only on one). B's rows are r
+   * long, rarely whole Q8_0 blocks, so files keep B in F16 where A is Q8_0: a plugin that says
+   * yes to terms takes B in any of F32, F16, BF16 and Q8_0. */
+  pc_dtype_t lora_a_dtype;  /* A's of the three: F32, F16, BF16 or Q8_0 */
+  pc_dtype_t lora_b_dtype;  /* B's of the three: F32, F16, BF16 or Q8_0 */
+  pc_devptr_t gate_lora_a;  /* lora_a_dtype [n_experts * gate_lora_rank, n_embd], or 0 */
+  pc_devptr_t gate_lora_b;  /* lora_b_dtype [n_experts * n_ff, gate_lora_rank], or 0 */
+  int64_t gate_lora_rank;
+  pc_devptr_t up_lora_a;    /* lora_a_dtype [n_experts * up_lora_rank, n_embd], or 0 */
+  pc_devptr_t up_lora_b;    /* lora_b_dtype [n_experts * n_ff, up_lora_rank], or 0 */
+  int64_t up_lora_rank;
+  pc_devptr_t down_lora_a;  /* lora_a_dtype [n_experts * down_lora_rank, n_ff], or 0 */
+  pc_devptr_t down_lora_b;  /* lora_b_dtype [n_experts * n_embd, down_lora_rank], or 0 */
+  int64_t down_lora_rank;
+  float gate_lora_scale;    /* s of each term: alpha / r times the request's scale */
+  float up_lora_scale;
+  float down_lora_scale;
 } pc_moe_args_t;
 
 #ifdef __cplusplus

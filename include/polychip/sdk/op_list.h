@@ -36,7 +36,8 @@ inline const char* AccessName(Access a) {
 }
 
 // What the reference kernels accept for a dtype member.
-enum class DtypeKind { kWeight, kCache, kFloat };
+// kLowRank: MOE's low-rank terms (1.7): F32, F16, BF16 or Q8_0, PC_DTYPE_INVALID for none.
+enum class DtypeKind { kWeight, kCache, kFloat, kLowRank };
 
 // The extent of an address member: bytes (kIn/kOut/kInOut), or the shape of a weight.
 struct Extent {

@@ -96,4 +96,17 @@ int64_t AttentionFirstPosition(const pc_attention_args_t& a, int64_t position);
 void MoeRoute(const float* logits, int64_t n_experts, int64_t n_used, bool norm_weights,
               int32_t* experts, float* weights);
 
+// MOE's low-rank terms (1.7; absent from an older host's shorter struct). Projection 0 is gate,
+// 1 up, 2 down; a term is present when its A and B are both set and its rank positive.
+struct MoeLowRank {
+  pc_devptr_t a = 0, b = 0;
+  int64_t rank = 0;
+  float scale = 0;
+  bool present() const { return a != 0 && b != 0 && rank > 0; }
+};
+MoeLowRank MoeLowRankOf(const pc_moe_args_t& a, int projection);
+bool MoeHasLowRank(const pc_moe_args_t& a);
+// The types MOE's low-rank A and B may have: F32, F16, BF16, Q8_0.
+bool IsLowRankDtype(pc_dtype_t t);
+
 }  // namespace polychip::sdk

@@ -590,9 +590,13 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
                                                            : embedding_gguf.table_dtype)) {
       return BadArg("unknown weight layout, or one this dtype is never stored in");
     }
-    if (op == PC_OP_MOE && args && *static_cast<const size_t*>(args) >= sizeof(pc_moe_args_t)) {
-      if (const char* why = ValidateMoe(*static_cast<const pc_moe_args_t*>(args)))
-        return BadArg(why);
+    // MOE's args, zero past an older host's struct_size (its members appended later absent).
+    pc_moe_args_t moe{};
+    const size_t moe_size = op == PC_OP_MOE && args ? *static_cast<const size_t*>(args) : 0;
+    if (op == PC_OP_MOE && moe_size >= polychip::sdk::OpArgsMinSize(PC_OP_MOE)) {
+      std::memcpy(&moe, args, std::min(moe_size, sizeof(moe)));
+      if (const char* why = ValidateMoe(moe)) return BadArg(why);
+      args = &moe;
     } else if (const char* why = polychip::sdk::ValidateOpArgs(op, to_validate)) {
       return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
                                                   : PC_CODE_UNIMPLEMENTED,

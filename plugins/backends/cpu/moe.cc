@@ -2,7 +2,8 @@
 // the reference's) and grouped by expert, and each chosen expert runs once over its gathered
 // rows: every expert's matrices are read once per launch however many tokens chose it. Packed
 // weights (every _0/_K mixture the plugin packs) run all experts in two parallel passes
-// (MoePacked); other layouts expert by expert through the plugin's matmul.
+// (MoePacked); other layouts expert by expert through the plugin's matmul. An adapter's
+// per-expert low-rank terms (1.7) are added on both paths (LowRank).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -52,6 +53,79 @@ const char* ExpertMatmul(const OpContext& c, pc_devptr_t w, pc_dtype_t dtype, ui
   return Matmul(c, mm);
 }
 
+// One projection's low-rank term (ABI 1.7: a LoRA adapter of the experts), in the GGUF layout:
+// A [n_experts * rank, cols] and B [n_experts * rows, rank] stacked per expert. Add() puts
+// s B_e (A_e x) into rows of y for expert e, one thread; the callers run it in parallel over
+// experts or rows. Each product rounds its input as the plugin's MATMUL does against a weight of
+// that type (the host path and llama.cpp too): against Q8_0 to int8 in blocks of 32 (the SDK's
+// Q8_0), against F32/F16/BF16 not at all.
+struct LowRank {
+  const uint8_t* a = nullptr;
+  const uint8_t* b = nullptr;
+  pc_dtype_t a_dtype = PC_DTYPE_F32, b_dtype = PC_DTYPE_F32;
+  int64_t rank = 0, rows = 0, cols = 0;
+  float scale = 0;
+
+  bool present() const { return a != nullptr; }
+
+  // y[i, 0..rows) += s B_e (A_e x[i]) for the m rows of x [m, ldx]; y is [m, ldy].
+  void Add(const OpContext& c, int64_t e, const float* x, int64_t ldx, int64_t m, float* y,
+           int64_t ldy) const {
+    thread_local std::vector<float> wa, wb, rounded, t;
+    const float* ae = Rows(a, a_dtype, e * rank, rank, cols, &wa);  // [rank, cols]
+    const float* be = Rows(b, b_dtype, e * rows, rows, rank, &wb);  // [rows, rank]
+    t.resize(rank);
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xi = Rounded(a_dtype, x + i * ldx, cols, &rounded);
+      for (int64_t j = 0; j < rank; ++j) t[j] = scale * c.k->dot_f32(xi, ae + j * cols, cols);
+      const float* ti = Rounded(b_dtype, t.data(), rank, &rounded);
+      float* yi = y + i * ldy;
+      for (int64_t r = 0; r < rows; ++r) yi[r] += c.k->dot_f32(ti, be + r * rank, rank);
+    }
+  }
+
+ private:
+  // Rows [first, first + n) of a [*, len] matrix as F32 (F32 read in place, else into *buf).
+  static const float* Rows(const uint8_t* w, pc_dtype_t dtype, int64_t first, int64_t n,
+                           int64_t len, std::vector<float>* buf) {
+    const int64_t row_bytes = sdk::RowBytes(dtype, len);
+    if (dtype == PC_DTYPE_F32) return reinterpret_cast<const float*>(w + first * row_bytes);
+    buf->resize(n * len);
+    sdk::DequantizeRow(dtype, w + first * row_bytes, buf->data(), n * len);
+    return buf->data();
+  }
+  // v [n] as a product against a `dtype` weight reads it.
+  static const float* Rounded(pc_dtype_t dtype, const float* v, int64_t n,
+                              std::vector<float>* buf) {
+    if (dtype != PC_DTYPE_Q8_0) return v;
+    thread_local std::vector<uint8_t> q8;
+    q8.resize(sdk::RowBytes(PC_DTYPE_Q8_0, n));
+    buf->resize(n);
+    sdk::QuantizeRow(PC_DTYPE_Q8_0, v, q8.data(), n);
+    sdk::DequantizeRow(PC_DTYPE_Q8_0, q8.data(), buf->data(), n);
+    return buf->data();
+  }
+};
+
+// The launch's terms: gate, up, down (absent ones not present()).
+struct LowRanks {
+  LowRank p[3];
+  bool any() const { return p[0].present() || p[1].present() || p[2].present(); }
+};
+
+LowRanks LowRanksOf(const pc_moe_args_t& a) {
+  LowRanks l;
+  const int64_t rows[3] = {a.n_ff, a.n_ff, a.n_embd};
+  const int64_t cols[3] = {a.n_embd, a.n_embd, a.n_ff};
+  for (int i = 0; i < 3; ++i) {
+    const sdk::MoeLowRank t = sdk::MoeLowRankOf(a, i);
+    if (!t.present()) continue;
+    l.p[i] = {Ptr<const uint8_t>(t.a), Ptr<const uint8_t>(t.b), a.lora_a_dtype, a.lora_b_dtype,
+              t.rank, rows[i], cols[i], t.scale};
+  }
+  return l;
+}
+
 // Runs fn(j, g) for every expert group j < n_jobs and row group g < n_groups, in parallel.
 template <typename F>
 void ForEachJobGroup(const OpContext& c, int64_t n_jobs, int64_t n_groups, F&& fn) {
@@ -80,7 +154,7 @@ struct Routed {
 // SwiGLU applied to each tile as it is made), then down, so a decode step pays the pool's
 // start-up twice rather than three times per expert, and the work of all experts is balanced
 // across the threads at once.
-const char* MoePacked(const OpContext& c, const pc_moe_args_t& a,
+const char* MoePacked(const OpContext& c, const pc_moe_args_t& a, const LowRanks& low,
                       const std::vector<std::vector<Routed>>& rows_of) {
   PackedFormat fg, fu, fd;
   if (!PackedFormatOf(a.gate_dtype, &fg) || !PackedFormatOf(a.up_dtype, &fu) ||
@@ -125,6 +199,26 @@ const char* MoePacked(const OpContext& c, const pc_moe_args_t& a,
       std::memcpy(&xq[(j.first + i) * kb_embd], &token_q[rows_of[j.expert][i].token * kb_embd],
                   kb_embd * sizeof(ActBlock));
 
+  // The low-rank terms of gate and up [R, n_ff] each, in parallel over (expert, projection),
+  // added to the tiles before the SwiGLU.
+  static std::vector<float> low_gate, low_up, xg;
+  low_gate.clear();  // empty: no term (these persist between launches)
+  low_up.clear();
+  if (low.p[0].present() || low.p[1].present()) {
+    xg.resize(n_rows * a.n_embd);  // [R, n_embd] gathered tokens
+    for (const Job& j : jobs)
+      for (int64_t i = 0; i < j.m; ++i)
+        std::memcpy(&xg[(j.first + i) * a.n_embd], x + rows_of[j.expert][i].token * a.n_embd,
+                    a.n_embd * sizeof(float));
+    low_gate.assign(low.p[0].present() ? n_rows * a.n_ff : 0, 0.f);
+    low_up.assign(low.p[1].present() ? n_rows * a.n_ff : 0, 0.f);
+    ForEachJobGroup(c, static_cast<int64_t>(jobs.size()), 2, [&](int64_t ji, int64_t p) {
+      const Job& j = jobs[ji];
+      if (!low.p[p].present()) return;
+      float* y = (p == 0 ? low_gate : low_up).data() + j.first * a.n_ff;
+      low.p[p].Add(c, j.expert, &xg[j.first * a.n_embd], a.n_embd, j.m, y, a.n_ff);
+    });
+  }
   constexpr int64_t kMBlock = 64;  // activation rows per kernel call, as MatmulPacked
   ForEachJobGroup(c, static_cast<int64_t>(jobs.size()), ff_groups, [&](int64_t ji, int64_t g) {
     const Job& j = jobs[ji];
@@ -139,6 +233,11 @@ const char* MoePacked(const OpContext& c, const pc_moe_args_t& a,
       c.k->gemm_packed(fg, wg, kb_embd, xr, kb_embd, mb, tile_g.data());
       c.k->gemm_packed(fu, wu, kb_embd, xr, kb_embd, mb, tile_u.data());
       for (int64_t i = 0; i < mb; ++i) {
+        const int64_t at = (j.first + i0 + i) * a.n_ff + g * kPackRows;
+        if (!low_gate.empty())
+          for (int64_t r = 0; r < kPackRows; ++r) tile_g[i * kPackRows + r] += low_gate[at + r];
+        if (!low_up.empty())
+          for (int64_t r = 0; r < kPackRows; ++r) tile_u[i * kPackRows + r] += low_up[at + r];
         c.k->swiglu(&tile_g[i * kPackRows], &tile_u[i * kPackRows],
                     &hidden[(j.first + i0 + i) * a.n_ff + g * kPackRows], kPackRows);
       }
@@ -161,6 +260,14 @@ const char* MoePacked(const OpContext& c, const pc_moe_args_t& a,
       }
     }
   });
+  // down's low-rank term on the hidden rows, in parallel over experts (rows apart).
+  if (low.p[2].present()) {
+    ForEachJobGroup(c, static_cast<int64_t>(jobs.size()), 1, [&](int64_t ji, int64_t) {
+      const Job& j = jobs[ji];
+      low.p[2].Add(c, j.expert, &hidden[j.first * a.n_ff], a.n_ff, j.m,
+                   &down_out[j.first * a.n_embd], a.n_embd);
+    });
+  }
   // The weighted sum, expert by expert in index order (as the per-expert path adds them).
   if (!a.accumulate) std::fill(out, out + a.n_tokens * a.n_embd, 0.f);
   for (const Job& j : jobs) {
@@ -189,16 +296,27 @@ const char* Moe(const OpContext& c, const pc_moe_args_t& a) {
     sdk::MoeRoute(logits + t * a.n_experts, a.n_experts, a.n_used, a.norm_weights != 0,
                   &chosen[t * a.n_used], &weights[t * a.n_used]);
   }
+  const LowRanks low = LowRanksOf(a);  // 1.7: none in an older host's shorter struct
   std::vector<std::vector<Routed>> rows_of(a.n_experts);
   for (int64_t i = 0; i < a.n_tokens * a.n_used; ++i)
     rows_of[chosen[i]].push_back({i / a.n_used, weights[i]});
   if (a.gate_layout == kLayoutPacked && a.up_layout == kLayoutPacked &&
       a.down_layout == kLayoutPacked && a.n_ff % kPackRows == 0 && a.n_embd % kPackRows == 0)
-    return MoePacked(c, a, rows_of);
+    return MoePacked(c, a, low, rows_of);
 
   if (!a.accumulate) std::fill(out, out + a.n_tokens * a.n_embd, 0.f);
   // Scratch for the largest group; launches on one device are serialised by the plugin.
   static std::vector<float> xg, gate, up, down;
+  // A projection's low-rank term for expert e's m rows, in parallel over chunks of rows.
+  auto add_low = [&](int p, int64_t e, const float* in, int64_t ld_in, int64_t m, float* y,
+                     int64_t ld_y) {
+    if (!low.p[p].present()) return;
+    const int64_t chunk = std::max<int64_t>(1, m / (int64_t(c.pool->size()) * 2));
+    ForEachJobGroup(c, (m + chunk - 1) / chunk, 1, [&](int64_t q, int64_t) {
+      const int64_t i0 = q * chunk, n = std::min(chunk, m - i0);
+      low.p[p].Add(c, e, in + i0 * ld_in, ld_in, n, y + i0 * ld_y, ld_y);
+    });
+  };
   for (int64_t e = 0; e < a.n_experts; ++e) {
     const auto& rows = rows_of[e];
     const int64_t m = static_cast<int64_t>(rows.size());
@@ -215,10 +333,13 @@ const char* Moe(const OpContext& c, const pc_moe_args_t& a) {
     if (const char* why = ExpertMatmul(c, a.up, a.up_dtype, a.up_layout, e, a.n_ff, a.n_embd,
                                        xg.data(), m, up.data()))
       return why;
+    add_low(0, e, xg.data(), a.n_embd, m, gate.data(), a.n_ff);
+    add_low(1, e, xg.data(), a.n_embd, m, up.data(), a.n_ff);
     c.k->swiglu(gate.data(), up.data(), gate.data(), m * a.n_ff);
     if (const char* why = ExpertMatmul(c, a.down, a.down_dtype, a.down_layout, e, a.n_embd,
                                        a.n_ff, gate.data(), m, down.data()))
       return why;
+    add_low(2, e, gate.data(), a.n_ff, m, down.data(), a.n_embd);
     for (int64_t i = 0; i < m; ++i)
       c.k->axpy_f32(rows[i].weight, &down[i * a.n_embd], out + rows[i].token * a.n_embd,
                     a.n_embd);

@@ -546,16 +546,20 @@ Verdict Convert(Harness& h, pc_dtype_t src, pc_dtype_t dst) {
 // experts are shared and some unused), renormalised, accumulating into out; uploaded: prefill
 // with the three weights through weight_upload, in the layouts the plugin chose; mixed: the
 // Q4_K_M mixture (gate/up Q4_K, down Q6_K).
+// With `lora` (1.7, not PC_DTYPE_INVALID): per-expert low-rank terms of rank 32 with A and B
+// of that type, on gate and down, and on up too except in the decode case (a projection
+// without a term); asked of 1.7 plugins only.
 enum class MoeCase { kDecode, kPrefill, kUploaded };
 
-Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c) {
+Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c,
+            pc_dtype_t lora = PC_DTYPE_INVALID) {
   ref::MoeShape s;
   s.n_tokens = c == MoeCase::kDecode ? 1 : 9;
   s.n_embd = 256, s.n_ff = 256, s.n_experts = 8, s.n_used = 2;
   s.norm_weights = c != MoeCase::kDecode;
   s.accumulate = c != MoeCase::kDecode;
   const pc_dtype_t up_dtype = gate_dtype;
-  if (!h.Supports(PC_OP_MOE, {gate_dtype, up_dtype, down_dtype},
+  if (!h.Supports(PC_OP_MOE, {gate_dtype, up_dtype, down_dtype, lora},
                   s.n_tokens == 1 ? PC_SHAPE_DECODE : PC_SHAPE_PREFILL))
     return NotClaimed();
   if (c == MoeCase::kUploaded && !PCC_HAS(h.api, weight_upload))
@@ -568,7 +572,24 @@ Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c)
   std::vector<float> logits = h.RandomFloats(s.n_tokens * s.n_experts, -4, 4);
   std::vector<float> out = h.RandomFloats(s.n_tokens * s.n_embd);
   std::vector<float> expected = out;
-  ref::Moe(x, logits, gate.values, up.values, down.values, s, expected);
+  // The low-rank terms: A [n_experts * r, cols], B [n_experts * rows, r] of type `lora`.
+  constexpr int64_t kRank = 32;
+  ref::MoeLowRank low;
+  Encoded low_a[3], low_b[3];
+  const bool has_low = lora != PC_DTYPE_INVALID;
+  for (int p = 0; has_low && p < 3; ++p) {
+    if (p == 1 && c == MoeCase::kDecode) continue;
+    const int64_t rows = p == 2 ? s.n_embd : s.n_ff, cols = p == 2 ? s.n_ff : s.n_embd;
+    PCC_ENCODE(low_a[p],
+               Encode(lora, h.RandomFloats(s.n_experts * kRank * cols), s.n_experts * kRank, cols));
+    PCC_ENCODE(low_b[p],
+               Encode(lora, h.RandomFloats(s.n_experts * rows * kRank), s.n_experts * rows, kRank));
+    low.a[p] = low_a[p].values;
+    low.b[p] = low_b[p].values;
+    low.rank[p] = kRank;
+    low.scale[p] = 0.3f * float(p + 1);
+  }
+  ref::Moe(x, logits, gate.values, up.values, down.values, s, expected, has_low ? &low : nullptr);
 
   struct Weight {
     pc_devptr_t ptr = 0;
@@ -602,7 +623,8 @@ Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c)
   PCC_ASSIGN(Weight d_down, place(down_dtype, down, down_rows, s.n_ff));
   for (const Weight& w : {d_gate, d_up, d_down}) {
     if (w.layout != PC_LAYOUT_GGUF &&
-        !h.Supports(PC_OP_MOE, {gate_dtype, up_dtype, down_dtype}, PC_SHAPE_PREFILL, w.layout))
+        !h.Supports(PC_OP_MOE, {gate_dtype, up_dtype, down_dtype, lora}, PC_SHAPE_PREFILL,
+                    w.layout))
       return Skip("the layout weight_upload chose is not claimed for MOE");
   }
   PCC_ASSIGN(pc_devptr_t d_x, h.UploadVec(x));
@@ -617,12 +639,37 @@ Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c)
   a.n_tokens = s.n_tokens, a.n_embd = s.n_embd, a.n_ff = s.n_ff;
   a.n_experts = s.n_experts, a.n_used = s.n_used;
   a.norm_weights = s.norm_weights ? 1 : 0, a.accumulate = s.accumulate ? 1 : 0;
+  if (has_low) {
+    a.lora_a_dtype = a.lora_b_dtype = lora;
+    pc_devptr_t* ptrs[3][2] = {{&a.gate_lora_a, &a.gate_lora_b},
+                               {&a.up_lora_a, &a.up_lora_b},
+                               {&a.down_lora_a, &a.down_lora_b}};
+    int64_t* ranks[3] = {&a.gate_lora_rank, &a.up_lora_rank, &a.down_lora_rank};
+    float* scales[3] = {&a.gate_lora_scale, &a.up_lora_scale, &a.down_lora_scale};
+    for (int p = 0; p < 3; ++p) {
+      if (low.rank[p] == 0) continue;
+      PCC_ASSIGN(*ptrs[p][0], h.UploadVec(low_a[p].bytes));
+      PCC_ASSIGN(*ptrs[p][1], h.UploadVec(low_b[p].bytes));
+      *ranks[p] = low.rank[p];
+      *scales[p] = low.scale[p];
+    }
+  }
   PCC_TRY(h.Launch(PC_OP_MOE, &a));
   PCC_ASSIGN(auto result, h.DownloadVec<float>(d_out, out.size()));
   // Two chained products: the hidden activations may be rounded to the weight's precision
   // again before the down projection.
-  const double tol = 2 * std::max(MatmulTolerance(gate_dtype), MatmulTolerance(down_dtype));
-  return CompareOutputs(result, expected, tol);
+  double tol = 2 * std::max(MatmulTolerance(gate_dtype), MatmulTolerance(down_dtype));
+  if (!has_low) return CompareOutputs(result, expected, tol);
+  tol = std::max(tol, 2 * MatmulTolerance(lora));
+  // The terms must move the output by more than the tolerance, or ignoring them would pass.
+  std::vector<float> without = out;
+  ref::Moe(x, logits, gate.values, up.values, down.values, s, without);
+  const double moved = RelativeError(without, expected);
+  if (moved < 4 * tol)
+    return Fail("check too weak: the terms move the output by " + std::to_string(moved) + " only");
+  Verdict v = CompareOutputs(result, expected, tol);
+  v.detail += "; the terms move it by " + std::to_string(moved);
+  return v;
 }
 
 // Checks generated from the op list (pc_ops.def), for every op:
@@ -731,6 +778,20 @@ void AddOpChecks(std::vector<Check>& checks) {
   add("op.moe.q4_k_q6_k.prefill", [](Harness& h) {
     return Moe(h, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K, MoeCase::kPrefill);
   });
+  // Per-expert low-rank terms (1.7): on GGUF Q8_0 experts (a plugin's expert-by-expert path)
+  // and on uploaded Q4_K/Q6_K ones (a plugin's own layout), A and B in F32 or Q8_0.
+  for (pc_dtype_t lora : {PC_DTYPE_F32, PC_DTYPE_Q8_0}) {
+    const std::string base = "op.moe.lora_" + Lower(lora);
+    add(base + ".decode", [lora](Harness& h) {
+      return Moe(h, PC_DTYPE_Q8_0, PC_DTYPE_Q8_0, MoeCase::kDecode, lora);
+    });
+    add(base + ".prefill", [lora](Harness& h) {
+      return Moe(h, PC_DTYPE_Q8_0, PC_DTYPE_Q8_0, MoeCase::kPrefill, lora);
+    });
+    add(base + ".uploaded", [lora](Harness& h) {
+      return Moe(h, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K, MoeCase::kUploaded, lora);
+    });
+  }
   add("op.moe.q4_k_q6_k.uploaded", [](Harness& h) {
     return Moe(h, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K, MoeCase::kUploaded);
   });

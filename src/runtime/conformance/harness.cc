@@ -129,6 +129,9 @@ bool Harness::Supports(pc_op_t op, std::initializer_list<pc_dtype_t> dtypes,
   if ((op == PC_OP_KV_STORE || op == PC_OP_ATTENTION) && api->abi_minor < 6 &&
       dtypes.size() > 1 && d[1] != d[0])
     return false;
+  // MOE's low-rank terms (dtypes[3]) came in 1.7: an older plugin ignores that entry.
+  if (op == PC_OP_MOE && api->abi_minor < 7 && dtypes.size() > 3 && d[3] != PC_DTYPE_INVALID)
+    return false;
   pc_op_query_t q{};
   q.struct_size = sizeof(q);
   q.op = op;

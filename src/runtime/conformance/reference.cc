@@ -210,9 +210,29 @@ std::vector<float> Add(const std::vector<float>& a, const std::vector<float>& b)
   return out;
 }
 
+namespace {
+
+// y [rows] += scale B_e (A_e v) for expert e of a low-rank term (ref::MoeLowRank).
+void AddLowRank(const MoeLowRank* low, int p, int64_t e, const double* v, int64_t rows,
+                int64_t cols, double* y) {
+  if (low == nullptr || low->a[p].empty()) return;
+  const int64_t r = low->rank[p];
+  std::vector<double> t(r, 0.0);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t k = 0; k < cols; ++k) t[i] += low->a[p][(e * r + i) * cols + k] * v[k];
+  for (int64_t j = 0; j < rows; ++j) {
+    double sum = 0;
+    for (int64_t i = 0; i < r; ++i) sum += low->b[p][(e * rows + j) * r + i] * t[i];
+    y[j] += low->scale[p] * sum;
+  }
+}
+
+}  // namespace
+
 void Moe(const std::vector<float>& x, const std::vector<float>& logits,
          const std::vector<float>& gate, const std::vector<float>& up,
-         const std::vector<float>& down, const MoeShape& s, std::vector<float>& out) {
+         const std::vector<float>& down, const MoeShape& s, std::vector<float>& out,
+         const MoeLowRank* low) {
   for (int64_t t = 0; t < s.n_tokens; ++t) {
     const float* lt = &logits[t * s.n_experts];
     // Experts ordered by descending logit (= descending probability), ties by index.
@@ -234,20 +254,23 @@ void Moe(const std::vector<float>& x, const std::vector<float>& logits,
     std::vector<double> y(s.n_embd, 0.0);
     for (int64_t j = 0; j < s.n_used; ++j) {
       const int64_t e = order[j];
-      std::vector<double> hidden(s.n_ff);
+      std::vector<double> xt(x.begin() + t * s.n_embd, x.begin() + (t + 1) * s.n_embd);
+      std::vector<double> g(s.n_ff, 0.0), u(s.n_ff, 0.0), hidden(s.n_ff), d(s.n_embd, 0.0);
       for (int64_t r = 0; r < s.n_ff; ++r) {
-        double g = 0, u = 0;
         for (int64_t k = 0; k < s.n_embd; ++k) {
-          g += static_cast<double>(x[t * s.n_embd + k]) * gate[(e * s.n_ff + r) * s.n_embd + k];
-          u += static_cast<double>(x[t * s.n_embd + k]) * up[(e * s.n_ff + r) * s.n_embd + k];
+          g[r] += xt[k] * gate[(e * s.n_ff + r) * s.n_embd + k];
+          u[r] += xt[k] * up[(e * s.n_ff + r) * s.n_embd + k];
         }
-        hidden[r] = g / (1.0 + std::exp(-g)) * u;
       }
+      AddLowRank(low, 0, e, xt.data(), s.n_ff, s.n_embd, g.data());
+      AddLowRank(low, 1, e, xt.data(), s.n_ff, s.n_embd, u.data());
+      for (int64_t r = 0; r < s.n_ff; ++r) hidden[r] = g[r] / (1.0 + std::exp(-g[r])) * u[r];
       for (int64_t r = 0; r < s.n_embd; ++r) {
-        double d = 0;
-        for (int64_t k = 0; k < s.n_ff; ++k) d += hidden[k] * down[(e * s.n_embd + r) * s.n_ff + k];
-        y[r] += w[j] * d;
+        for (int64_t k = 0; k < s.n_ff; ++k)
+          d[r] += hidden[k] * down[(e * s.n_embd + r) * s.n_ff + k];
       }
+      AddLowRank(low, 2, e, hidden.data(), s.n_embd, s.n_ff, d.data());
+      for (int64_t r = 0; r < s.n_embd; ++r) y[r] += w[j] * d[r];
     }
     for (int64_t r = 0; r < s.n_embd; ++r) {
       float& o = out[t * s.n_embd + r];

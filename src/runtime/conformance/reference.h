@@ -89,8 +89,17 @@ struct MoeShape {
   bool norm_weights = true;
   bool accumulate = false;
 };
+// (1.7) Per-expert low-rank terms of gate, up, down (index 0, 1, 2; an empty a: none): A
+// [n_experts * rank, cols] and B [n_experts * rows, rank] (dequantized), each chosen expert's
+// matrix acting as W_e + scale B_e A_e.
+struct MoeLowRank {
+  std::vector<float> a[3], b[3];
+  int64_t rank[3] = {0, 0, 0};
+  float scale[3] = {0, 0, 0};
+};
 void Moe(const std::vector<float>& x, const std::vector<float>& logits,
          const std::vector<float>& gate, const std::vector<float>& up,
-         const std::vector<float>& down, const MoeShape& s, std::vector<float>& out);
+         const std::vector<float>& down, const MoeShape& s, std::vector<float>& out,
+         const MoeLowRank* low = nullptr);
 
 }  // namespace polychip::runtime::conformance::ref
