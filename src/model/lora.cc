@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include "model/gguf_writer.h"
 #include "model/model_shapes.h"
@@ -256,6 +258,72 @@ std::vector<std::shared_ptr<const LoraAdapter>> LoraRegistry::List() const {
   return adapters_;
 }
 
+bool LoraExpertsForcedToHost() {
+  const char* v = std::getenv("POLYCHIP_LORA_HOST_EXPERTS");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+namespace {
+
+bool IsLowRankType(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
+}
+
+// The expert pairs of the layers this runner holds, as MOE's low-rank terms: each stacked A and
+// B copied as it is into a buffer of its own. A layer whose A's (or B's) types differ between
+// gate, up and down, or one larger than the device allocates at once, keeps no terms (its rows
+// run on the host: transformer.cc). Experts are not split by tensor parallelism (a mixture of
+// experts refuses --tp-size), so every rank takes them whole.
+Status UploadExpertTerms(const LoraAdapter& adapter, const ModelConfig& config,
+                         const std::shared_ptr<runtime::Device>& device, const LoraShard& shard,
+                         DeviceLora& d) {
+  if (config.n_expert == 0 || LoraExpertsForcedToHost()) return Status::Ok();
+  std::unique_ptr<runtime::Stream> stream;
+  const uint64_t max_alloc = device->props().max_alloc_size;
+  for (int64_t layer = shard.layer_begin; layer < shard.layer_end; ++layer) {
+    const LoraPair* p[3];
+    const LoraPair* first = nullptr;
+    for (int m = 0; m < 3; ++m) {
+      p[m] = adapter.Find(LoraSlot(layer, static_cast<LoraKind>(kLoraGateExps + m)));
+      if (first == nullptr) first = p[m];
+    }
+    if (first == nullptr) continue;
+    bool fits = IsLowRankType(first->a->dtype) && IsLowRankType(first->b->dtype);
+    for (const LoraPair* q : p) {
+      if (q == nullptr) continue;
+      fits = fits && q->a->dtype == first->a->dtype && q->b->dtype == first->b->dtype &&
+             (max_alloc == 0 || (q->a->n_bytes <= max_alloc && q->b->n_bytes <= max_alloc));
+    }
+    if (!fits) continue;
+    if (stream == nullptr) {
+      PC_ASSIGN_OR_RETURN(stream, device->CreateStream(0));
+    }
+    auto terms = std::make_unique<DeviceLora::ExpertTerms>();
+    terms->a_dtype = first->a->dtype;
+    terms->b_dtype = first->b->dtype;
+    auto upload = [&](const GgufTensor& t) -> StatusOr<runtime::DevPtr> {
+      PC_ASSIGN_OR_RETURN(std::unique_ptr<runtime::DeviceBuffer> buffer,
+                          device->Allocate(t.n_bytes));
+      PC_RETURN_IF_ERROR(stream->CopyH2D(buffer->ptr(), t.data, t.n_bytes));
+      const runtime::DevPtr ptr = buffer->ptr();
+      d.bytes += t.n_bytes;
+      d.buffers.push_back(std::move(buffer));
+      return ptr;
+    };
+    for (int m = 0; m < 3; ++m) {
+      if (p[m] == nullptr) continue;
+      PC_ASSIGN_OR_RETURN(terms->a[m], upload(*p[m]->a));
+      PC_ASSIGN_OR_RETURN(terms->b[m], upload(*p[m]->b));
+      terms->rank[m] = p[m]->rank;
+    }
+    if (d.experts.empty()) d.experts.resize(size_t(config.n_layer));
+    d.experts[size_t(layer)] = std::move(terms);
+  }
+  return stream != nullptr ? stream->Synchronize() : Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapter> adapter,
                                                  const ModelConfig& config,
                                                  const std::shared_ptr<runtime::Device>& device,
@@ -329,7 +397,7 @@ StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapt
     if (is_output ? !shard.output : (layer < shard.layer_begin || layer >= shard.layer_end)) {
       continue;
     }
-    if (!is_output && IsExpertsKind(kind)) continue;  // applied on the host
+    if (!is_output && IsExpertsKind(kind)) continue;  // MOE's terms, below
     // Each part the runner multiplies by: its slot, the cut of A, the cut of B. A fused matrix
     // (phi3's attn_qkv, and ffn_up holding gate then up) runs as its parts (model_loader.cc):
     // A is shared, B cut by the same rows.
@@ -373,6 +441,7 @@ StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapt
       m.rank = p.rank;
     }
   }
+  PC_RETURN_IF_ERROR(UploadExpertTerms(*adapter, config, device, shard, *d));
   d->adapter = std::move(adapter);
   return d;
 }

@@ -33,9 +33,10 @@ namespace polychip::model {
 
 // The matrices an adapter may adapt, each layer's then the output: slot = layer * kLoraKinds +
 // kind, the output's n_layer * kLoraKinds. The experts' 3-D tensors (ffn_*_exps: A
-// [n_expert, rank, k], B [n_expert, n, rank], one pair per expert) are applied on the host
-// (transformer.cc, Experts), never uploaded. The embedding table is not adaptable here (an
-// adapter holding it is refused, naming the tensor).
+// [n_expert, rank, k], B [n_expert, n, rank], one pair per expert) are MOE's low-rank terms
+// (ABI 1.7, DeviceLora::ExpertTerms), or applied on the host where the device cannot
+// (transformer.cc, Experts). The embedding table is not adaptable here (an adapter holding it
+// is refused, naming the tensor).
 enum LoraKind : int32_t {
   kLoraQ, kLoraK, kLoraV, kLoraQkv, kLoraO, kLoraGate, kLoraUp, kLoraDown, kLoraRouter,
   kLoraGateExps, kLoraUpExps, kLoraDownExps,
@@ -82,7 +83,7 @@ class LoraAdapter : public engine::Adapter, public std::enable_shared_from_this<
   const std::vector<LoraPair>& pairs() const { return pairs_; }
   // The pair adapting `slot`, or null.
   const LoraPair* Find(int32_t slot) const;
-  // Whether it adapts the experts of `layer` (their feed-forward then runs on the host).
+  // Whether it adapts the experts of `layer` (MOE's low-rank terms, or the host path).
   bool AdaptsExperts(int64_t layer) const {
     for (int32_t k = kLoraGateExps; k <= kLoraDownExps; ++k) {
       if (Find(LoraSlot(layer, static_cast<LoraKind>(k))) != nullptr) return true;
@@ -141,15 +142,36 @@ struct DeviceLora {
     MatrixRef a, b;
     int64_t rank = 0;
   };
+  // A layer's expert pairs (ffn_{gate,up,down}_exps, index 0, 1, 2) as MOE's low-rank terms
+  // (ABI 1.7, pc_moe_args_t): the stacked A [n_expert * rank, k] and B [n_expert * n, rank] of
+  // the file as they are (GGUF layout, plain buffers: MOE reads them unrepacked), A's of one
+  // type and B's of one type. A 0 address: that matrix is not adapted.
+  struct ExpertTerms {
+    runtime::DevPtr a[3] = {0, 0, 0}, b[3] = {0, 0, 0};
+    int64_t rank[3] = {0, 0, 0};
+    DType a_dtype = DType::kF32, b_dtype = DType::kF32;
+  };
   std::shared_ptr<const LoraAdapter> adapter;
   std::vector<Matrix> by_slot;  // rank 0: not adapted
+  // By layer; absent (nullptr) where the layer's experts are not adapted, or their pairs could
+  // not be uploaded as terms (types that differ between the three, forced to the host by
+  // POLYCHIP_LORA_HOST_EXPERTS=1): those run on the host.
+  std::vector<std::unique_ptr<ExpertTerms>> experts;
   std::vector<std::unique_ptr<runtime::DeviceWeight>> weights;
+  std::vector<std::unique_ptr<runtime::DeviceBuffer>> buffers;
   uint64_t bytes = 0;
   const Matrix* Find(int32_t slot) const {
     return slot >= 0 && slot < int32_t(by_slot.size()) && by_slot[slot].rank > 0 ? &by_slot[slot]
                                                                                   : nullptr;
   }
+  const ExpertTerms* FindExperts(int64_t layer) const {
+    return layer >= 0 && layer < int64_t(experts.size()) ? experts[size_t(layer)].get() : nullptr;
+  }
 };
+
+// POLYCHIP_LORA_HOST_EXPERTS=1: adapters of experts run on the host (transformer.cc's
+// HostAdaptedExperts) even where the device's MOE takes low-rank terms; tests compare the two.
+bool LoraExpertsForcedToHost();
 
 // The part of the model a runner holds, which its adapters' matrices follow: layers
 // [layer_begin, layer_end) (pipeline), the output matrix only on the last stage, and under
@@ -167,8 +189,9 @@ struct LoraShard {
 };
 
 // Uploads an adapter's matrices (F16 and F32 as they are, Q8_0 where the device multiplies it,
-// anything else as F32; a column cut of a quantized A as F32). `config` is the runner's (its
-// tensor-parallel share).
+// anything else as F32; a column cut of a quantized A as F32) and its expert pairs as MOE's
+// low-rank terms (as they are; the transformer asks the device whether it takes them at
+// launch). `config` is the runner's (its tensor-parallel share).
 StatusOr<std::unique_ptr<DeviceLora>> UploadLora(std::shared_ptr<const LoraAdapter> adapter,
                                                  const ModelConfig& config,
                                                  const std::shared_ptr<runtime::Device>& device,

@@ -468,17 +468,43 @@ Status Transformer::Experts(Launcher& ops, const LayerWeights& L, const StepBuff
   // adds their weighted sum into the residual stream.
   PC_RETURN_IF_ERROR(
       Matmul(ops, b.xn, L.router, 0, b.gate, T, false, lora, LoraSlot(layer, kLoraRouter)));
-  // The runs of rows whose adapter adapts these experts: MOE has no per-expert low-rank term,
-  // so their feed-forward is computed on the host (HostAdaptedExperts) from their residual
-  // stream, normed input and router logits as they are before MOE, and replaces what MOE adds
-  // to their rows. The other rows are MOE's alone.
+  // The runs of rows whose adapter adapts these experts. Where the adapter's pairs are on the
+  // device as MOE's low-rank terms and the device (or its op fallback) takes them (ABI 1.7),
+  // each such run is a MOE launch of its own with its terms, the other rows launches without.
+  // Otherwise (a plugin older than 1.7 without a fallback, experts in pieces, pairs of mixed
+  // types, POLYCHIP_LORA_HOST_EXPERTS=1) the run's feed-forward is computed on the host
+  // (HostAdaptedExperts) from its residual stream, normed input and router logits as they are
+  // before MOE, and replaces what MOE adds to its rows.
   struct HostRun {
     const LoraSegment* seg;
     std::vector<float> x, xn, logits;
   };
   std::vector<HostRun> host;
+  std::vector<runtime::MoeArgs> term_runs;  // by first row
   for (const LoraSegment& seg : lora.segments) {
-    if (seg.lora->adapter->AdaptsExperts(layer)) host.push_back({&seg, {}, {}, {}});
+    if (!seg.lora->adapter->AdaptsExperts(layer)) continue;
+    const DeviceLora::ExpertTerms* terms =
+        L.gate_exps.pieces.empty() ? seg.lora->FindExperts(layer) : nullptr;
+    if (terms != nullptr) {
+      runtime::MoeArgs moe = MoeOf(L, b, seg.begin, seg.rows);
+      moe.lora_a_dtype = terms->a_dtype;
+      moe.lora_b_dtype = terms->b_dtype;
+      const LoraAdapter& adapter = *seg.lora->adapter;
+      auto factor = [&](int m) {
+        return terms->a[m] != 0 ? adapter.Factor(terms->rank[m], seg.scale) : 0.0f;
+      };
+      moe.gate_lora_a = terms->a[0], moe.gate_lora_b = terms->b[0];
+      moe.gate_lora_rank = terms->rank[0], moe.gate_lora_scale = factor(0);
+      moe.up_lora_a = terms->a[1], moe.up_lora_b = terms->b[1];
+      moe.up_lora_rank = terms->rank[1], moe.up_lora_scale = factor(1);
+      moe.down_lora_a = terms->a[2], moe.down_lora_b = terms->b[2];
+      moe.down_lora_rank = terms->rank[2], moe.down_lora_scale = factor(2);
+      if (ops.CanLaunch(moe)) {
+        term_runs.push_back(moe);
+        continue;
+      }
+    }
+    host.push_back({&seg, {}, {}, {}});
   }
   if (!host.empty() && lora.base == nullptr) {
     return Internal("an adapter of the experts without the base model's file");
@@ -497,7 +523,24 @@ Status Transformer::Experts(Launcher& ops, const LayerWeights& L, const StepBuff
     PC_RETURN_IF_ERROR(read(b.xn + uint64_t(at * d) * 4, rows * d, &h.xn));
     PC_RETURN_IF_ERROR(read(b.gate + uint64_t(at * E) * 4, rows * E, &h.logits));
   }
-  PC_RETURN_IF_ERROR(DeviceExperts(ops, L, b, T));
+  if (term_runs.empty()) {
+    PC_RETURN_IF_ERROR(DeviceExperts(ops, L, b, T));
+  } else {
+    // The rows between the runs with terms (base rows, other adapters) without terms.
+    std::sort(term_runs.begin(), term_runs.end(),
+              [](const runtime::MoeArgs& x, const runtime::MoeArgs& y) { return x.x < y.x; });
+    const auto first_row = [&](const runtime::MoeArgs& m) {
+      return int64_t((m.x - b.xn) / uint64_t(d * 4));
+    };
+    int64_t row = 0;
+    for (const runtime::MoeArgs& run : term_runs) {
+      const int64_t begin = first_row(run);
+      if (begin > row) PC_RETURN_IF_ERROR(ops.Launch(MoeOf(L, b, row, begin - row)));
+      PC_RETURN_IF_ERROR(ops.Launch(run));
+      row = begin + run.n_tokens;
+    }
+    if (row < T) PC_RETURN_IF_ERROR(ops.Launch(MoeOf(L, b, row, T - row)));
+  }
   for (HostRun& h : host) {
     const int64_t at = h.seg->begin, rows = h.seg->rows;
     Status computed = Status::Ok();
@@ -513,12 +556,12 @@ Status Transformer::Experts(Launcher& ops, const LayerWeights& L, const StepBuff
   return Status::Ok();
 }
 
-Status Transformer::DeviceExperts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
-                                  int64_t T) const {
+runtime::MoeArgs Transformer::MoeOf(const LayerWeights& L, const StepBuffers& b, int64_t begin,
+                                    int64_t rows) const {
   const ModelConfig& c = *c_;
   runtime::MoeArgs moe;
-  moe.x = b.xn;
-  moe.logits = b.gate;
+  moe.x = b.xn + uint64_t(begin * c.n_embd) * 4;
+  moe.logits = b.gate + uint64_t(begin * c.n_expert) * 4;
   moe.gate = L.gate_exps.data;
   moe.gate_dtype = L.gate_exps.dtype;
   moe.gate_layout = L.gate_exps.layout;
@@ -528,14 +571,21 @@ Status Transformer::DeviceExperts(Launcher& ops, const LayerWeights& L, const St
   moe.down = L.down_exps.data;
   moe.down_dtype = L.down_exps.dtype;
   moe.down_layout = L.down_exps.layout;
-  moe.out = b.x;
-  moe.n_tokens = T;
+  moe.out = b.x + uint64_t(begin * c.n_embd) * 4;
+  moe.n_tokens = rows;
   moe.n_embd = c.n_embd;
   moe.n_ff = c.n_ff_exp;
   moe.n_experts = c.n_expert;
   moe.n_used = c.n_expert_used;
   moe.norm_weights = c.moe_norm_weights ? 1 : 0;
   moe.accumulate = 1;
+  return moe;
+}
+
+Status Transformer::DeviceExperts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
+                                  int64_t T) const {
+  const ModelConfig& c = *c_;
+  runtime::MoeArgs moe = MoeOf(L, b, 0, T);
   if (L.gate_exps.pieces.empty()) return ops.Launch(moe);
 
   // Experts over the device's max single allocation, in pieces of whole experts, each followed

@@ -51,6 +51,9 @@ class Launcher {
   using HostFn = std::function<void(const float* in, float* out)>;
   virtual Status HostCompute(runtime::DevPtr in, int64_t in_floats, runtime::DevPtr out,
                              int64_t out_floats, const HostFn& fn) = 0;
+  // Whether a MOE launch with these members (its low-rank terms, ABI 1.7) can run here (on the
+  // device or its op fallback); otherwise the caller computes it another way.
+  virtual bool CanLaunch(const runtime::MoeArgs&) { return false; }
 };
 
 // Launches on `stream`; the collectives call tp's and pp's hooks with it.
@@ -74,6 +77,9 @@ class StreamLauncher final : public Launcher {
   }
   Status HostCompute(runtime::DevPtr in, int64_t in_floats, runtime::DevPtr out,
                      int64_t out_floats, const HostFn& fn) override;
+  bool CanLaunch(const runtime::MoeArgs& args) override {
+    return runtime::CanLaunch(stream_.device(), args);
+  }
 
  private:
   runtime::Stream& stream_;
@@ -221,9 +227,13 @@ class Transformer {
   Status HeadNorm(Launcher& ops, runtime::DevPtr x, runtime::DevPtr weight, int64_t n_tokens,
                   int64_t n_heads) const;
   // x += the routed experts of b.xn (n_expert > 0): the router's matmul into b.gate, then MOE
-  // (the rows of an adapter of the experts on the host).
+  // (the rows of an adapter of the experts with its low-rank terms, one launch per run of
+  // rows, or on the host where the device cannot).
   Status Experts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
                  int64_t n_tokens, const LoraRuns& lora, int64_t layer) const;
+  // MOE's args for rows [begin, begin + rows): x += the experts of b.xn routed by b.gate.
+  runtime::MoeArgs MoeOf(const LayerWeights& L, const StepBuffers& b, int64_t begin,
+                         int64_t rows) const;
   // x += MOE of b.xn routed by the logits in b.gate, over every row.
   Status DeviceExperts(Launcher& ops, const LayerWeights& L, const StepBuffers& b,
                        int64_t n_tokens) const;

@@ -1,13 +1,15 @@
 // Speculative decoding on real forward passes: for each architecture a tiny F16 model is
-// synthesized (llama's 32,000-token SentencePiece vocabulary: a small output layer), and a draft made of its first layer (the same seed writes
-// the same weights for the tensors both have). Through the engine on the cpu plugin, greedy
-// output with speculation (the draft being the model itself, the truncated draft, n-gram
-// lookup) is the output without it, for several requests batched together; and a draft
-// sharing the model's vocabulary is accepted while another vocabulary is refused. Also here, on
-// the same models: an adapter of qwen3moe's experts batched with base requests.
+// synthesized (llama's 32,000-token SentencePiece vocabulary: a small output layer), and a draft
+// made of its first layer (the same seed writes the same weights for the tensors both have).
+// Through the engine on the cpu plugin, greedy output with speculation (the draft being the model
+// itself, the truncated draft, n-gram lookup) is the output without it, for several requests
+// batched together; and a draft sharing the model's vocabulary is accepted while another vocabulary
+// is refused. Also here, on the same models: an adapter of qwen3moe's experts batched with base
+// requests, on the device (MOE's low-rank terms) and on the host.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -19,6 +21,8 @@
 #include "model/lora.h"
 #include "model/runner.h"
 #include "model/runner_setup.h"
+#include "runtime/device.h"
+#include "runtime/ops.h"
 #include "test_models.h"
 
 namespace polychip::model {
@@ -57,6 +61,7 @@ std::string Synth(const std::string& arch, const std::string& shape, int layers)
 
 struct Loaded {
   ModelFile file;
+  std::shared_ptr<runtime::Device> device;
   std::unique_ptr<TransformerRunner> runner;
 };
 
@@ -76,6 +81,7 @@ std::unique_ptr<Loaded> Load(const std::string& path) {
   if (!r.ok()) return nullptr;
   auto l = std::make_unique<Loaded>();
   l->file = std::move(*f);
+  l->device = dev;
   l->runner = std::move(*r);
   return l;
 }
@@ -251,9 +257,10 @@ TEST(SpeculativeLora, TheDraftProposesWithTheRequestsAdapter) {
   EXPECT_FALSE(r->engine.speculative.draft_takes_adapters);
 }
 
-// An adapter of a mixture of experts' experts runs its rows' routed feed-forward on the host
-// (transformer.cc) while the step's other rows stay in MOE: requests of the adapter batched with
-// base requests give each one's tokens alone, and the adapter changes them.
+// An adapter of a mixture of experts' experts runs its rows' routed feed-forward as MOE launches
+// of their own with the adapter's low-rank terms (transformer.cc) beside the step's other rows:
+// requests of the adapter batched with base requests give each one's tokens alone, and the
+// adapter changes them.
 TEST(ExpertLora, AdapterRowsBatchedWithBaseRowsGiveTheirTokensAlone) {
   if (!CpuBuilt()) GTEST_SKIP() << "no cpu plugin in this tree";
   const std::string path = Synth("qwen3moe", "qwen3moe-tiny", 2);
@@ -300,6 +307,88 @@ TEST(ExpertLora, AdapterRowsBatchedWithBaseRowsGiveTheirTokensAlone) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     EXPECT_EQ(out[i], i % 2 == 1 ? with[i / 2] : base[i / 2]) << "request " << i;
   }
+}
+
+// MOE launches the device has run so far (its plugin's op counters).
+uint64_t MoeLaunches(const runtime::Device& device) {
+  auto counters = device.backend()->ReadOpCounters(device);
+  if (!counters) return 0;
+  for (const runtime::OpCounters& c : *counters)
+    if (c.op == static_cast<int32_t>(runtime::Op::kMoe)) return c.launches;
+  return 0;
+}
+
+// An adapter of the experts runs as MOE's low-rank terms (ABI 1.7) on the cpu plugin: a batch of
+// base rows and two such adapters (F16 rank 8 at scale 1, Q8_0 rank 32 at scale 0.5, so that
+// both of MOE's roundings of a term's input are used) gives the tokens the host path
+// (POLYCHIP_LORA_HOST_EXPERTS=1) gives, and the device path did run (more MOE launches: one per
+// run of rows of an adapter). Each adapter is loaded twice, under two names, so that each path
+// uploads its own copy (the variable is read at upload).
+TEST(ExpertLora, DevicePathGivesTheHostPathsTokens) {
+  if (!CpuBuilt()) GTEST_SKIP() << "no cpu plugin in this tree";
+  const std::string path = Synth("qwen3moe", "qwen3moe-tiny", 2);
+  ASSERT_EQ(path.rfind("error", 0), std::string::npos) << path;
+  auto model = Load(path);
+  ASSERT_TRUE(model);
+  struct AdapterCase {
+    std::string file;
+    int64_t rank;
+    DType type;
+    float scale;
+  };
+  const AdapterCase cases[] = {{path + ".experts-f16-r8.gguf", 8, DType::kF16, 1.0f},
+                               {path + ".experts-q8_0-r32.gguf", 32, DType::kQ8_0, 0.5f}};
+  LoraRegistry registry(model->file.config);
+  std::shared_ptr<const LoraAdapter> on_host[2], on_device[2];
+  for (int i = 0; i < 2; ++i) {
+    LoraSynthOptions lo;
+    lo.rank = cases[i].rank;
+    lo.type = cases[i].type;
+    lo.std = 0.3f;
+    lo.seed = 11 + uint64_t(i);
+    lo.targets = {"experts"};
+    ASSERT_TRUE(SynthesizeLora(*model->file.file, lo, cases[i].file).ok());
+    auto h = registry.Load({"host" + std::to_string(i), cases[i].file, cases[i].scale});
+    auto d = registry.Load({"device" + std::to_string(i), cases[i].file, cases[i].scale});
+    ASSERT_TRUE(h.ok() && d.ok());
+    on_host[i] = *h;
+    on_device[i] = *d;
+  }
+  const std::vector<std::vector<int32_t>> prompts = {
+      {9, 1200, 33, 870, 4501, 77, 12, 3000, 640, 5},
+      {18, 902, 2222, 71, 19, 400, 8, 615, 90, 1717, 44, 6000, 13},
+      {5, 6, 7, 8, 9, 10, 11},
+  };
+  constexpr int kTokens = 12;
+  // Every prompt three times in one batch: base, first adapter, second adapter.
+  auto run = [&](const std::shared_ptr<const LoraAdapter> (&adapters)[2]) {
+    engine::EngineOptions eo;
+    eo.chunked_prefill_size = 32;
+    engine::Engine engine(model->runner.get(), eo, [](int32_t) { return std::string("x"); }, {});
+    std::vector<engine::GenerateInput> inputs(3 * prompts.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i].prompt = prompts[i / 3];
+      inputs[i].params.max_tokens = kTokens;
+      if (i % 3 > 0) {
+        inputs[i].adapter = adapters[i % 3 - 1];
+        inputs[i].adapter_scale = cases[i % 3 - 1].scale;
+      }
+    }
+    return testing::GenerateAll(engine, inputs);
+  };
+  setenv("POLYCHIP_LORA_HOST_EXPERTS", "1", 1);
+  const uint64_t before_host = MoeLaunches(*model->device);
+  const std::vector<std::vector<int32_t>> host = run(on_host);
+  const uint64_t host_launches = MoeLaunches(*model->device) - before_host;
+  unsetenv("POLYCHIP_LORA_HOST_EXPERTS");
+  const std::vector<std::vector<int32_t>> device = run(on_device);
+  const uint64_t device_launches = MoeLaunches(*model->device) - before_host - host_launches;
+  ASSERT_EQ(host.size(), device.size());
+  for (size_t i = 0; i < host.size(); ++i) {
+    EXPECT_EQ(device[i], host[i]) << "request " << i << " (adapter " << i % 3 << ")";
+    if (i % 3 > 0) EXPECT_NE(host[i], host[i - i % 3]) << "the adapter changes nothing";
+  }
+  EXPECT_GT(device_launches, host_launches) << "the adapters' rows did not run as MOE launches";
 }
 
 TEST(SpeculativeDraftVocabulary, SameVocabularyAcceptedOtherRefused) {
