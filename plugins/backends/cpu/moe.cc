@@ -71,16 +71,21 @@ struct LowRank {
   // y[i, 0..rows) += s B_e (A_e x[i]) for the m rows of x [m, ldx]; y is [m, ldy].
   void Add(const OpContext& c, int64_t e, const float* x, int64_t ldx, int64_t m, float* y,
            int64_t ldy) const {
-    thread_local std::vector<float> wa, wb, rounded, t;
+    thread_local std::vector<float> wa, wb, bt, rounded, t;
     const float* ae = Rows(a, a_dtype, e * rank, rank, cols, &wa);  // [rank, cols]
     const float* be = Rows(b, b_dtype, e * rows, rows, rank, &wb);  // [rows, rank]
+    // B_e^T [rank, rows]: the product with B as `rank` axpys of a whole row each, rather than
+    // `rows` dots `rank` long (16 at rank 16, too short for the SIMD dots).
+    bt.resize(rank * rows);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < rank; ++j) bt[j * rows + r] = be[r * rank + j];
     t.resize(rank);
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = Rounded(a_dtype, x + i * ldx, cols, &rounded);
       for (int64_t j = 0; j < rank; ++j) t[j] = scale * c.k->dot_f32(xi, ae + j * cols, cols);
       const float* ti = Rounded(b_dtype, t.data(), rank, &rounded);
       float* yi = y + i * ldy;
-      for (int64_t r = 0; r < rows; ++r) yi[r] += c.k->dot_f32(ti, be + r * rank, rank);
+      for (int64_t j = 0; j < rank; ++j) c.k->axpy_f32(ti[j], bt.data() + j * rows, yi, rows);
     }
   }
 
