@@ -190,8 +190,10 @@ TEST_P(SpeculativeModelTest, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
 INSTANTIATE_TEST_SUITE_P(Archs, SpeculativeModelTest,
                          ::testing::Values(ArchCase{"llama", "tiny"}, ArchCase{"qwen2", "tiny"},
                                            ArchCase{"qwen3", "qwen3-tiny"},
+                                           ArchCase{"qwen3moe", "qwen3moe-tiny"},
                                            ArchCase{"phi3", "phi3-tiny"},
-                                           ArchCase{"gemma3", "gemma3-tiny"}),
+                                           ArchCase{"gemma3", "gemma3-tiny"},
+                                           ArchCase{"mistral3", "mistral3-tiny"}),
                          [](const auto& info) { return info.param.arch; });
 
 // A request's LoRA adapter: the model verifies with it, so the output is the adapter's with
