@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 
 #include "common/command.h"
@@ -160,6 +161,15 @@ TEST_P(ReferenceTest, PerplexityAgreesWithLlamaCpp) {
 // may legitimately flip: llama.cpp (and the cpu plugin) quantize activations to 8 bits for
 // quantized weights, so the two runs do not compute bit-identical logits.
 constexpr double kCloseCall = 0.05;
+// Against llama.cpp on weights of 4 to 6 bits the bound is wider: there the int8 rounding of the
+// activations meets coarse weights, and one model's margin at the token where the runs part
+// depends on the host's kernels alone (mistral3-tiny Q4_0, token 13: 0.0446 with the cpu
+// plugin's AVX2 kernels, 0.0506 with its AVX-512 ones; both choose the same token, llama.cpp
+// the runner-up). F32, F16, BF16 and Q8_0 keep kCloseCall.
+double CloseCallAgainstLlamaCpp(const std::string& type) {
+  static const std::set<std::string> kFine = {"F32", "F16", "BF16", "Q8_0"};
+  return kFine.count(type) ? kCloseCall : 2 * kCloseCall;
+}
 
 struct GeneratedToken {
   int32_t id;
@@ -213,7 +223,7 @@ TEST_P(ReferenceTest, GreedyTokensAgreeWithLlamaCpp) {
   for (const GeneratedToken& t : tokens) {
     if (offset == cont.size()) break;  // llama.cpp stopped here (end of generation)
     if (cont.compare(offset, t.bytes.size(), t.bytes) != 0) {
-      EXPECT_LT(t.margin, kCloseCall)
+      EXPECT_LT(t.margin, CloseCallAgainstLlamaCpp(GetParam().type))
           << "token " << matched << " (id " << t.id << ") differs from llama.cpp with a clear "
           << "margin; llama.cpp: " << cont << "\npolychip: " << ours.out;
       break;
