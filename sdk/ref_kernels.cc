@@ -363,14 +363,16 @@ bool IsLowRankDtype(pc_dtype_t t) { return IsFloatType(t) || t == PC_DTYPE_Q8_0;
 
 MoeLowRank MoeLowRankOf(const pc_moe_args_t& a, int projection) {
   MoeLowRank t;
-  if (a.struct_size < offsetof(pc_moe_args_t, down_lora_scale) + sizeof(a.down_lora_scale))
-    return t;
-  switch (projection) {
-    case 0: t = {a.gate_lora_a, a.gate_lora_b, a.gate_lora_rank, a.gate_lora_scale}; break;
-    case 1: t = {a.up_lora_a, a.up_lora_b, a.up_lora_rank, a.up_lora_scale}; break;
-    case 2: t = {a.down_lora_a, a.down_lora_b, a.down_lora_rank, a.down_lora_scale}; break;
-    default: break;
+  if (a.struct_size >= offsetof(pc_moe_args_t, down_lora_scale) + sizeof(a.down_lora_scale)) {
+    switch (projection) {
+      case 0: t = {a.gate_lora_a, a.gate_lora_b, a.gate_lora_rank, a.gate_lora_scale}; break;
+      case 1: t = {a.up_lora_a, a.up_lora_b, a.up_lora_rank, a.up_lora_scale}; break;
+      case 2: t = {a.down_lora_a, a.down_lora_b, a.down_lora_rank, a.down_lora_scale}; break;
+      default: break;
+    }
   }
+  t.rows = projection == 2 ? a.n_embd : a.n_ff;  // gate/up [n_ff, n_embd], down [n_embd, n_ff]
+  t.cols = projection == 2 ? a.n_ff : a.n_embd;
   return t;
 }
 
@@ -418,8 +420,6 @@ const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem) {
   if (a.n_tokens == 0) return nullptr;
   // The low-rank terms of gate, up, down (1.7): [rows, cols] of one expert's matrix.
   RefLowRank terms[3];
-  const int64_t term_rows[3] = {a.n_ff, a.n_ff, a.n_embd};
-  const int64_t term_cols[3] = {a.n_embd, a.n_embd, a.n_ff};
   for (int p = 0; p < 3; ++p) {
     const MoeLowRank t = MoeLowRankOf(a, p);
     if (!t.present()) continue;
@@ -427,8 +427,8 @@ const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem) {
     r.a_dtype = a.lora_a_dtype;
     r.b_dtype = a.lora_b_dtype;
     r.rank = t.rank;
-    r.rows = term_rows[p];
-    r.cols = term_cols[p];
+    r.rows = t.rows;
+    r.cols = t.cols;
     r.scale = t.scale;
     r.a = Map<const uint8_t>(mem, t.a, a.n_experts * t.rank * RowBytes(r.a_dtype, r.cols));
     r.b = Map<const uint8_t>(mem, t.b, a.n_experts * r.rows * RowBytes(r.b_dtype, t.rank));
@@ -586,7 +586,6 @@ const char* Validate(const pc_moe_args_t& a) {
       RowBytes(a.down_dtype, a.n_ff) < 0)
     return "row length not a multiple of the weight block";
   // The low-rank terms (1.7; absent from an older host's shorter struct).
-  const int64_t cols[3] = {a.n_embd, a.n_embd, a.n_ff};
   for (int p = 0; p < 3; ++p) {
     const MoeLowRank t = MoeLowRankOf(a, p);
     if ((t.a != 0) != (t.b != 0) || (t.a != 0 && t.rank <= 0))
@@ -594,7 +593,7 @@ const char* Validate(const pc_moe_args_t& a) {
     if (!t.present()) continue;
     if (!IsLowRankDtype(a.lora_a_dtype) || !IsLowRankDtype(a.lora_b_dtype))
       return "low-rank A and B are F32, F16, BF16 or Q8_0";
-    if (RowBytes(a.lora_a_dtype, cols[p]) < 0 || RowBytes(a.lora_b_dtype, t.rank) < 0)
+    if (RowBytes(a.lora_a_dtype, t.cols) < 0 || RowBytes(a.lora_b_dtype, t.rank) < 0)
       return "low-rank row length not a multiple of its type's block";
   }
   return nullptr;

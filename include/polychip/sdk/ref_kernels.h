@@ -97,11 +97,14 @@ void MoeRoute(const float* logits, int64_t n_experts, int64_t n_used, bool norm_
               int32_t* experts, float* weights);
 
 // MOE's low-rank terms (1.7; absent from an older host's shorter struct). Projection 0 is gate,
-// 1 up, 2 down; a term is present when its A and B are both set and its rank positive.
+// 1 up, 2 down; a term is present when its A and B are both set and its rank positive. rows and
+// cols are the shape of one expert's matrix of that projection (A_e [rank, cols], B_e [rows,
+// rank]), set whether or not the term is present.
 struct MoeLowRank {
   pc_devptr_t a = 0, b = 0;
   int64_t rank = 0;
   float scale = 0;
+  int64_t rows = 0, cols = 0;
   bool present() const { return a != 0 && b != 0 && rank > 0; }
 };
 MoeLowRank MoeLowRankOf(const pc_moe_args_t& a, int projection);

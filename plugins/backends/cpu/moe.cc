@@ -56,9 +56,10 @@ const char* ExpertMatmul(const OpContext& c, pc_devptr_t w, pc_dtype_t dtype, ui
 // One projection's low-rank term (ABI 1.7: a LoRA adapter of the experts), in the GGUF layout:
 // A [n_experts * rank, cols] and B [n_experts * rows, rank] stacked per expert. Add() puts
 // s B_e (A_e x) into rows of y for expert e, one thread; the callers run it in parallel over
-// experts or rows. Each product rounds its input as the plugin's MATMUL does against a weight of
-// that type (the host path and llama.cpp too): against Q8_0 to int8 in blocks of 32 (the SDK's
-// Q8_0), against F32/F16/BF16 not at all.
+// experts, or Prepare() an expert once and Apply() it to chunks of its rows in parallel. Each
+// product rounds its input as the plugin's MATMUL does against a weight of that type (the host
+// path and llama.cpp too): against Q8_0 to int8 in blocks of 32 (the SDK's Q8_0), against
+// F32/F16/BF16 not at all.
 struct LowRank {
   const uint8_t* a = nullptr;
   const uint8_t* b = nullptr;
@@ -68,25 +69,41 @@ struct LowRank {
 
   bool present() const { return a != nullptr; }
 
-  // y[i, 0..rows) += s B_e (A_e x[i]) for the m rows of x [m, ldx]; y is [m, ldy].
-  void Add(const OpContext& c, int64_t e, const float* x, int64_t ldx, int64_t m, float* y,
-           int64_t ldy) const {
-    thread_local std::vector<float> wa, wb, bt, rounded, t;
-    const float* ae = Rows(a, a_dtype, e * rank, rank, cols, &wa);  // [rank, cols]
+  // Expert e's A_e [rank, cols] and B_e^T [rank, rows] as F32: Apply's operands. B is
+  // transposed so that the product with it is `rank` axpys of a whole row each, rather than
+  // `rows` dots `rank` long (16 at rank 16, too short for the SIMD dots).
+  struct Expert {
+    const float* a;
+    const float* bt;
+  };
+  Expert Prepare(int64_t e, std::vector<float>* a_buf, std::vector<float>* bt_buf) const {
+    thread_local std::vector<float> wb;
     const float* be = Rows(b, b_dtype, e * rows, rows, rank, &wb);  // [rows, rank]
-    // B_e^T [rank, rows]: the product with B as `rank` axpys of a whole row each, rather than
-    // `rows` dots `rank` long (16 at rank 16, too short for the SIMD dots).
-    bt.resize(rank * rows);
+    bt_buf->resize(rank * rows);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < rank; ++j) bt[j * rows + r] = be[r * rank + j];
+      for (int64_t j = 0; j < rank; ++j) (*bt_buf)[j * rows + r] = be[r * rank + j];
+    return {Rows(a, a_dtype, e * rank, rank, cols, a_buf), bt_buf->data()};
+  }
+
+  // y[i, 0..rows) += s B_e (A_e x[i]) for the m rows of x [m, ldx]; y is [m, ldy].
+  void Apply(const OpContext& c, const Expert& w, const float* x, int64_t ldx, int64_t m,
+             float* y, int64_t ldy) const {
+    thread_local std::vector<float> rounded, t;
     t.resize(rank);
     for (int64_t i = 0; i < m; ++i) {
       const float* xi = Rounded(a_dtype, x + i * ldx, cols, &rounded);
-      for (int64_t j = 0; j < rank; ++j) t[j] = scale * c.k->dot_f32(xi, ae + j * cols, cols);
+      for (int64_t j = 0; j < rank; ++j) t[j] = scale * c.k->dot_f32(xi, w.a + j * cols, cols);
       const float* ti = Rounded(b_dtype, t.data(), rank, &rounded);
       float* yi = y + i * ldy;
-      for (int64_t j = 0; j < rank; ++j) c.k->axpy_f32(ti[j], bt.data() + j * rows, yi, rows);
+      for (int64_t j = 0; j < rank; ++j) c.k->axpy_f32(ti[j], w.bt + j * rows, yi, rows);
     }
+  }
+
+  // Prepare and Apply on this thread.
+  void Add(const OpContext& c, int64_t e, const float* x, int64_t ldx, int64_t m, float* y,
+           int64_t ldy) const {
+    thread_local std::vector<float> wa, bt;
+    Apply(c, Prepare(e, &wa, &bt), x, ldx, m, y, ldy);
   }
 
  private:
@@ -120,13 +137,11 @@ struct LowRanks {
 
 LowRanks LowRanksOf(const pc_moe_args_t& a) {
   LowRanks l;
-  const int64_t rows[3] = {a.n_ff, a.n_ff, a.n_embd};
-  const int64_t cols[3] = {a.n_embd, a.n_embd, a.n_ff};
   for (int i = 0; i < 3; ++i) {
     const sdk::MoeLowRank t = sdk::MoeLowRankOf(a, i);
     if (!t.present()) continue;
     l.p[i] = {Ptr<const uint8_t>(t.a), Ptr<const uint8_t>(t.b), a.lora_a_dtype, a.lora_b_dtype,
-              t.rank, rows[i], cols[i], t.scale};
+              t.rank, t.rows, t.cols, t.scale};
   }
   return l;
 }
@@ -311,15 +326,17 @@ const char* Moe(const OpContext& c, const pc_moe_args_t& a) {
 
   if (!a.accumulate) std::fill(out, out + a.n_tokens * a.n_embd, 0.f);
   // Scratch for the largest group; launches on one device are serialised by the plugin.
-  static std::vector<float> xg, gate, up, down;
-  // A projection's low-rank term for expert e's m rows, in parallel over chunks of rows.
+  static std::vector<float> xg, gate, up, down, low_a, low_bt;
+  // A projection's low-rank term for expert e's m rows: A_e and B_e^T made once, then applied
+  // in parallel over chunks of rows.
   auto add_low = [&](int p, int64_t e, const float* in, int64_t ld_in, int64_t m, float* y,
                      int64_t ld_y) {
     if (!low.p[p].present()) return;
+    const LowRank::Expert w = low.p[p].Prepare(e, &low_a, &low_bt);
     const int64_t chunk = std::max<int64_t>(1, m / (int64_t(c.pool->size()) * 2));
     ForEachJobGroup(c, (m + chunk - 1) / chunk, 1, [&](int64_t q, int64_t) {
       const int64_t i0 = q * chunk, n = std::min(chunk, m - i0);
-      low.p[p].Add(c, e, in + i0 * ld_in, ld_in, n, y + i0 * ld_y, ld_y);
+      low.p[p].Apply(c, w, in + i0 * ld_in, ld_in, n, y + i0 * ld_y, ld_y);
     });
   };
   for (int64_t e = 0; e < a.n_experts; ++e) {
