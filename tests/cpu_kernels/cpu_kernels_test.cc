@@ -142,6 +142,47 @@ void RunMatmul(const OpContext& c, const MatmulCase& mc, bool pack, std::vector<
     for (int64_t j = mc.n; j < os; ++j) ASSERT_EQ((*got)[i * os + j], 0.25f);
 }
 
+// Activations are rounded as GGUF's quantized dot products define them, so that the packed
+// matmul rounds as llama.cpp does: against a 32-block type each block of 32 has its own scale
+// (Q8_0: d = amax / 127, the quants those of sdk::QuantizeRow to Q8_0), against a super-block
+// type (K-quants, IQ4_XS) 256 activations share one (Q8_K: id = 127 / amax, d = 1 / id). The
+// blocks of the test row span magnitudes 1 to 1e4, so a scale taken over the wrong span
+// gives other quants.
+TEST_P(CpuKernels, QuantizeRowRoundsAsGgufActivationTypes) {
+  const KernelTable* kt = GetParam();
+  const int64_t k = 1024, kb = k / kBlock;
+  auto x = Random(k, 41);
+  for (int64_t e = 0; e < k; ++e) x[e] *= std::pow(10.f, float((e / kBlock) % 5));
+  ASSERT_EQ(ActScaleBlock(PC_DTYPE_Q8_0), 32);
+  ASSERT_EQ(ActScaleBlock(PC_DTYPE_Q4_K), 256);
+  ASSERT_EQ(ActScaleBlock(PC_DTYPE_IQ4_XS), 256);
+  for (int64_t scale_block : {32, 256}) {
+    SCOPED_TRACE("scale block " + std::to_string(scale_block));
+    std::vector<ActBlock> got(kb);
+    kt->quantize_row(x.data(), k, scale_block, got.data());
+    std::vector<uint8_t> q8(sdk::RowBytes(PC_DTYPE_Q8_0, k));
+    ASSERT_TRUE(sdk::QuantizeRow(PC_DTYPE_Q8_0, x.data(), q8.data(), k));
+    for (int64_t b = 0; b < kb; ++b) {
+      const float* xg = x.data() + b / (scale_block / kBlock) * scale_block;
+      float amax = 0;
+      for (int64_t i = 0; i < scale_block; ++i) amax = std::max(amax, std::fabs(xg[i]));
+      const float id = scale_block == 32 ? 1.f / (amax / 127.f) : 127.f / amax;
+      const float d = scale_block == 32 ? amax / 127.f : 1.f / id;
+      ASSERT_EQ(got[b].d, d) << "block " << b;
+      int32_t sum[2] = {0, 0};
+      for (int i = 0; i < kBlock; ++i) {
+        const int want = static_cast<int>(std::nearbyint(x[b * kBlock + i] * id));
+        ASSERT_EQ(got[b].q[i], want) << "block " << b << " element " << i;
+        if (scale_block == 32)  // Q8_0 block: f16 d, then 32 int8
+          ASSERT_EQ(got[b].q[i], static_cast<int8_t>(q8[b * 34 + 2 + i])) << "block " << b;
+        sum[i / 16] += want;
+      }
+      ASSERT_EQ(got[b].sum[0], sum[0]);
+      ASSERT_EQ(got[b].sum[1], sum[1]);
+    }
+  }
+}
+
 TEST_P(CpuKernels, PackedMatmulMatchesReference) {
   for (pc_dtype_t t : {PC_DTYPE_Q4_0, PC_DTYPE_Q8_0, PC_DTYPE_Q5_0, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K,
                        PC_DTYPE_Q4_1, PC_DTYPE_Q5_1, PC_DTYPE_IQ4_NL, PC_DTYPE_IQ4_XS,
@@ -192,7 +233,7 @@ TEST_P(CpuKernels, PackedStreamsEqualOneGroupAtATime) {
     PackedFormat f;
     ASSERT_TRUE(PackedFormatOf(t, &f));
     std::vector<ActBlock> x(kb);
-    kt->quantize_row(xf.data(), k, x.data());
+    kt->quantize_row(xf.data(), k, ActScaleBlock(t), x.data());
     const int64_t group_bytes = kb * f.block_bytes();
     for (int ns = 1; ns <= kMaxWeightStreams; ++ns) {
       for (int64_t groups_apart : {1, 3}) {

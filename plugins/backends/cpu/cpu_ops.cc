@@ -157,11 +157,15 @@ const char* MatmulPacked(const OpContext& c, const pc_matmul_args_t& a) {
   std::vector<ActBlock>& act = ActBuffer();  // [m, kb]
   if (static_cast<int64_t>(act.size()) < a.m * kb) act.resize(a.m * kb);
   ActBlock* xq = act.data();
+  const int64_t scale_block = ActScaleBlock(a.w_dtype);
+  auto quantize = [&](int64_t i) {
+    c.k->quantize_row(x + i * a.x_stride, a.k, scale_block, xq + i * kb);
+  };
   if (a.m * a.k <= 32768) {
-    for (int64_t i = 0; i < a.m; ++i) c.k->quantize_row(x + i * a.x_stride, a.k, xq + i * kb);
+    for (int64_t i = 0; i < a.m; ++i) quantize(i);
   } else {
     ParallelRange(c, a.m, 1, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) c.k->quantize_row(x + i * a.x_stride, a.k, xq + i * kb);
+      for (int64_t i = i0; i < i1; ++i) quantize(i);
     });
   }
   const int64_t n_groups = (a.n + kPackRows - 1) / kPackRows;

@@ -36,8 +36,9 @@ struct KernelTable {
   Isa isa;
 
   // ---- quantized weights (packed layout, packed.h) ----
-  // x [k] -> k/32 activation blocks.
-  void (*quantize_row)(const float* x, int64_t k, ActBlock* out);
+  // x [k] -> k/32 activation blocks, each scale_block (32 or 256, ActScaleBlock) consecutive
+  // activations sharing one scale; k is a multiple of scale_block.
+  void (*quantize_row)(const float* x, int64_t k, int64_t scale_block, ActBlock* out);
   // One group of kPackRows weight rows against m activation rows:
   //   tile[i * kPackRows + r] = sum_e W[r, e] * x_i[e]
   // group: the group's first block; x: m rows of kb blocks, x_stride blocks apart.

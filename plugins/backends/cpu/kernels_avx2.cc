@@ -31,32 +31,34 @@ inline int32_t HSumI(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-void QuantizeRow(const float* x, int64_t k, ActBlock* out) {
+void QuantizeRow(const float* x, int64_t k, int64_t scale_block, ActBlock* out) {
   const __m256 sign = _mm256_set1_ps(-0.f);
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    __m256 v[4];
+  for (int64_t g = 0; g < k / scale_block; ++g) {
+    const float* xg = x + g * scale_block;
     __m256 amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(x + b * kBlock + 8 * j);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
-    }
+    for (int64_t i = 0; i < scale_block; i += 8)
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xg + i)));
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127.f;
-    const __m256 id = _mm256_set1_ps(d > 0 ? 1.f / d : 0.f);
-    __m256i q[4];
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
-    ActBlock& a = out[b];
-    a.d = d;
-    a.sum[0] = HSumI(_mm256_add_epi32(q[0], q[1]));
-    a.sum[1] = HSumI(_mm256_add_epi32(q[2], q[3]));
-    // Pack 32 int32 to 32 int8 (packs interleave 128-bit lanes; the permute restores order).
-    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
-    const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
-    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q), p8);
+    float d, inv;
+    ActScale(_mm_cvtss_f32(m), scale_block, &d, &inv);
+    const __m256 id = _mm256_set1_ps(inv);
+    for (int64_t b = 0; b < scale_block / kBlock; ++b) {
+      __m256i q[4];
+      for (int j = 0; j < 4; ++j)
+        q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + b * kBlock + 8 * j), id));
+      ActBlock& a = out[g * (scale_block / kBlock) + b];
+      a.d = d;
+      a.sum[0] = HSumI(_mm256_add_epi32(q[0], q[1]));
+      a.sum[1] = HSumI(_mm256_add_epi32(q[2], q[3]));
+      // Pack 32 int32 to 32 int8 (packs interleave 128-bit lanes; the permute restores order).
+      const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+      const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+      __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+      p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q), p8);
+    }
   }
 }
 

@@ -17,24 +17,28 @@ namespace avx512 {
 
 #include "kernels_float.inc"
 
-void QuantizeRow(const float* x, int64_t k, ActBlock* out) {
+void QuantizeRow(const float* x, int64_t k, int64_t scale_block, ActBlock* out) {
   const __m512 sign = _mm512_set1_ps(-0.f);
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    const __m512 v0 = _mm512_loadu_ps(x + b * kBlock);
-    const __m512 v1 = _mm512_loadu_ps(x + b * kBlock + 16);
-    const __m512 amax =
-        _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1));
-    const float d = _mm512_reduce_max_ps(amax) / 127.f;
-    const __m512 id = _mm512_set1_ps(d > 0 ? 1.f / d : 0.f);
-    // cvtps rounds to nearest even under the default MXCSR, as nearbyint does.
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-    ActBlock& a = out[b];
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q), _mm512_cvtsepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q + 16), _mm512_cvtsepi32_epi8(q1));
-    a.d = d;
-    a.sum[0] = _mm512_reduce_add_epi32(q0);
-    a.sum[1] = _mm512_reduce_add_epi32(q1);
+  for (int64_t g = 0; g < k / scale_block; ++g) {
+    const float* xg = x + g * scale_block;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t i = 0; i < scale_block; i += 16)
+      amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, _mm512_loadu_ps(xg + i)));
+    float d, inv;
+    ActScale(_mm512_reduce_max_ps(amax), scale_block, &d, &inv);
+    const __m512 id = _mm512_set1_ps(inv);
+    for (int64_t b = 0; b < scale_block / kBlock; ++b) {
+      // cvtps rounds to nearest even under the default MXCSR, as nearbyint does.
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + b * kBlock), id));
+      const __m512i q1 =
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + b * kBlock + 16), id));
+      ActBlock& a = out[g * (scale_block / kBlock) + b];
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.q + 16), _mm512_cvtsepi32_epi8(q1));
+      a.d = d;
+      a.sum[0] = _mm512_reduce_add_epi32(q0);
+      a.sum[1] = _mm512_reduce_add_epi32(q1);
+    }
   }
 }
 

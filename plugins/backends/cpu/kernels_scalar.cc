@@ -13,19 +13,22 @@ namespace scalar {
 
 #include "kernels_float.inc"
 
-void QuantizeRow(const float* x, int64_t k, ActBlock* out) {
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    const float* xb = x + b * kBlock;
+void QuantizeRow(const float* x, int64_t k, int64_t scale_block, ActBlock* out) {
+  for (int64_t g = 0; g < k / scale_block; ++g) {
+    const float* xg = x + g * scale_block;
     float amax = 0;
-    for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float d = amax / 127.f;
-    const float id = d > 0 ? 1.f / d : 0.f;
-    ActBlock& a = out[b];
-    a.d = d;
-    a.sum[0] = a.sum[1] = 0;
-    for (int i = 0; i < kBlock; ++i) {
-      a.q[i] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
-      a.sum[i / 16] += a.q[i];
+    for (int64_t i = 0; i < scale_block; ++i) amax = std::max(amax, std::fabs(xg[i]));
+    float d, id;
+    ActScale(amax, scale_block, &d, &id);
+    for (int64_t b = 0; b < scale_block / kBlock; ++b) {
+      const float* xb = xg + b * kBlock;
+      ActBlock& a = out[g * (scale_block / kBlock) + b];
+      a.d = d;
+      a.sum[0] = a.sum[1] = 0;
+      for (int i = 0; i < kBlock; ++i) {
+        a.q[i] = static_cast<int8_t>(std::nearbyint(xb[i] * id));
+        a.sum[i / 16] += a.q[i];
+      }
     }
   }
 }

@@ -203,21 +203,32 @@ const char* MoePacked(const OpContext& c, const pc_moe_args_t& a, const LowRanks
     jobs.push_back({e, n_rows, m});
     n_rows += m;
   }
-  static std::vector<ActBlock> xq, hq;  // launches on one device are serialised by the plugin
+  // Gate and up share the quantized tokens unless their dtypes round activations differently
+  // (ActScaleBlock: a K-quant beside a 32-block type), when up gets its own copy.
+  const int64_t gate_block = ActScaleBlock(a.gate_dtype), up_block = ActScaleBlock(a.up_dtype);
+  const bool up_own = up_block != gate_block;
+  static std::vector<ActBlock> xq, xq_up, hq;  // launches on one device are serialised
   static std::vector<float> hidden, down_out;
   xq.resize(n_rows * kb_embd);    // [R, n_embd / 32] gathered, quantized tokens
+  xq_up.resize(up_own ? n_rows * kb_embd : 0);
   hidden.resize(n_rows * a.n_ff);  // [R, n_ff] silu(gate) * up
   hq.resize(n_rows * kb_ff);      // [R, n_ff / 32] quantized hidden
   down_out.resize(n_rows * a.n_embd);  // [R, n_embd]
   // Each token is quantized once, then copied to its rows.
-  std::vector<ActBlock> token_q(a.n_tokens * kb_embd);
+  std::vector<ActBlock> token_q(a.n_tokens * kb_embd), token_q_up(up_own ? token_q.size() : 0);
   ForEachJobGroup(c, a.n_tokens, 1, [&](int64_t t, int64_t) {
-    c.k->quantize_row(x + t * a.n_embd, a.n_embd, &token_q[t * kb_embd]);
+    c.k->quantize_row(x + t * a.n_embd, a.n_embd, gate_block, &token_q[t * kb_embd]);
+    if (up_own) c.k->quantize_row(x + t * a.n_embd, a.n_embd, up_block, &token_q_up[t * kb_embd]);
   });
   for (const Job& j : jobs)
-    for (int64_t i = 0; i < j.m; ++i)
-      std::memcpy(&xq[(j.first + i) * kb_embd], &token_q[rows_of[j.expert][i].token * kb_embd],
+    for (int64_t i = 0; i < j.m; ++i) {
+      const int64_t token = rows_of[j.expert][i].token;
+      std::memcpy(&xq[(j.first + i) * kb_embd], &token_q[token * kb_embd],
                   kb_embd * sizeof(ActBlock));
+      if (up_own)
+        std::memcpy(&xq_up[(j.first + i) * kb_embd], &token_q_up[token * kb_embd],
+                    kb_embd * sizeof(ActBlock));
+    }
 
   // The low-rank terms of gate and up [R, n_ff] each, in parallel over (expert, projection),
   // added to the tiles before the SwiGLU.
@@ -250,8 +261,9 @@ const char* MoePacked(const OpContext& c, const pc_moe_args_t& a, const LowRanks
     for (int64_t i0 = 0; i0 < j.m; i0 += kMBlock) {
       const int64_t mb = std::min(kMBlock, j.m - i0);
       const ActBlock* xr = &xq[(j.first + i0) * kb_embd];
+      const ActBlock* xr_up = up_own ? &xq_up[(j.first + i0) * kb_embd] : xr;
       c.k->gemm_packed(fg, wg, kb_embd, xr, kb_embd, mb, tile_g.data());
-      c.k->gemm_packed(fu, wu, kb_embd, xr, kb_embd, mb, tile_u.data());
+      c.k->gemm_packed(fu, wu, kb_embd, xr_up, kb_embd, mb, tile_u.data());
       for (int64_t i = 0; i < mb; ++i) {
         const int64_t at = (j.first + i0 + i) * a.n_ff + g * kPackRows;
         if (!low_gate.empty())
@@ -264,7 +276,7 @@ const char* MoePacked(const OpContext& c, const pc_moe_args_t& a, const LowRanks
     }
   });
   ForEachJobGroup(c, n_rows, 1, [&](int64_t r, int64_t) {
-    c.k->quantize_row(&hidden[r * a.n_ff], a.n_ff, &hq[r * kb_ff]);
+    c.k->quantize_row(&hidden[r * a.n_ff], a.n_ff, ActScaleBlock(a.down_dtype), &hq[r * kb_ff]);
   });
   ForEachJobGroup(c, static_cast<int64_t>(jobs.size()), embd_groups, [&](int64_t ji, int64_t g) {
     const Job& j = jobs[ji];

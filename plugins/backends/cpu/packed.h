@@ -81,6 +81,39 @@ struct ActBlock {
   int32_t sum[2];  // sum of q[0..15], q[16..31]
 };
 
+// How many activations share one scale against a weight of `dtype` (KernelTable::quantize_row):
+// 256 for the super-block types (K-quants, IQ4_XS), 32 for the others. It is the pairing GGUF's
+// quantized dot products are defined with (Q8_K against super-blocks, Q8_0 against the rest),
+// so the rounding is llama.cpp's: with 32 against a Q4_K_M model, perplexity parted from
+// llama.cpp's by 0.3-0.5% (docs/performance.md), with 256 by about 0.1%. The storage stays a
+// block of 32: the 8 blocks of a super-block carry the same d.
+inline int64_t ActScaleBlock(pc_dtype_t dtype) {
+  switch (dtype) {
+    case PC_DTYPE_Q2_K:
+    case PC_DTYPE_Q3_K:
+    case PC_DTYPE_Q4_K:
+    case PC_DTYPE_Q5_K:
+    case PC_DTYPE_Q6_K:
+    case PC_DTYPE_IQ4_XS:
+      return 256;
+    default:
+      return 32;
+  }
+}
+
+// The scale d and its inverse id of a group of activations whose largest magnitude is amax,
+// as GGUF's Q8_0 (d = amax / 127, groups of 32) and Q8_K (id = 127 / amax, groups of 256)
+// compute them; the two differ in the last bit, which can move a rounding.
+inline void ActScale(float amax, int64_t scale_block, float* d, float* id) {
+  if (scale_block == kBlock) {
+    *d = amax / 127.f;
+    *id = *d > 0 ? 1.f / *d : 0.f;
+  } else {
+    *id = amax > 0 ? 127.f / amax : 0.f;
+    *d = *id > 0 ? 1.f / *id : 0.f;
+  }
+}
+
 // True (and *f set) when `dtype` has a packed form.
 bool PackedFormatOf(pc_dtype_t dtype, PackedFormat* f);
 // Bytes of a packed [n, k] matrix.
