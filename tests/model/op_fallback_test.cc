@@ -104,6 +104,39 @@ TEST_F(OpFallbackTest, WeightsOfFallenBackMatmulsAreStagedAndGiveTheSameTokens) 
   EXPECT_EQ(TokenIds(fb.err), TokenIds(cpu.err));
 }
 
+// An adapter of a mixture of experts' experts is MOE's low-rank terms (ABI 1.7): with MOE
+// fallen back, the terms travel with it (their A and B staged like the experts) and the tokens
+// are the cpu plugin's, which the adapter changes.
+TEST_F(OpFallbackTest, ExpertAdapterTermsFallBackWithMoe) {
+  const std::string model = (dir_ / "moe.gguf").string(), adapter = (dir_ / "experts.gguf").string();
+  const CommandResult synth = RunCommand(
+      kBin + " gguf synth --quiet --vocab " + ShellQuote(kModel) + " --shape qwen3moe-tiny" +
+      " --layers 2 --type F16 --seed 7 --weight-std 0.08 --out " + ShellQuote(model));
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const CommandResult lora = RunCommand(
+      kBin + " gguf synth --quiet --lora-for " + ShellQuote(model) + " --lora-rank 8" +
+      " --lora-alpha 16 --type Q8_0 --lora-targets experts --weight-std 0.3 --out " +
+      ShellQuote(adapter));
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  auto run = [&](const std::string& flags) {
+    return RunCommand(kBin + " run " + flags + " --print-tokens --ignore-eos -n 12 --model-path " +
+                      ShellQuote(model) + " --prompt " + ShellQuote("And God said"));
+  };
+  const std::string with = " --lora e=" + ShellQuote(adapter);
+  const CommandResult base = run("--device cpu:0");
+  const CommandResult cpu = run("--device cpu:0" + with);
+  ASSERT_EQ(base.exit_code, 0) << base.err;
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  ASSERT_EQ(TokenIds(cpu.err).size(), 12u);
+  EXPECT_NE(TokenIds(cpu.err), TokenIds(base.err)) << "the adapter changes nothing";
+  const CommandResult fb =
+      run("--config " + Config("embedding,rms_norm,rope,kv_store,attention,swiglu,matmul") +
+          " --device emu:0 --op-fallback cpu" + with);
+  ASSERT_EQ(fb.exit_code, 0) << fb.err;
+  EXPECT_NE(fb.err.find("op fallback: moe(f16->f16->f16) run on cpu:0"), std::string::npos) << fb.err;
+  EXPECT_EQ(TokenIds(fb.err), TokenIds(cpu.err));
+}
+
 TEST_F(OpFallbackTest, DoctorPrintsTheModelsCoverageTable) {
   const std::string config = Config("matmul,swiglu");
   const CommandResult gaps = RunCommand(kBin + " doctor --config " + config +
