@@ -561,11 +561,19 @@ void Engine::Finish(Sequence* seq, StreamEvent event) {
 }
 
 bool Engine::Step() {
-  const std::vector<Planned> plan = Schedule();
+  std::vector<Planned> plan = Schedule();
   if (plan.empty()) {
     PublishStats();
     return false;
   }
+  // The rows of one adapter (and scale) next to each other, the base model's first: a step's
+  // rows of an adapter then form one run, and what is launched per run (an adapter's expert
+  // feed-forward, a MOE launch of its own; the low-rank products composed of MATMULs where
+  // the plugin lacks LORA) is launched once per adapter rather than once per row. The order
+  // decided nothing yet: who runs was scheduled above, and results follow the plan.
+  std::stable_sort(plan.begin(), plan.end(), [](const Planned& a, const Planned& b) {
+    return a.seq->salt < b.seq->salt;
+  });
   std::vector<SequenceStep> steps;
   const auto start = Clock::now();
   if (proposer_) Speculate(plan);

@@ -118,6 +118,13 @@ class FakeRunner : public ModelRunner {
     tokens_processed_ += n_tokens;
     max_step_tokens_ = std::max(max_step_tokens_, n_tokens);
     max_batch_ = std::max<int64_t>(max_batch_, static_cast<int64_t>(batch.size()));
+    int64_t adapter_runs = 0;  // runs of consecutive sequences of one adapter and scale
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (i == 0 || batch[i].adapter != batch[i - 1].adapter ||
+          batch[i].adapter_scale != batch[i - 1].adapter_scale)
+        ++adapter_runs;
+    }
+    max_adapter_runs_ = std::max(max_adapter_runs_, adapter_runs);
     if (has_prefill && has_decode) ++mixed_steps_;
     return Status::Ok();
   }
@@ -140,6 +147,8 @@ class FakeRunner : public ModelRunner {
   int64_t max_step_tokens() const { return max_step_tokens_; }
   int64_t max_batch() const { return max_batch_; }
   int64_t mixed_steps() const { return mixed_steps_; }
+  // The most runs of one adapter (and scale) a step's batch was cut into.
+  int64_t max_adapter_runs() const { return max_adapter_runs_; }
 
  private:
   struct Slot {
@@ -180,7 +189,7 @@ class FakeRunner : public ModelRunner {
   int32_t disagree_every_ = 0;
   bool soft_ = false;
   int64_t steps_ = 0, tokens_processed_ = 0, max_step_tokens_ = 0, max_batch_ = 0,
-          mixed_steps_ = 0;
+          mixed_steps_ = 0, max_adapter_runs_ = 0;
 };
 
 }  // namespace polychip::engine::testing

@@ -247,6 +247,46 @@ TEST(Engine, LoraRequestsInfoListsRunningAndWaitingAdapters) {
       << out;
 }
 
+// A step's sequences reach the runner grouped by adapter and scale (the base model's first),
+// whatever order they arrived in, so that per-run launches (an adapter's MOE) are per adapter;
+// each request still gets its own tokens.
+TEST(Engine, StepRowsAreGroupedByAdapter) {
+  struct NamedAdapter : Adapter {
+    NamedAdapter(int64_t id, std::string name) : id_(id), name_(std::move(name)) {}
+    int64_t id() const override { return id_; }
+    const std::string& name() const override { return name_; }
+    int64_t id_;
+    std::string name_;
+  };
+  FakeRunner runner(kVocab, 512, 4, 256);
+  EngineOptions options;
+  options.max_adapters_per_step = 4;
+  Engine engine(&runner, options, Piece, {0});
+  const auto x = std::make_shared<NamedAdapter>(1, "x");
+  const auto y = std::make_shared<NamedAdapter>(2, "y");
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i) {
+    prompts.push_back(Prompt(6 + i, i));
+    GenerateInput in = Input(prompts.back(), 10);
+    const std::shared_ptr<const Adapter> adapters[] = {x, y, nullptr};
+    in.adapter = adapters[i % 3];
+    in.adapter_scale = i % 6 == 1 ? 0.5f : 1.f;  // y at two scales: four runs in all
+    auto s = engine.Submit(std::move(in));
+    ASSERT_TRUE(s.ok());
+    streams.push_back(*s);
+  }
+  engine.RunUntilIdle();
+  EXPECT_EQ(runner.max_batch(), 12);
+  EXPECT_EQ(runner.max_adapter_runs(), 4);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Result r;
+    Drain(*streams[i], &r);
+    ASSERT_TRUE(r.finished) << i;
+    EXPECT_EQ(r.tokens, FakeRunner::Reference(prompts[i], 10, kVocab)) << i;
+  }
+}
+
 TEST(Engine, PriorityPolicyRunsHigherPriorityFirst) {
   FakeRunner runner(kVocab, 256, 4, 64);
   EngineOptions opt;
