@@ -11,8 +11,8 @@
 #
 # The test models are tiny random-weight ones (tests/reference's: weight std 0.08, adapter std
 # 0.15), whose logits are peaky: a tiny rounding difference (llama.cpp rounds activations to
-# int8 in blocks of 256 against K-quants, the cpu plugin in blocks of 32) can flip a
-# mixture-of-experts route, which moves the perplexity of the few tokens after it. Scoring the
+# F16 against F16 matrices, the cpu plugin keeps them F32) can flip a mixture-of-experts
+# route, which moves the perplexity of the few tokens after it. Scoring the
 # whole text (512 tokens) averages that out; 2 chunks (the unit test's) leave it visible, and a
 # longer text (-f models/polychip-tiny.heldout.txt -c 64: 8,192 tokens) averages it further.
 #
