@@ -303,6 +303,43 @@ const char* RefKernel(const pc_scale_args_t& a, const DeviceMemory& mem) {
   return nullptr;
 }
 
+// t = scale (x[rows] A^T), then out[rows] += t B^T: the numbers of the MATMUL, SCALE, MATMUL
+// (accumulating) the op stands for, row by row.
+const char* RefKernel(const pc_lora_args_t& a, const DeviceMemory& mem) {
+  if (a.n_rows == 0) return nullptr;
+  const int64_t a_row = RowBytes(a.a_dtype, a.k), b_row = RowBytes(a.b_dtype, a.rank);
+  auto* x = Map<const float>(mem, a.x, a.m * a.k * 4);
+  auto* out = Map<float>(mem, a.out, a.m * a.n * 4);
+  const int32_t* rows = a.rows ? Map<const int32_t>(mem, a.rows, a.n_rows * 4) : nullptr;
+  auto* wa = Map<const uint8_t>(mem, a.a, a.rank * a_row);
+  auto* wb = Map<const uint8_t>(mem, a.b, a.n * b_row);
+  if (!x || !out || (a.rows && !rows) || !wa || !wb) return kBadAddress;
+  if (mem.validate_only) return nullptr;
+  for (int64_t i = 0; i < a.n_rows; ++i) {
+    if (rows && (rows[i] < 0 || rows[i] >= a.m)) return "lora row out of range";
+  }
+  const auto row = [&](int64_t i) { return rows ? int64_t{rows[i]} : i; };
+  std::vector<float> w(std::max(a.k, a.rank)), t(a.n_rows * a.rank);  // t [n_rows, rank]
+  for (int64_t j = 0; j < a.rank; ++j) {
+    DequantizeRow(a.a_dtype, wa + j * a_row, w.data(), a.k);
+    for (int64_t i = 0; i < a.n_rows; ++i) {
+      const float* xi = x + row(i) * a.k;
+      float sum = 0;
+      for (int64_t k = 0; k < a.k; ++k) sum += xi[k] * w[k];
+      t[i * a.rank + j] = sum * a.scale;
+    }
+  }
+  for (int64_t j = 0; j < a.n; ++j) {
+    DequantizeRow(a.b_dtype, wb + j * b_row, w.data(), a.rank);
+    for (int64_t i = 0; i < a.n_rows; ++i) {
+      float sum = 0;
+      for (int64_t r = 0; r < a.rank; ++r) sum += t[i * a.rank + r] * w[r];
+      out[row(i) * a.n + j] += sum;
+    }
+  }
+  return nullptr;
+}
+
 const char* RefKernel(const pc_add_args_t& a, const DeviceMemory& mem) {
   auto* x = Map<const float>(mem, a.a, a.n * 4);
   auto* y = Map<const float>(mem, a.b, a.n * 4);
@@ -565,6 +602,16 @@ const char* Validate(const pc_add_args_t& a) { return a.n < 0 ? "bad shape" : nu
 const char* Validate(const pc_geglu_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
 
 const char* Validate(const pc_scale_args_t& a) { return a.n < 0 ? "bad shape" : nullptr; }
+
+const char* Validate(const pc_lora_args_t& a) {
+  if (a.a_layout != PC_LAYOUT_GGUF || a.b_layout != PC_LAYOUT_GGUF) return "unknown weight layout";
+  if (!Decodable(a.a_dtype) || !Decodable(a.b_dtype)) return "unsupported weight dtype";
+  if (a.m < 0 || a.n_rows < 0 || a.n_rows > a.m || a.k <= 0 || a.n <= 0 || a.rank <= 0)
+    return "bad shape";
+  if (RowBytes(a.a_dtype, a.k) < 0 || RowBytes(a.b_dtype, a.rank) < 0)
+    return "row length not a multiple of the weight block";
+  return nullptr;
+}
 
 const char* Validate(const pc_convert_args_t& a) {
   if (!Decodable(a.src_dtype) || !IsFloatType(a.dst_dtype)) return "unsupported dtype pair";

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "polychip/sdk/quant.h"
@@ -455,6 +456,57 @@ TEST(RefKernels, MoeLowRankIsTheMergedMatrices) {
   EXPECT_TRUE(RefSupports(q));
   q.dtypes[3] = PC_DTYPE_Q4_K;  // not a low-rank type
   EXPECT_FALSE(RefSupports(q));
+}
+
+// LORA is the MATMUL (x A^T), SCALE, MATMUL (+= t B^T) it stands for, run on each listed row
+// alone: the same numbers to the bit, the rows not listed untouched; rows 0 is the first rows.
+TEST(RefKernels, LoraIsMatmulScaleMatmulOverTheListedRows) {
+  const int64_t m = 6, k = 64, n = 40, rank = 32;
+  const float scale = 0.625f;
+  auto x = Random(m * k, 11), af = Random(rank * k, 12), bf = Random(n * rank, 13);
+  auto out0 = Random(m * n, 14);
+  for (auto [at, bt] :
+       {std::pair{PC_DTYPE_F16, PC_DTYPE_F16}, std::pair{PC_DTYPE_Q8_0, PC_DTYPE_Q8_0},
+        std::pair{PC_DTYPE_Q8_0, PC_DTYPE_F32}}) {
+    std::vector<uint8_t> a(rank * RowBytes(at, k)), b(n * RowBytes(bt, rank));
+    for (int64_t j = 0; j < rank; ++j)
+      ASSERT_TRUE(QuantizeRow(at, af.data() + j * k, a.data() + j * RowBytes(at, k), k));
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_TRUE(QuantizeRow(bt, bf.data() + j * rank, b.data() + j * RowBytes(bt, rank), rank));
+    const std::vector<int32_t> rows = {4, 1, 5};
+    std::vector<float> expected = out0, t(rank);
+    for (int32_t r : rows) {
+      pc_matmul_args_t mm{sizeof(mm)};  // t [rank] = x[r] A^T
+      mm.x = D(x.data() + r * k), mm.w = D(a.data()), mm.w_dtype = at, mm.out = D(t.data());
+      mm.m = 1, mm.n = rank, mm.k = k, mm.x_stride = k, mm.out_stride = rank;
+      ASSERT_EQ(RefLaunch(PC_OP_MATMUL, &mm, IdentityMemory()), nullptr);
+      pc_scale_args_t sc{sizeof(sc), D(t.data()), D(t.data()), rank, scale};
+      ASSERT_EQ(RefLaunch(PC_OP_SCALE, &sc, IdentityMemory()), nullptr);
+      mm.x = D(t.data()), mm.w = D(b.data()), mm.w_dtype = bt;  // out[r] += t B^T
+      mm.out = D(expected.data() + r * n), mm.n = n, mm.k = rank, mm.x_stride = rank;
+      mm.out_stride = n, mm.accumulate = 1;
+      ASSERT_EQ(RefLaunch(PC_OP_MATMUL, &mm, IdentityMemory()), nullptr);
+    }
+    std::vector<float> out = out0;
+    pc_lora_args_t l{sizeof(l)};
+    l.x = D(x.data()), l.out = D(out.data()), l.m = m, l.rows = D(rows.data()), l.n_rows = 3;
+    l.k = k, l.n = n, l.a = D(a.data()), l.b = D(b.data()), l.a_dtype = at, l.b_dtype = bt;
+    l.rank = rank, l.scale = scale;
+    ASSERT_EQ(RefLaunch(PC_OP_LORA, &l, IdentityMemory()), nullptr);
+    EXPECT_EQ(out, expected);
+    // The first two rows, without a list: rows 0 and 1 move, the others keep their values.
+    std::vector<float> first = out0;
+    l.out = D(first.data()), l.rows = 0, l.n_rows = 2;
+    ASSERT_EQ(RefLaunch(PC_OP_LORA, &l, IdentityMemory()), nullptr);
+    EXPECT_NE(std::vector<float>(first.begin(), first.begin() + 2 * n),
+              std::vector<float>(out0.begin(), out0.begin() + 2 * n));
+    EXPECT_EQ(std::vector<float>(first.begin() + 2 * n, first.end()),
+              std::vector<float>(out0.begin() + 2 * n, out0.end()));
+    // A listed row outside x and out is an error, not a write.
+    const int32_t outside = int32_t(m);
+    l.rows = D(&outside), l.n_rows = 1;
+    EXPECT_NE(RefLaunch(PC_OP_LORA, &l, IdentityMemory()), nullptr);
+  }
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define PC_ABI_MAJOR 1
-#define PC_ABI_MINOR 7
+#define PC_ABI_MINOR 8
 
 /* Exported symbols are marked so, whatever the visibility default of the plugin's build. */
 #if defined(_WIN32)

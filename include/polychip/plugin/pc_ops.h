@@ -37,7 +37,8 @@ typedef uint64_t pc_devptr_t;
  * ABI minor that added it). EMBEDDING gathers rows of a (possibly quantized) table; RMS_NORM,
  * MATMUL (y = x W^T (+ bias) (+ y), W of any weight dtype), ROPE (normal or NeoX pairing, YaRN),
  * KV_STORE and ATTENTION (paged, GQA, causal), SWIGLU, ADD, CONVERT (dtype conversion), MOE
- * (routed mixture-of-experts feed-forward, 1.3), GEGLU and SCALE (1.4). */
+ * (routed mixture-of-experts feed-forward, 1.3), GEGLU and SCALE (1.4), LORA (one LoRA adapter's
+ * low-rank term over a list of rows, 1.8). */
 typedef enum pc_op {
 #define PC_OP(NAME, name, Name, id, ...) PC_OP_##NAME = id,
 #include "polychip/plugin/pc_ops.def"
@@ -66,13 +67,14 @@ typedef struct pc_op_query {
   /* Op-specific: EMBEDDING {table}; MATMUL {weight}; KV_STORE and ATTENTION {K cache, V cache}
    * (V's came in 1.6: PC_DTYPE_INVALID from an older host means the same as K's);
    * CONVERT {src, dst}; MOE {gate, up, down, lora A} (1.7: the 4th PC_DTYPE_INVALID without
-   * low-rank terms, as an older host sends it); others {F32}. Unused entries are PC_DTYPE_INVALID. */
+   * low-rank terms, as an older host sends it); LORA {A, B}; others {F32}. Unused entries are
+   * PC_DTYPE_INVALID. */
   pc_dtype_t dtypes[4];
   pc_shape_class_t shape_class;
-  /* (1.2) Layout of the EMBEDDING table or the MATMUL weight: PC_LAYOUT_GGUF, or a tag this
-   * plugin's weight_upload returned. A plugin answers 1 for a non-GGUF tag only if the op reads
-   * that layout. Plugins older than 1.2 do not read this member, so the host asks them about
-   * PC_LAYOUT_GGUF only. */
+  /* (1.2) Layout of the EMBEDDING table or the MATMUL weight (of MOE and LORA: a private tag
+   * any of their weights has): PC_LAYOUT_GGUF, or a tag this plugin's weight_upload returned.
+   * A plugin answers 1 for a non-GGUF tag only if the op reads that layout. Plugins older than
+   * 1.2 do not read this member, so the host asks them about PC_LAYOUT_GGUF only. */
   uint32_t layout;
 } pc_op_query_t;
 
@@ -339,6 +341,38 @@ typedef struct pc_moe_args {
   float up_lora_scale;
   float down_lora_scale;
 } pc_moe_args_t;
+
+/* PC_OP_LORA (1.8). One LoRA adapter's low-rank term, added to the listed rows of a batch:
+ *   out[rows[i], :] += scale * (x[rows[i], :] A^T) B^T    for i < n_rows
+ * (rows 0: rows[i] = i). The term of W' = W + s B A that the host adds after the base matrix's
+ * MATMUL; a batch mixing adapters launches it once per adapter (and factor) with that
+ * adapter's rows, wherever they are in the batch, instead of a MATMUL, SCALE, MATMUL per run
+ * of consecutive rows. A and B are the adapter's matrices as weight_upload laid them out (the
+ * same uploads MATMUL reads: a plugin may reuse its matmul kernels). Each product rounds its
+ * input as MATMUL does against a weight of that type and layout (against Q8_0: int8 in blocks
+ * of 32), so that the op gives what the three launches it replaces give. The rows are distinct
+ * (a plugin may add to them in parallel); x and out are not aliased. The query's dtypes are
+ * {A, B}; its layout a private tag either has, else PC_LAYOUT_GGUF: a plugin answers for the
+ * pairs of types and layouts it reads, and the host launches the three ops instead where it
+ * says no (or is older than 1.8). */
+typedef struct pc_lora_args {
+  size_t struct_size;
+  pc_devptr_t x;        /* f32 [m, k] */
+  pc_devptr_t out;      /* f32 [m, n] */
+  int64_t m;            /* rows of x and out */
+  pc_devptr_t rows;     /* int32 [n_rows], each in [0, m), distinct; or 0 for 0..n_rows-1 */
+  int64_t n_rows;       /* 0..m */
+  int64_t k;
+  int64_t n;
+  pc_devptr_t a;        /* a_dtype [rank, k] in layout a_layout */
+  pc_devptr_t b;        /* b_dtype [n, rank] in layout b_layout */
+  pc_dtype_t a_dtype;
+  pc_dtype_t b_dtype;
+  uint32_t a_layout;
+  uint32_t b_layout;
+  int64_t rank;
+  float scale;          /* s: alpha / rank times the request's scale */
+} pc_lora_args_t;
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -35,14 +35,13 @@ namespace op_counters_internal {
 
 inline uint64_t Pos(int64_t v) { return v > 0 ? static_cast<uint64_t>(v) : 0; }
 
-// The first dtype of the op's DTYPES (the weight's, for a Weight extent).
+// The i-th dtype of the op's DTYPES: the i-th Weight member's (pc_ops.def).
 template <typename T>
-pc_dtype_t FirstDtype(const typename T::Args& a) {
+pc_dtype_t WeightDtype(const typename T::Args& a, int i) {
   pc_dtype_t dtype = PC_DTYPE_F32;
-  bool found = false;
+  int at = 0;
   T::Dtypes([&](auto member, const char*, DtypeKind) {
-    if (!found) dtype = a.*member;
-    found = true;
+    if (at++ == i) dtype = a.*member;
   });
   return dtype;
 }
@@ -91,6 +90,7 @@ inline OpWork OpWorkOf(pc_op_t op, const void* args, const DeviceMemory* mem) {
     using T = decltype(t);
     const auto& a = *static_cast<const typename T::Args*>(args);
     OpWork w;
+    int weights = 0;  // Weight members seen
     T::Members(MemberVisitor{
         [](auto&&...) {},
         [&](auto, const char*, Access access, auto extent_fn, uint32_t, size_t) {
@@ -111,7 +111,8 @@ inline OpWork OpWorkOf(pc_op_t op, const void* args, const DeviceMemory* mem) {
               int64_t rows = e.rows;
               if constexpr (T::kOp == PC_OP_EMBEDDING) rows = std::min(rows, a.n_ids);
               w.bytes_read +=
-                  Pos(rows) * Pos(RowBytes(op_counters_internal::FirstDtype<T>(a), e.cols));
+                  Pos(rows) *
+                  Pos(RowBytes(op_counters_internal::WeightDtype<T>(a, weights++), e.cols));
               break;
             }
             case Access::kPaged:
@@ -120,6 +121,8 @@ inline OpWork OpWorkOf(pc_op_t op, const void* args, const DeviceMemory* mem) {
         }});
     if constexpr (T::kOp == PC_OP_MATMUL) {
       w.flops = 2 * Pos(a.m) * Pos(a.n) * Pos(a.k);
+    } else if constexpr (T::kOp == PC_OP_LORA) {
+      w.flops = 2 * Pos(a.n_rows) * Pos(a.rank) * (Pos(a.k) + Pos(a.n));
     } else if constexpr (T::kOp == PC_OP_ATTENTION) {
       uint64_t pairs = 0, keys = 0;
       op_counters_internal::AttentionPairs(a, mem, &pairs, &keys);

@@ -41,6 +41,7 @@ const char* RefKernel(const pc_convert_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_moe_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_geglu_args_t& a, const DeviceMemory& mem);
 const char* RefKernel(const pc_scale_args_t& a, const DeviceMemory& mem);
+const char* RefKernel(const pc_lora_args_t& a, const DeviceMemory& mem);
 
 // The shape/dtype/layout checks of one op's args (not the addresses), one overload per op;
 // ValidateOpArgs finds it by the args type. nullptr when valid.
@@ -56,6 +57,7 @@ const char* Validate(const pc_convert_args_t& a);
 const char* Validate(const pc_moe_args_t& a);
 const char* Validate(const pc_geglu_args_t& a);
 const char* Validate(const pc_scale_args_t& a);
+const char* Validate(const pc_lora_args_t& a);
 
 // Byte size of an op's args struct as this SDK was compiled, 0 for an unknown op.
 size_t OpArgsSize(pc_op_t op);

@@ -672,6 +672,79 @@ Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c,
   return v;
 }
 
+// ---- LORA (1.8) -------------------------------------------------------------------------------
+// rows: an interleaved, unordered list of rows of a batch (the rows of one of several adapters);
+// contiguous: rows 0 (the first n_rows rows); uploaded: the list with A and B through
+// weight_upload, in the layouts the plugin chose (those the host's adapters have).
+enum class LoraCase { kRows, kContiguous, kUploaded };
+
+Verdict Lora(Harness& h, pc_dtype_t a_dtype, pc_dtype_t b_dtype, LoraCase c) {
+  // B's rows are rank long: a whole Q8_0 block needs a rank of 32 or more.
+  const int64_t m = 16, k = 256, n = 96, rank = b_dtype == PC_DTYPE_Q8_0 ? 32 : 16;
+  const float scale = 0.75f;
+  std::vector<int32_t> rows = {13, 2, 6, 10, 15};
+  if (c == LoraCase::kContiguous) rows = {0, 1, 2, 3, 4, 5};
+  PCC_ENCODE(Encoded a, Encode(a_dtype, h.RandomFloats(rank * k), rank, k));
+  PCC_ENCODE(Encoded b, Encode(b_dtype, h.RandomFloats(n * rank), n, rank));
+  std::vector<float> x = h.RandomFloats(m * k);
+  std::vector<float> out = h.RandomFloats(m * n);  // the rows not listed must survive
+  std::vector<float> expected = out;
+  ref::Lora(x, a.values, b.values, rows, k, n, rank, scale, expected);
+
+  pc_weight_t uploaded[2] = {};
+  struct Free {  // the weights go back on every path out
+    Harness& h;
+    pc_weight_t* w;
+    ~Free() {
+      for (int i = 0; i < 2; ++i) {
+        if (w[i].data != 0) (void)h.Take(h.api->weight_free(h.device, &w[i]), "weight_free");
+      }
+    }
+  } free_weights{h, uploaded};
+  pc_devptr_t d_a = 0, d_b = 0;
+  uint32_t a_layout = PC_LAYOUT_GGUF, b_layout = PC_LAYOUT_GGUF;
+  if (c == LoraCase::kUploaded) {
+    if (!PCC_HAS(h.api, weight_upload)) return Skip("no weight_upload (optional)");
+    const Encoded* src[2] = {&a, &b};
+    const pc_dtype_t dtypes[2] = {a_dtype, b_dtype};
+    const int64_t shape[2][2] = {{rank, k}, {n, rank}};
+    for (int i = 0; i < 2; ++i) {
+      uploaded[i].struct_size = sizeof(uploaded[i]);
+      PCC_TRY(h.Take(h.api->weight_upload(h.device, dtypes[i], shape[i][0], shape[i][1],
+                                          src[i]->bytes.data(), src[i]->bytes.size(), &uploaded[i]),
+                     "weight_upload"));
+    }
+    d_a = uploaded[0].data, a_layout = uploaded[0].layout;
+    d_b = uploaded[1].data, b_layout = uploaded[1].layout;
+  }
+  const uint32_t layout = a_layout != PC_LAYOUT_GGUF ? a_layout : b_layout;
+  if (!h.Supports(PC_OP_LORA, {a_dtype, b_dtype}, PC_SHAPE_ANY, layout)) return NotClaimed();
+  if (c != LoraCase::kUploaded) {
+    PCC_ASSIGN(d_a, h.UploadVec(a.bytes));
+    PCC_ASSIGN(d_b, h.UploadVec(b.bytes));
+  }
+  PCC_ASSIGN(pc_devptr_t d_x, h.UploadVec(x));
+  PCC_ASSIGN(pc_devptr_t d_out, h.UploadVec(out));
+  pc_devptr_t d_rows = 0;
+  if (c != LoraCase::kContiguous) {
+    PCC_ASSIGN(d_rows, h.UploadVec(rows));
+  }
+  pc_lora_args_t l{};
+  l.struct_size = sizeof(l);
+  l.x = d_x, l.out = d_out, l.m = m, l.rows = d_rows, l.n_rows = int64_t(rows.size());
+  l.k = k, l.n = n, l.a = d_a, l.b = d_b, l.a_dtype = a_dtype, l.b_dtype = b_dtype;
+  l.a_layout = a_layout, l.b_layout = b_layout, l.rank = rank, l.scale = scale;
+  PCC_TRY(h.Launch(PC_OP_LORA, &l));
+  PCC_ASSIGN(auto result, h.DownloadVec<float>(d_out, out.size()));
+  // Two chained products, each input possibly rounded to its weight's precision.
+  const double tol = 2 * std::max(MatmulTolerance(a_dtype), MatmulTolerance(b_dtype));
+  // The term must move the output by more than the tolerance, or a no-op would pass.
+  const double moved = RelativeError(out, expected);
+  if (moved < 4 * tol)
+    return Fail("check too weak: the term moves the output by " + std::to_string(moved) + " only");
+  return CompareOutputs(result, expected, tol);
+}
+
 // Checks generated from the op list (pc_ops.def), for every op:
 //   op.<name>.short_args_rejected  an args struct shorter than the op's first version is an
 //                                  error, not a launch that reads past the caller's struct;
@@ -795,6 +868,18 @@ void AddOpChecks(std::vector<Check>& checks) {
   add("op.moe.q4_k_q6_k.uploaded", [](Harness& h) {
     return Moe(h, PC_DTYPE_Q4_K, PC_DTYPE_Q6_K, MoeCase::kUploaded);
   });
+  // The types adapters have (lora.h): A and B alike, or a Q8_0 A with an F16 or Q8_0 B.
+  const std::pair<pc_dtype_t, pc_dtype_t> lora_types[] = {{PC_DTYPE_F32, PC_DTYPE_F32},
+                                                          {PC_DTYPE_F16, PC_DTYPE_F16},
+                                                          {PC_DTYPE_BF16, PC_DTYPE_BF16},
+                                                          {PC_DTYPE_Q8_0, PC_DTYPE_F16},
+                                                          {PC_DTYPE_Q8_0, PC_DTYPE_Q8_0}};
+  for (auto [a, b] : lora_types) {
+    const std::string base = "op.lora." + Lower(a) + "_" + Lower(b);
+    add(base + ".rows", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kRows); });
+    add(base + ".contiguous", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kContiguous); });
+    add(base + ".uploaded", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kUploaded); });
+  }
   AddOpListChecks(checks, add);
 }
 

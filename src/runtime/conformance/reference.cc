@@ -96,6 +96,24 @@ void Matmul(const std::vector<float>& x, int64_t x_stride, const std::vector<flo
   }
 }
 
+void Lora(const std::vector<float>& x, const std::vector<float>& a, const std::vector<float>& b,
+          const std::vector<int32_t>& rows, int64_t k, int64_t n, int64_t rank, float scale,
+          std::vector<float>& out) {
+  std::vector<double> t(rank);
+  for (int32_t r : rows) {
+    for (int64_t j = 0; j < rank; ++j) {
+      double acc = 0;
+      for (int64_t c = 0; c < k; ++c) acc += double(x[r * k + c]) * a[j * k + c];
+      t[j] = scale * acc;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = out[r * n + j];
+      for (int64_t q = 0; q < rank; ++q) acc += t[q] * b[j * rank + q];
+      out[r * n + j] = static_cast<float>(acc);
+    }
+  }
+}
+
 namespace {
 
 // YaRN: the dimension (pair index) at which the wavelength equals n_ctx_orig / n_rotations.

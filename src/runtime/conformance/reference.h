@@ -34,6 +34,12 @@ void Matmul(const std::vector<float>& x, int64_t x_stride, const std::vector<flo
             const std::vector<float>& bias, int64_t m, int64_t n, int64_t k, bool accumulate,
             std::vector<float>& out, int64_t out_stride);
 
+// out[rows[i], :] += scale (x[rows[i], :] A^T) B^T for each listed row (LORA): x [m, k], a
+// [rank, k], b [n, rank], out [m, n] updated in place.
+void Lora(const std::vector<float>& x, const std::vector<float>& a, const std::vector<float>& b,
+          const std::vector<int32_t>& rows, int64_t k, int64_t n, int64_t rank, float scale,
+          std::vector<float>& out);
+
 struct RopeParams {
   int64_t n_tokens = 0;
   int64_t n_heads = 0;
