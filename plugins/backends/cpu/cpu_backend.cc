@@ -1,7 +1,8 @@
 // The cpu device plugin. Device memory is host memory (devptr == host pointer, 64-byte
 // aligned), every operation runs synchronously on the calling thread (helped by the plugin's
 // thread pool), and the flags say so. Kernels: SIMD variants chosen from CPUID (kernels.h)
-// for matmul, attention, rope, rms_norm and swiglu; the SDK reference kernels for the rest.
+// for matmul, attention, rope, rms_norm, swiglu, moe and lora; the SDK reference kernels for
+// the rest.
 // At weight_upload, quantized weights are repacked into the layout of packed.h and, on AVX-512
 // and AVX2, float weights into the panels of panel.h; MATMUL and EMBEDDING both read those layouts (a tied
 // embedding table is held once). One counter: allocated_bytes. Per-op counters (ABI 1.3):
@@ -25,12 +26,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <set>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cpu_ops.h"
@@ -508,18 +511,30 @@ pc_op_query_t QueryAsGguf(const pc_op_query_t& q) {
   return gguf;
 }
 
-// MOE's three weights may each be in one of this plugin's layouts: the checks are the SDK's on
-// a GGUF copy, and each layout must be one weight_upload returns for that weight's dtype.
-const char* ValidateMoe(const pc_moe_args_t& a) {
-  pc_moe_args_t gguf = a;
-  gguf.gate_layout = gguf.up_layout = gguf.down_layout = PC_LAYOUT_GGUF;
-  if (const char* why = polychip::sdk::Validate(gguf)) return why;
-  const std::pair<uint32_t, pc_dtype_t> weights[] = {
-      {a.gate_layout, a.gate_dtype}, {a.up_layout, a.up_dtype}, {a.down_layout, a.down_dtype}};
+// Each (layout, dtype) of an op's weights: the GGUF layout, or one weight_upload returns for
+// that dtype.
+const char* CheckWeightLayouts(std::initializer_list<std::pair<uint32_t, pc_dtype_t>> weights) {
   for (auto [layout, dtype] : weights)
     if (layout != PC_LAYOUT_GGUF && !LayoutHolds(layout, dtype))
       return "unknown weight layout, or one this dtype is never stored in";
   return nullptr;
+}
+
+// MOE's three weights and LORA's two may each be in one of this plugin's layouts: the checks
+// are the SDK's on a GGUF copy, and each layout must be one weight_upload returns for that
+// weight's dtype.
+const char* ValidateMoe(const pc_moe_args_t& a) {
+  pc_moe_args_t gguf = a;
+  gguf.gate_layout = gguf.up_layout = gguf.down_layout = PC_LAYOUT_GGUF;
+  if (const char* why = polychip::sdk::Validate(gguf)) return why;
+  return CheckWeightLayouts(
+      {{a.gate_layout, a.gate_dtype}, {a.up_layout, a.up_dtype}, {a.down_layout, a.down_dtype}});
+}
+const char* ValidateLora(const pc_lora_args_t& a) {
+  pc_lora_args_t gguf = a;
+  gguf.a_layout = gguf.b_layout = PC_LAYOUT_GGUF;
+  if (const char* why = polychip::sdk::Validate(gguf)) return why;
+  return CheckWeightLayouts({{a.a_layout, a.a_dtype}, {a.b_layout, a.b_dtype}});
 }
 
 int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
@@ -528,9 +543,9 @@ int32_t OpSupports(pc_device_t* device, const pc_op_query_t* query) {
   if (PC_HAS_MEMBER(query, pc_op_query_t, layout) && query->layout != PC_LAYOUT_GGUF) {
     // MATMUL and EMBEDDING read the weights weight_upload laid out: packed quantized types,
     // float panels.
-    if (query->op == PC_OP_MOE) {  // the layout of at least one of its three weights
+    if (query->op == PC_OP_MOE || query->op == PC_OP_LORA) {  // the layout of one of its weights
       if (!polychip::sdk::RefSupports(QueryAsGguf(*query))) return 0;
-      for (int i = 0; i < 3; ++i)
+      for (int i = 0; i < (query->op == PC_OP_MOE ? 3 : 2); ++i)
         if (LayoutHolds(query->layout, query->dtypes[i])) return 1;
       return 0;
     }
@@ -597,6 +612,10 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
       std::memcpy(&moe, args, std::min(moe_size, sizeof(moe)));
       if (const char* why = ValidateMoe(moe)) return BadArg(why);
       args = &moe;
+    } else if (op == PC_OP_LORA && args &&
+               *static_cast<const size_t*>(args) >= polychip::sdk::OpArgsMinSize(PC_OP_LORA)) {
+      if (const char* why = ValidateLora(*static_cast<const pc_lora_args_t*>(args)))
+        return BadArg(why);
     } else if (const char* why = polychip::sdk::ValidateOpArgs(op, to_validate)) {
       return MakeError(op > 0 && op < PC_OP_COUNT ? PC_CODE_INVALID_ARGUMENT
                                                   : PC_CODE_UNIMPLEMENTED,
@@ -623,6 +642,9 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
       case PC_OP_SWIGLU: why = Swiglu(c, *static_cast<const pc_swiglu_args_t*>(args)); break;
       case PC_OP_GEGLU: why = Geglu(c, *static_cast<const pc_geglu_args_t*>(args)); break;
       case PC_OP_MOE: why = Moe(c, *static_cast<const pc_moe_args_t*>(args)); break;
+      case PC_OP_LORA:
+        why = Lora(c, *static_cast<const pc_lora_args_t*>(args));
+        break;
       default: why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
     }
     if (why) return MakeError(PC_CODE_INVALID_ARGUMENT, why);

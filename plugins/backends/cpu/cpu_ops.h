@@ -1,5 +1,5 @@
 // The cpu plugin's fast ops: matmul (packed quantized weights, float weights, any GGUF type),
-// paged attention, rope, rms_norm, swiglu and the routed experts (moe), parallel on the plugin's thread pool through the
+// paged attention, rope, rms_norm, swiglu, the routed experts (moe) and LoRA terms (lora), parallel on the plugin's thread pool through the
 // selected kernel table, and embedding from packed tables. Other ops use the SDK reference
 // kernels. Arguments are validated by the caller; each function returns nullptr on success or
 // a static message.
@@ -37,6 +37,9 @@ const char* Swiglu(const OpContext& c, const pc_swiglu_args_t& a);
 const char* Geglu(const OpContext& c, const pc_geglu_args_t& a);
 // MOE, each weight in any of the plugin's layouts (moe.cc); a.*_layout are not validated here.
 const char* Moe(const OpContext& c, const pc_moe_args_t& a);
+// LORA, A and B each in any of the plugin's layouts (lora.cc); a.*_layout are not validated
+// here.
+const char* Lora(const OpContext& c, const pc_lora_args_t& a);
 // EMBEDDING whose table is in one of the plugin's layouts (kLayoutPacked or kLayoutPanel;
 // a.table_layout is ignored), embedding.cc; GGUF tables use the SDK's.
 const char* EmbeddingPacked(const pc_embedding_args_t& a, uint32_t layout);
