@@ -258,6 +258,39 @@ std::vector<std::shared_ptr<const LoraAdapter>> LoraRegistry::List() const {
   return adapters_;
 }
 
+int64_t GroupLoraRuns(std::span<const LoraSegment> runs, int32_t* list,
+                      runtime::DevPtr list_on_device, std::vector<LoraGroup>* groups) {
+  const size_t first = groups->size();
+  std::vector<std::vector<const LoraSegment*>> members;  // by group from `first`
+  for (const LoraSegment& run : runs) {
+    size_t g = first;
+    while (g < groups->size() &&
+           ((*groups)[g].lora != run.lora || (*groups)[g].scale != run.scale)) {
+      ++g;
+    }
+    if (g == groups->size()) {
+      groups->push_back({run.lora, run.scale, run.begin, 0, 0});
+      members.emplace_back();
+    }
+    (*groups)[g].n_rows += run.rows;
+    members[g - first].push_back(&run);
+  }
+  int64_t written = 0;
+  for (size_t g = first; g < groups->size(); ++g) {
+    if (members[g - first].size() == 1) continue;  // [begin, begin + n_rows)
+    (*groups)[g].rows = list_on_device + uint64_t(written) * 4;
+    for (const LoraSegment* run : members[g - first]) {
+      for (int64_t r = 0; r < run->rows; ++r) list[written++] = int32_t(run->begin + r);
+    }
+  }
+  return written;
+}
+
+bool LoraComposed() {
+  const char* v = std::getenv("POLYCHIP_LORA_COMPOSED");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
 bool LoraExpertsForcedToHost() {
   const char* v = std::getenv("POLYCHIP_LORA_HOST_EXPERTS");
   return v != nullptr && std::string_view(v) == "1";

@@ -3,8 +3,9 @@
 // of the base a pair `<W's name>.lora_a` [rank, k] and `<W's name>.lora_b` [n, rank] (GGUF
 // dims {k, rank} and {rank, n}), in F32, F16, BF16 or Q8_0. The adapted matrix is
 //   W' = W + s B A,   s = scale * alpha / rank (scale when alpha is 0),
-// so a matmul through W' is y = x W^T + s (x A^T) B^T: two thin MATMULs and a SCALE, launched
-// by the transformer after the base matrix's (transformer.h), per run of rows of one adapter.
+// so a matmul through W' is y = x W^T + s (x A^T) B^T, launched by the transformer after the
+// base matrix's (transformer.h): one LORA per adapter of the launch (ABI 1.8) over its rows,
+// or, on a device without it, two thin MATMULs and a SCALE per run of rows of one adapter.
 //
 // This file: the adapter as read and checked against its base (LoraAdapter), the registry of a
 // server's adapters (LoraRegistry), the adapters resident on a device (LoraCache, the runner's),
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -203,6 +205,28 @@ struct LoraSegment {
   const DeviceLora* lora = nullptr;
   float scale = 1;  // the user's scale (times alpha / rank per matrix)
 };
+
+// Every row of a launch (a step's tokens, a logits launch's rows) that one adapter applies to
+// at one scale, wherever they lie: one LORA launch per adapted matrix (ABI 1.8) for all of
+// them, where the runs would take three launches each (a batch whose sequences take turns
+// among adapters has a run per row). `rows`: int32 [n_rows] on the device, or 0 for the rows
+// [begin, begin + n_rows) of a group that is one run.
+struct LoraGroup {
+  const DeviceLora* lora = nullptr;
+  float scale = 1;
+  int64_t begin = 0, n_rows = 0;
+  runtime::DevPtr rows = 0;
+};
+
+// Appends to `groups` the runs' (adapter, scale) pairs, in the order of their first runs. The
+// rows of a group of several runs are written to `list` (room for all the runs' rows), which
+// the caller copies to the device at `list_on_device`; returns how many were written.
+int64_t GroupLoraRuns(std::span<const LoraSegment> runs, int32_t* list,
+                      runtime::DevPtr list_on_device, std::vector<LoraGroup>* groups);
+
+// POLYCHIP_LORA_COMPOSED=1: adapters run as MATMUL, SCALE, MATMUL per run of rows even where
+// the device has LORA (read at each step); tests and bench/lora.sh compare the two.
+bool LoraComposed();
 
 // The adapters resident on one device: at most `capacity`, the least recently used out.
 class LoraCache {

@@ -246,7 +246,9 @@ Status TransformerRunner::Init(const GgufFile& file) {
   // With the KV cache in pools, each run of one pool's sequences (at most one per pool: the
   // batch is sorted by pool) has its slots [its tokens], query_start [its sequences + 1],
   // seq_lens and block tables, each 64-aligned.
-  const int64_t meta_elems = 5 * Align64(T) + Align64(T + 1) + Align64(T * max_blocks_per_seq_) +
+  // With LoRA adapters, the row lists of the LORA launches (lora.h, LoraGroup): the step's
+  // tokens' [at most T], then its logits launches' [at most T].
+  const int64_t meta_elems = 7 * Align64(T) + Align64(T + 1) + Align64(T * max_blocks_per_seq_) +
                              (kv_.window_pool ? Align64(T) + Align64(T * max_blocks_per_seq_) : 0) +
                              int64_t(weights_->embd_pieces.size()) * Align64(T) + 64 +
                              (n_pools > 1 ? 3 * T + n_pools + T * max_blocks_per_seq_ +
@@ -578,6 +580,45 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
     pool_runs_.push_back(run);
     s0 = s1;
   }
+  // The logits launches: max_logit_rows rows at a time over runs of rows of one kind, each with
+  // the runs of one adapter among its rows.
+  logits_launches_.clear();
+  lora_rows_.clear();
+  for (int64_t r = 0; r < n_rows;) {
+    LogitsLaunch l{r, 1, row_hidden_[r]};
+    while (l.rows < options_.max_logit_rows && r + l.rows < n_rows &&
+           row_hidden_[r + l.rows] == l.hidden) {
+      ++l.rows;
+    }
+    l.runs_begin = lora_rows_.size();
+    for (int64_t i = 0; i < l.rows && !l.hidden; ++i) {
+      const LoraSegment& row = row_lora_[size_t(r + i)];
+      if (row.lora == nullptr) continue;
+      LoraSegment* last = lora_rows_.size() > l.runs_begin ? &lora_rows_.back() : nullptr;
+      if (last && last->lora == row.lora && last->scale == row.scale &&
+          last->begin + last->rows == i) {
+        ++last->rows;
+      } else {
+        lora_rows_.push_back({i, 1, row.lora, row.scale});
+      }
+    }
+    l.runs_end = lora_rows_.size();
+    logits_launches_.push_back(l);
+    r += l.rows;
+  }
+  // The runs grouped by adapter for LORA launches, their row lists copied with the rest.
+  lora_token_groups_.clear();
+  lora_row_groups_.clear();
+  if (!LoraComposed()) {
+    end += GroupLoraRuns(lora_tokens_, m + end, base + uint64_t(end) * 4, &lora_token_groups_);
+    for (LogitsLaunch& l : logits_launches_) {
+      l.groups_begin = lora_row_groups_.size();
+      end += GroupLoraRuns(std::span(lora_rows_).subspan(l.runs_begin, l.runs_end - l.runs_begin),
+                           m + end, base + uint64_t(end) * 4, &lora_row_groups_);
+      l.groups_end = lora_row_groups_.size();
+    }
+    PC_CHECK(end <= int64_t(host_meta_.size()));
+  }
   PC_RETURN_IF_ERROR(stream_->CopyH2D(base, host_meta_.data(), uint64_t(end) * 4));
 
   StepInputs in;
@@ -600,6 +641,7 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   in.max_blocks_per_seq = max_blocks;
   in.max_seq_len = max_len;
   in.lora = lora_tokens_;
+  in.lora_groups = lora_token_groups_;
   in.lora_base = lora_base_.get();
   in.pool_runs = pool_runs_;
   PC_RETURN_IF_ERROR(transformer_->Layers(*stream_, in, buf_, kv_));
@@ -613,35 +655,24 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
   if (options_.pipeline.n_stages > 1 && !options_.pipeline.last()) {
     return stream_->Synchronize();  // only the last stage has the logits (these stay zero)
   }
-  for (int64_t r = 0; r < n_rows;) {
-    const bool hidden = row_hidden_[r];
-    int64_t rows = 1;
-    while (rows < options_.max_logit_rows && r + rows < n_rows && row_hidden_[r + rows] == hidden) {
-      ++rows;
-    }
-    const DevPtr row_ids = base + (o_rows + r) * 4;
-    if (hidden) {
-      PC_RETURN_IF_ERROR(transformer_->FinalHidden(*stream_, buf_.x, n_tokens, row_ids, rows, h_));
-      PC_RETURN_IF_ERROR(stream_->CopyD2H(logits->data() + out, h_, uint64_t(rows) * c.n_embd * 4));
-      out += size_t(rows) * c.n_embd;
+  for (const LogitsLaunch& l : logits_launches_) {
+    const DevPtr row_ids = base + (o_rows + l.first_row) * 4;
+    if (l.hidden) {
+      PC_RETURN_IF_ERROR(
+          transformer_->FinalHidden(*stream_, buf_.x, n_tokens, row_ids, l.rows, h_));
+      PC_RETURN_IF_ERROR(
+          stream_->CopyD2H(logits->data() + out, h_, uint64_t(l.rows) * c.n_embd * 4));
+      out += size_t(l.rows) * c.n_embd;
     } else {
-      lora_rows_.clear();  // runs of one adapter among these rows
-      for (int64_t i = 0; i < rows; ++i) {
-        const LoraSegment& l = row_lora_[size_t(r + i)];
-        if (l.lora == nullptr) continue;
-        if (!lora_rows_.empty() && lora_rows_.back().lora == l.lora &&
-            lora_rows_.back().scale == l.scale && lora_rows_.back().begin + lora_rows_.back().rows == i) {
-          ++lora_rows_.back().rows;
-        } else {
-          lora_rows_.push_back({i, 1, l.lora, l.scale});
-        }
-      }
-      PC_RETURN_IF_ERROR(transformer_->Logits(*stream_, buf_.x, n_tokens, row_ids, rows, h_,
-                                              logits_, lora_rows_, buf_.lora));
-      PC_RETURN_IF_ERROR(CopyLogits(logits->data() + out, rows));
-      out += size_t(rows) * c.n_vocab;
+      const LoraRuns lora{
+          std::span(lora_rows_).subspan(l.runs_begin, l.runs_end - l.runs_begin), buf_.lora,
+          nullptr,
+          std::span(lora_row_groups_).subspan(l.groups_begin, l.groups_end - l.groups_begin)};
+      PC_RETURN_IF_ERROR(
+          transformer_->Logits(*stream_, buf_.x, n_tokens, row_ids, l.rows, h_, logits_, lora));
+      PC_RETURN_IF_ERROR(CopyLogits(logits->data() + out, l.rows));
+      out += size_t(l.rows) * c.n_vocab;
     }
-    r += rows;
   }
   // The host staging buffer and the logits must not be touched before the stream is done.
   return stream_->Synchronize();

@@ -141,7 +141,8 @@ class TransformerRunner : public engine::ModelRunner {
   std::vector<KvPoolRun> pool_runs_;  // a sub-step's runs of one KV pool (several pools only)
 
   // LoRA: the resident adapters, the scratch [max(T, max_logit_rows), max rank] of x A^T, the
-  // sub-step's runs of token rows and each output row's adapter.
+  // sub-step's runs of token rows and their groups by adapter (lora.h), each output row's
+  // adapter, and each logits launch's runs and groups.
   std::unique_ptr<LoraCache> loras_;
   // The base model's file, opened again (from base_path_) for an adapter of the experts, whose
   // feed-forward runs on the host from the file's weights (transformer.cc).
@@ -150,8 +151,18 @@ class TransformerRunner : public engine::ModelRunner {
   PoolBuffer lora_scratch_;
   int64_t lora_scratch_rank_ = 0;
   std::vector<LoraSegment> lora_tokens_;
+  std::vector<LoraGroup> lora_token_groups_;
   std::vector<LoraSegment> row_lora_;  // per output row (begin, rows unused)
-  std::vector<LoraSegment> lora_rows_;  // a logits launch's runs
+  // A sub-step's logits launches: max_logit_rows rows at a time over runs of rows of one kind,
+  // with their ranges of lora_rows_ and lora_row_groups_ (all launches' runs, then groups).
+  struct LogitsLaunch {
+    int64_t first_row = 0, rows = 0;
+    bool hidden = false;
+    size_t runs_begin = 0, runs_end = 0, groups_begin = 0, groups_end = 0;
+  };
+  std::vector<LogitsLaunch> logits_launches_;
+  std::vector<LoraSegment> lora_rows_;
+  std::vector<LoraGroup> lora_row_groups_;
   // loras_->uploads(), for /metrics, which reads it from another thread than the steps'.
   std::atomic<int64_t> lora_uploads_{0};
 };

@@ -169,45 +169,90 @@ StatusOr<Transformer> Transformer::Create(const ModelConfig& config,
   return Transformer(config, weights, GetArch(config.arch).rope_mode);
 }
 
-Status Transformer::ApplyLora(Launcher& ops, DevPtr x, const MatrixRef& w, DevPtr out,
+Status Transformer::ApplyLora(Launcher& ops, DevPtr x, const MatrixRef& w, DevPtr out, int64_t m,
                               const LoraRuns& lora, int32_t slot) const {
-  for (const LoraSegment& seg : lora.segments) {
-    const DeviceLora::Matrix* ab = seg.lora->Find(slot);
-    if (ab == nullptr) continue;
-    const float factor = seg.lora->adapter->Factor(ab->rank, seg.scale);
-    if (factor == 0) continue;
-    // t [rows, rank] = x A^T; t *= factor; out += t B^T
-    runtime::MatmulArgs down;
-    down.x = x + uint64_t(seg.begin * w.cols) * 4;
-    down.w = ab->a.data;
-    down.w_dtype = ab->a.dtype;
-    down.w_layout = ab->a.layout;
-    down.out = lora.scratch;
-    down.m = seg.rows;
-    down.n = ab->rank;
-    down.k = w.cols;
-    PC_RETURN_IF_ERROR(ops.Launch(down));
-    if (factor != 1) {
-      runtime::ScaleArgs scale;
-      scale.x = lora.scratch;
-      scale.out = lora.scratch;
-      scale.n = seg.rows * ab->rank;
-      scale.scale = factor;
-      PC_RETURN_IF_ERROR(ops.Launch(scale));
+  if (lora.groups.empty()) {  // POLYCHIP_LORA_COMPOSED=1
+    for (const LoraSegment& seg : lora.segments) {
+      PC_RETURN_IF_ERROR(ComposeLora(ops, x, w, out, seg, lora.scratch, slot));
     }
-    runtime::MatmulArgs up;
-    up.x = lora.scratch;
-    up.w = ab->b.data;
-    up.w_dtype = ab->b.dtype;
-    up.w_layout = ab->b.layout;
-    up.out = out + uint64_t(seg.begin * w.rows) * 4;
-    up.m = seg.rows;
-    up.n = w.rows;
-    up.k = ab->rank;
-    up.accumulate = 1;
-    PC_RETURN_IF_ERROR(ops.Launch(up));
+    return Status::Ok();
+  }
+  for (const LoraGroup& g : lora.groups) {
+    const DeviceLora::Matrix* ab = g.lora->Find(slot);
+    if (ab == nullptr) continue;
+    const float factor = g.lora->adapter->Factor(ab->rank, g.scale);
+    if (factor == 0) continue;
+    runtime::LoraArgs op;  // out[rows] += factor (x[rows] A^T) B^T
+    if (g.rows == 0) {     // one run: its rows, from the first
+      op.x = x + uint64_t(g.begin * w.cols) * 4;
+      op.out = out + uint64_t(g.begin * w.rows) * 4;
+      op.m = g.n_rows;
+    } else {
+      op.x = x;
+      op.out = out;
+      op.m = m;
+      op.rows = g.rows;
+    }
+    op.n_rows = g.n_rows;
+    op.k = w.cols;
+    op.n = w.rows;
+    op.a = ab->a.data;
+    op.b = ab->b.data;
+    op.a_dtype = ab->a.dtype;
+    op.b_dtype = ab->b.dtype;
+    op.a_layout = ab->a.layout;
+    op.b_layout = ab->b.layout;
+    op.rank = ab->rank;
+    op.scale = factor;
+    if (ops.RunsOnDevice(op)) {
+      PC_RETURN_IF_ERROR(ops.Launch(op));
+      continue;
+    }
+    // A device without LORA for these types and layouts (vulkan, a plugin older than 1.8).
+    for (const LoraSegment& seg : lora.segments) {
+      if (seg.lora != g.lora || seg.scale != g.scale) continue;
+      PC_RETURN_IF_ERROR(ComposeLora(ops, x, w, out, seg, lora.scratch, slot));
+    }
   }
   return Status::Ok();
+}
+
+Status Transformer::ComposeLora(Launcher& ops, DevPtr x, const MatrixRef& w, DevPtr out,
+                                const LoraSegment& seg, DevPtr scratch, int32_t slot) const {
+  const DeviceLora::Matrix* ab = seg.lora->Find(slot);
+  if (ab == nullptr) return Status::Ok();
+  const float factor = seg.lora->adapter->Factor(ab->rank, seg.scale);
+  if (factor == 0) return Status::Ok();
+  // t [rows, rank] = x A^T; t *= factor; out += t B^T
+  runtime::MatmulArgs down;
+  down.x = x + uint64_t(seg.begin * w.cols) * 4;
+  down.w = ab->a.data;
+  down.w_dtype = ab->a.dtype;
+  down.w_layout = ab->a.layout;
+  down.out = scratch;
+  down.m = seg.rows;
+  down.n = ab->rank;
+  down.k = w.cols;
+  PC_RETURN_IF_ERROR(ops.Launch(down));
+  if (factor != 1) {
+    runtime::ScaleArgs scale;
+    scale.x = scratch;
+    scale.out = scratch;
+    scale.n = seg.rows * ab->rank;
+    scale.scale = factor;
+    PC_RETURN_IF_ERROR(ops.Launch(scale));
+  }
+  runtime::MatmulArgs up;
+  up.x = scratch;
+  up.w = ab->b.data;
+  up.w_dtype = ab->b.dtype;
+  up.w_layout = ab->b.layout;
+  up.out = out + uint64_t(seg.begin * w.rows) * 4;
+  up.m = seg.rows;
+  up.n = w.rows;
+  up.k = ab->rank;
+  up.accumulate = 1;
+  return ops.Launch(up);
 }
 
 Status Transformer::Matmul(Launcher& ops, DevPtr x, const MatrixRef& w,
@@ -215,7 +260,7 @@ Status Transformer::Matmul(Launcher& ops, DevPtr x, const MatrixRef& w,
                            const LoraRuns& lora, int32_t slot) const {
   if (!lora.segments.empty() && slot >= 0) {
     PC_RETURN_IF_ERROR(Matmul(ops, x, w, bias, out, m, accumulate));
-    return ApplyLora(ops, x, w, out, lora, slot);
+    return ApplyLora(ops, x, w, out, m, lora, slot);
   }
   if (!w.pieces.empty()) {
     // Split by rows (model_loader.h): each piece writes its columns of out [m, w.rows].
@@ -347,7 +392,7 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     PC_RETURN_IF_ERROR(ops.Recv(*pp_, b.x, T));  // the previous stage's hidden states
   }
 
-  const LoraRuns lora{in.lora, b.lora, in.lora_base};
+  const LoraRuns lora{in.lora, b.lora, in.lora_base, in.lora_groups};
   const int64_t first_layer = pipeline ? pp_->first_layer : 0;
   const int64_t end_layer = pipeline ? pp_->end_layer : c.n_layer;
   for (int64_t l = first_layer; l < end_layer; ++l) {
@@ -688,11 +733,10 @@ Status Transformer::FinalHidden(Launcher& ops, DevPtr x, int64_t n_tokens,
 }
 
 Status Transformer::Logits(Launcher& ops, DevPtr x, int64_t n_tokens, DevPtr row_ids,
-                           int64_t n_rows, DevPtr h, DevPtr logits,
-                           std::span<const LoraSegment> lora, DevPtr lora_scratch) const {
+                           int64_t n_rows, DevPtr h, DevPtr logits, const LoraRuns& lora) const {
   PC_RETURN_IF_ERROR(FinalHidden(ops, x, n_tokens, row_ids, n_rows, h));
-  return Matmul(ops, h, w_->output, w_->output_bias, logits, n_rows, false,
-                LoraRuns{lora, lora_scratch}, LoraOutputSlot(c_->n_layer));
+  return Matmul(ops, h, w_->output, w_->output_bias, logits, n_rows, false, lora,
+                LoraOutputSlot(c_->n_layer));
 }
 
 }  // namespace polychip::model

@@ -54,6 +54,9 @@ class Launcher {
   // Whether a MOE launch with these members (its low-rank terms, ABI 1.7) can run here (on the
   // device or its op fallback); otherwise the caller computes it another way.
   virtual bool CanLaunch(const runtime::MoeArgs&) { return false; }
+  // Whether the device itself runs this LORA launch (ABI 1.8); otherwise the caller launches
+  // the ops it stands for.
+  virtual bool RunsOnDevice(const runtime::LoraArgs&) { return false; }
 };
 
 // Launches on `stream`; the collectives call tp's and pp's hooks with it.
@@ -79,6 +82,9 @@ class StreamLauncher final : public Launcher {
                      int64_t out_floats, const HostFn& fn) override;
   bool CanLaunch(const runtime::MoeArgs& args) override {
     return runtime::CanLaunch(stream_.device(), args);
+  }
+  bool RunsOnDevice(const runtime::LoraArgs& args) override {
+    return runtime::RunsOnDevice(stream_.device(), args);
   }
 
  private:
@@ -135,8 +141,11 @@ struct StepInputs {
   // KV_STORE and ATTENTION of the layers on those pools take one at a time (the window pool's
   // layers take the whole step with the arrays above). Empty: one pool, the arrays above.
   std::span<const KvPoolRun> pool_runs;
-  // LoRA adapters (lora.h) over runs of the step's tokens; empty: the base model only.
+  // LoRA adapters (lora.h) over runs of the step's tokens; empty: the base model only. The
+  // same runs grouped by adapter for LORA launches (empty: the runs launch MATMUL, SCALE,
+  // MATMUL each).
   std::span<const LoraSegment> lora;
+  std::span<const LoraGroup> lora_groups;
   // The base model's file, for the experts of an adapter that adapts them (computed on the
   // host from the file's weights); null when no adapter of the step does.
   const GgufFile* lora_base = nullptr;
@@ -155,11 +164,13 @@ struct StepBuffers {
   runtime::DevPtr lora = 0;  // [n_tokens, max LoRA rank]: x A^T (with adapters only)
 };
 
-// The adapters of a launch: runs of its rows and the scratch for x A^T.
+// The adapters of a launch: runs of its rows, the scratch for x A^T, and the runs grouped by
+// adapter for LORA (StepInputs::lora_groups).
 struct LoraRuns {
   std::span<const LoraSegment> segments;
   runtime::DevPtr scratch = 0;
   const GgufFile* base = nullptr;  // StepInputs::lora_base
+  std::span<const LoraGroup> groups;
 };
 
 class Transformer {
@@ -178,10 +189,10 @@ class Transformer {
                      int64_t n_rows, runtime::DevPtr h) const;
   // logits [n_rows, n_vocab] of the rows `row_ids` (int32 [n_rows]) of x [n_tokens, n_embd];
   // h is scratch [n_rows, n_embd] (left holding FinalHidden). `lora`: adapters over runs of
-  // the n_rows rows, their x A^T in `lora_scratch` [n_rows, max rank].
+  // the n_rows rows (and their groups), their x A^T in its scratch [n_rows, max rank].
   Status Logits(Launcher& ops, runtime::DevPtr x, int64_t n_tokens, runtime::DevPtr row_ids,
                 int64_t n_rows, runtime::DevPtr h, runtime::DevPtr logits,
-                std::span<const LoraSegment> lora = {}, runtime::DevPtr lora_scratch = 0) const;
+                const LoraRuns& lora = {}) const;
 
   // The same on a stream.
   Status Layers(runtime::Stream& stream, const StepInputs& in, const StepBuffers& buf,
@@ -195,11 +206,10 @@ class Transformer {
     return FinalHidden(ops, x, n_tokens, row_ids, n_rows, h);
   }
   Status Logits(runtime::Stream& stream, runtime::DevPtr x, int64_t n_tokens,
-                runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h,
-                runtime::DevPtr logits, std::span<const LoraSegment> lora = {},
-                runtime::DevPtr lora_scratch = 0) const {
+                runtime::DevPtr row_ids, int64_t n_rows, runtime::DevPtr h, runtime::DevPtr logits,
+                const LoraRuns& lora = {}) const {
     StreamLauncher ops(stream);
-    return Logits(ops, x, n_tokens, row_ids, n_rows, h, logits, lora, lora_scratch);
+    return Logits(ops, x, n_tokens, row_ids, n_rows, h, logits, lora);
   }
 
   // Tensor parallel (tensor_parallel.h): the weights are this rank's shard, and the partial
@@ -218,8 +228,12 @@ class Transformer {
   Status Matmul(Launcher& ops, runtime::DevPtr x, const MatrixRef& w, runtime::DevPtr bias,
                 runtime::DevPtr out, int64_t m, bool accumulate, const LoraRuns& lora = {},
                 int32_t slot = -1) const;
+  // The adapters' terms of Matmul: one LORA per group where the device runs it, else MATMUL,
+  // SCALE, MATMUL per run (ComposeLora).
   Status ApplyLora(Launcher& ops, runtime::DevPtr x, const MatrixRef& w, runtime::DevPtr out,
-                   const LoraRuns& lora, int32_t slot) const;
+                   int64_t m, const LoraRuns& lora, int32_t slot) const;
+  Status ComposeLora(Launcher& ops, runtime::DevPtr x, const MatrixRef& w, runtime::DevPtr out,
+                     const LoraSegment& seg, runtime::DevPtr scratch, int32_t slot) const;
   // `sliding`: a local layer of interleaved sliding-window attention (its own RoPE base).
   Status Rope(Launcher& ops, runtime::DevPtr x, runtime::DevPtr positions, int64_t n_tokens,
               int64_t n_heads, bool sliding) const;

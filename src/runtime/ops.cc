@@ -111,27 +111,36 @@ Status CheckMembersKnown(const Device& device, pc_op_t op, const void* args) {
 
 pc_op_query_t OpQueryOf(pc_op_t op, const void* args);  // op_fallback.cc
 
-bool CanLaunchArgs(const Device& device, pc_op_t op, const void* args) {
-  const pc_op_query_t q = OpQueryOf(op, args);
-  auto on = [&](const Device& d) {
-    return NewerMemberInUse(op, args, d.backend()->abi_minor()) == nullptr && AskOpSupports(d, q);
-  };
-  if (on(device)) return true;
-  // The fallback reads weights in the GGUF layout only (op_fallback.cc).
-  const OpFallback* fallback = device.op_fallback();
-  return fallback != nullptr && q.layout == PC_LAYOUT_GGUF && on(fallback->device());
+// Whether `device`'s own plugin runs a launch of `args`: it knows every member set and says
+// yes to the query `q`.
+bool RunsOn(const Device& device, pc_op_t op, const void* args, const pc_op_query_t& q) {
+  return NewerMemberInUse(op, args, device.backend()->abi_minor()) == nullptr &&
+         AskOpSupports(device, q);
 }
 
-// Generated from the op list: C++ mirror -> ABI struct, member by member, then the launch on
-// the stream's device, or on its fallback device when it lacks the op (op_fallback.h).
+bool CanLaunchArgs(const Device& device, pc_op_t op, const void* args, bool fallback_too) {
+  const pc_op_query_t q = OpQueryOf(op, args);
+  if (RunsOn(device, op, args, q)) return true;
+  // The fallback reads weights in the GGUF layout only (op_fallback.cc).
+  const OpFallback* fallback = fallback_too ? device.op_fallback() : nullptr;
+  return fallback != nullptr && q.layout == PC_LAYOUT_GGUF &&
+         RunsOn(fallback->device(), op, args, q);
+}
+
+// Generated from the op list: C++ mirror -> ABI struct, member by member (ToAbi), then the launch
+// on the stream's device, or on its fallback device when it lacks the op (op_fallback.h).
 #define PC_M(type, m, since) r.m = static_cast<decltype(r.m)>(a.m);
 #define PC_PTR(m, access, bytes, since) r.m = a.m;
 #define PC_OP(NAME, name, Camel, id, args_t, since, DTYPES, LAYOUT, MEMBERS) \
-  Status Launch(const Stream& stream, const Camel##Args& a) {               \
+  static args_t ToAbi(const Camel##Args& a) {                               \
     args_t r{};                                                             \
     r.struct_size = sizeof(r);                                              \
     MEMBERS                                                                 \
     CompleteArgs(r);                                                        \
+    return r;                                                               \
+  }                                                                         \
+  Status Launch(const Stream& stream, const Camel##Args& a) {               \
+    args_t r = ToAbi(a);                                                    \
     if (OpFallback* fallback = stream.device().op_fallback()) {             \
       if (fallback->ShouldFallBack(stream.device(), PC_OP_##NAME, &r))      \
         return fallback->Launch(stream, PC_OP_##NAME, &r);                  \
@@ -140,11 +149,12 @@ bool CanLaunchArgs(const Device& device, pc_op_t op, const void* args) {
     return LaunchOnStream(stream, PC_OP_##NAME, &r);                        \
   }                                                                         \
   bool CanLaunch(const Device& device, const Camel##Args& a) {              \
-    args_t r{};                                                             \
-    r.struct_size = sizeof(r);                                              \
-    MEMBERS                                                                 \
-    CompleteArgs(r);                                                        \
-    return CanLaunchArgs(device, PC_OP_##NAME, &r);                         \
+    const args_t r = ToAbi(a);                                              \
+    return CanLaunchArgs(device, PC_OP_##NAME, &r, true);                   \
+  }                                                                         \
+  bool RunsOnDevice(const Device& device, const Camel##Args& a) {           \
+    const args_t r = ToAbi(a);                                              \
+    return CanLaunchArgs(device, PC_OP_##NAME, &r, false);                  \
   }
 #include "polychip/plugin/pc_ops.def"
 #undef PC_OP

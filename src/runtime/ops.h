@@ -68,6 +68,9 @@ bool DtypeMeant(const Args& a, std::string_view role) {
 // says whether Launch would run it: on the device (its plugin knows every member set and says
 // yes to the query) or on its op fallback; for a launch whose support is not settled at load
 // (MOE's low-rank terms, 1.7), so that the caller can take another path instead.
+// RunsOnDevice(device, args): on the device itself, not its fallback; for a launch that only
+// speeds up what the caller can also express with ops the device has (LORA, 1.8), where the
+// fallback's staging through host memory would cost more than it saves.
 namespace ops_internal {
 using CppOf_pc_dtype_t = DType;
 using CppOf_pc_rope_mode_t = RopeMode;
@@ -84,7 +87,8 @@ using CppOf_float = float;
     MEMBERS                                                                 \
   };                                                                        \
   Status Launch(const Stream& stream, const Camel##Args& args);             \
-  bool CanLaunch(const Device& device, const Camel##Args& args);
+  bool CanLaunch(const Device& device, const Camel##Args& args);            \
+  bool RunsOnDevice(const Device& device, const Camel##Args& args);
 #include "polychip_op_list.def"  // include/polychip/plugin/pc_ops.def
 #undef PC_OP
 #undef PC_PTR

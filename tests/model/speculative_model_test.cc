@@ -5,13 +5,16 @@
 // itself, the truncated draft, n-gram lookup) is the output without it, for several requests
 // batched together; and a draft sharing the model's vocabulary is accepted while another vocabulary
 // is refused. Also here, on the same models: an adapter of qwen3moe's experts batched with base
-// requests, on the device (MOE's low-rank terms) and on the host.
+// requests, on the device (MOE's low-rank terms) and on the host; adapters of a batch each as
+// one LORA launch per matrix, against the launches it stands for.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -311,14 +314,15 @@ TEST(ExpertLora, AdapterRowsBatchedWithBaseRowsGiveTheirTokensAlone) {
   }
 }
 
-// MOE launches the device has run so far (its plugin's op counters).
-uint64_t MoeLaunches(const runtime::Device& device) {
+// Launches of `op` the device has run so far (its plugin's op counters).
+uint64_t Launches(const runtime::Device& device, runtime::Op op) {
   auto counters = device.backend()->ReadOpCounters(device);
   if (!counters) return 0;
   for (const runtime::OpCounters& c : *counters)
-    if (c.op == static_cast<int32_t>(runtime::Op::kMoe)) return c.launches;
+    if (c.op == static_cast<int32_t>(op)) return c.launches;
   return 0;
 }
+uint64_t MoeLaunches(const runtime::Device& device) { return Launches(device, runtime::Op::kMoe); }
 
 // An adapter of the experts runs as MOE's low-rank terms (ABI 1.7) on the cpu plugin: a batch of
 // base rows and two such adapters (F16 rank 8 at scale 1, Q8_0 rank 32 at scale 0.5, so that
@@ -391,6 +395,124 @@ TEST(ExpertLora, DevicePathGivesTheHostPathsTokens) {
     if (i % 3 > 0) EXPECT_NE(host[i], host[i - i % 3]) << "the adapter changes nothing";
   }
   EXPECT_GT(device_launches, host_launches) << "the adapters' rows did not run as MOE launches";
+}
+
+// A batch mixing adapters (sequence s runs adapter s % 4, 0 the base model: every adapter's
+// rows apart from each other) runs each adapter as one LORA launch per adapted matrix (ABI 1.8)
+// on the cpu plugin, and gives the logits and greedy tokens of the MATMUL, SCALE, MATMUL per run
+// of rows (POLYCHIP_LORA_COMPOSED=1): a prefill of every sequence, where each adapter's rows
+// are runs of several rows, and a decode step, where they are single rows. The adapters: F16
+// rank 8 at scale 1, F16 rank 16 at 0.5, Q8_0 rank 32 at 0.75 (a Q8_0 A and B: the product's
+// rounding of its input to int8), adapting attention, feed-forward and output.
+TEST(LoraOp, MixedBatchGivesTheComposedLogitsAndTokens) {
+  if (!CpuBuilt()) GTEST_SKIP() << "no cpu plugin in this tree";
+  const std::string path = Synth("llama", "tiny", 2);
+  ASSERT_EQ(path.rfind("error", 0), std::string::npos) << path;
+  auto model = Load(path);
+  ASSERT_TRUE(model);
+  struct AdapterCase {
+    int64_t rank;
+    DType type;
+    float scale;
+  };
+  const AdapterCase cases[] = {
+      {8, DType::kF16, 1.0f}, {16, DType::kF16, 0.5f}, {32, DType::kQ8_0, 0.75f}};
+  LoraRegistry registry(model->file.config);
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
+  for (int i = 0; i < 3; ++i) {
+    const std::string file = path + ".mixed-" + std::to_string(i) + ".gguf";
+    LoraSynthOptions lo;
+    lo.rank = cases[i].rank;
+    lo.type = cases[i].type;
+    lo.std = 0.3f;
+    lo.seed = 21 + uint64_t(i);
+    ASSERT_TRUE(SynthesizeLora(*model->file.file, lo, file).ok());
+    auto a = registry.Load({"m" + std::to_string(i), file, cases[i].scale});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    adapters.push_back(*a);
+  }
+  constexpr int kSeqs = 8, kPrompt = 5;
+  std::vector<std::vector<int32_t>> prompts(kSeqs), blocks(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int i = 0; i < kPrompt; ++i) prompts[s].push_back(100 + 37 * s + 11 * i);
+    blocks[s] = {s};
+  }
+  const int32_t next = 4242;
+  // The logits of a prefill of every sequence (all rows), then of a decode step (the last).
+  auto forward = [&](bool with_adapters) {
+    std::vector<float> out;
+    for (bool decode : {false, true}) {
+      std::vector<engine::SequenceStep> batch(kSeqs);
+      for (int s = 0; s < kSeqs; ++s) {
+        engine::SequenceStep& st = batch[size_t(s)];
+        st.seq_id = s;
+        st.tokens = decode ? std::span<const int32_t>(&next, 1) : prompts[size_t(s)];
+        st.start_pos = decode ? kPrompt : 0;
+        st.block_table = blocks[size_t(s)];
+        st.logits = decode ? engine::LogitsMode::kLast : engine::LogitsMode::kAll;
+        if (with_adapters && s % 4 > 0) {
+          st.adapter = adapters[size_t(s % 4 - 1)].get();
+          st.adapter_scale = cases[s % 4 - 1].scale;
+        }
+      }
+      std::vector<float> logits;
+      EXPECT_TRUE(model->runner->Forward(batch, &logits).ok());
+      out.insert(out.end(), logits.begin(), logits.end());
+    }
+    return out;
+  };
+  auto tokens = [&] {
+    engine::EngineOptions eo;
+    eo.chunked_prefill_size = 64;
+    engine::Engine engine(model->runner.get(), eo, [](int32_t) { return std::string("x"); }, {});
+    std::vector<engine::GenerateInput> inputs(kSeqs);
+    for (int s = 0; s < kSeqs; ++s) {
+      inputs[size_t(s)].prompt = prompts[size_t(s)];
+      inputs[size_t(s)].params.max_tokens = 12;
+      if (s % 4 > 0) {
+        inputs[size_t(s)].adapter = adapters[size_t(s % 4 - 1)];
+        inputs[size_t(s)].adapter_scale = cases[s % 4 - 1].scale;
+      }
+    }
+    return testing::GenerateAll(engine, inputs);
+  };
+  const std::vector<float> base = forward(false);
+  setenv("POLYCHIP_LORA_COMPOSED", "1", 1);
+  const uint64_t lora_before = Launches(*model->device, runtime::Op::kLora);
+  const std::vector<float> composed = forward(true);
+  const std::vector<std::vector<int32_t>> composed_tokens = tokens();
+  EXPECT_EQ(Launches(*model->device, runtime::Op::kLora), lora_before)
+      << "POLYCHIP_LORA_COMPOSED=1 launched LORA";
+  unsetenv("POLYCHIP_LORA_COMPOSED");
+  const std::vector<float> op = forward(true);
+  const std::vector<std::vector<int32_t>> op_tokens = tokens();
+  EXPECT_GT(Launches(*model->device, runtime::Op::kLora), lora_before)
+      << "the adapters' rows did not run as LORA launches";
+  ASSERT_EQ(op.size(), composed.size());
+  ASSERT_EQ(op.size(), base.size());
+  // Row r's sequence: the prefill's kPrompt rows of each, then the decode step's one each.
+  const size_t V = size_t(model->runner->vocab_size());
+  auto sequence = [&](size_t r) {
+    return r < size_t(kSeqs * kPrompt) ? int(r / kPrompt) : int(r - kSeqs * kPrompt);
+  };
+  float scale = 0, moved = 0;
+  for (size_t i = 0; i < op.size(); ++i) {
+    scale = std::max(scale, std::abs(composed[i]));
+    moved = std::max(moved, std::abs(composed[i] - base[i]));
+  }
+  EXPECT_GT(moved, 0.1f * scale) << "the adapters do not move the logits";
+  for (size_t r = 0; r < op.size() / V; ++r) {
+    // The two differ in summation order only. Against a Q8_0 adapter that can move an input
+    // of the int8 rounding across a step (the same run of rows in another row tile of the
+    // kernel), and the logits by a step's worth: 1% of their range rather than 1e-3.
+    const bool q8 = sequence(r) % 4 == 3;
+    float diff = 0;
+    for (size_t j = 0; j < V; ++j)
+      diff = std::max(diff, std::abs(op[r * V + j] - composed[r * V + j]));
+    EXPECT_LT(diff, q8 ? 0.01f * scale : 1e-3f)
+        << "row " << r << " (sequence " << sequence(r) << ")";
+  }
+  EXPECT_EQ(op_tokens, composed_tokens);
 }
 
 TEST(SpeculativeDraftVocabulary, SameVocabularyAcceptedOtherRefused) {
