@@ -2,9 +2,9 @@
 // t = scale (x[rows] A^T) is the plugin's MATMUL against A (in the layout weight_upload gave it,
 // x rounded as that MATMUL rounds it: the numbers of the MATMUL the op replaces); then
 // out[rows] += t B^T is one parallel pass over column chunks of B, each task unpacking its B
-// rows once, transposed to F32 [rank, chunk], and adding `rank` axpys to each listed row. So
-// the listed rows are scattered inside the pass, and B is read once per launch however the
-// adapter's rows lie in the batch.
+// rows once to F32 and adding their products into each listed row (rank axpys per row for a
+// few rows, the float GEMM for many). So the listed rows are scattered inside the pass, and B
+// is read once per launch however the adapter's rows lie in the batch.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -76,8 +76,40 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
   }
   const auto* b = Ptr<const uint8_t>(a.b);
   const float* ts = t.data();
+  const auto row_of = [&](int64_t i) { return rows ? int64_t{rows[i]} : i; };
+  // Many rows (a prefill): B's product as the float GEMM on transposed activations MATMUL runs
+  // float weights with (gemm_t_f32), t transposed once to tt [rank, mp] (rows padded to 32 with
+  // zeros); its output comes transposed, and is added into the listed rows from there. A few
+  // rows (decode): rank axpys per row, which pad nothing.
+  const bool gemm = c.k->gemm_t_f32 != nullptr && a.n_rows > kGemmTRows;
+  const int64_t mp = (a.n_rows + kGemmTCols - 1) / kGemmTCols * kGemmTCols;
+  static std::vector<float> tt;
+  if (gemm) {
+    tt.assign(a.rank * mp, 0.f);
+    for (int64_t i = 0; i < a.n_rows; ++i)
+      for (int64_t r = 0; r < a.rank; ++r) tt[r * mp + i] = ts[i * a.rank + r];
+  }
+  const float* tts = tt.data();
   // Columns [j0, j1) of every listed row.
   const auto add_columns = [&](int64_t j0, int64_t j1) {
+    if (gemm) {
+      thread_local std::vector<float> bw, acc;
+      bw.resize(kGemmTRows * a.rank);  // [nw, rank]: B's rows j..j + nw
+      acc.resize(kGemmTRows * mp);     // [nw, mp]: their products with every listed row
+      for (int64_t j = j0; j < j1; j += kGemmTRows) {
+        const int64_t nw = std::min(kGemmTRows, j1 - j);
+        for (int64_t r = 0; r < nw; ++r) BRow(a, b, j + r, bw.data() + r * a.rank);
+        std::fill(acc.begin(), acc.begin() + nw * mp, 0.f);
+        for (int64_t i0 = 0; i0 < mp; i0 += kGemmTCols) {
+          c.k->gemm_t_f32(bw.data(), a.rank, nw, tts + i0, mp, a.rank, acc.data() + i0, mp);
+        }
+        for (int64_t i = 0; i < a.n_rows; ++i) {
+          float* y = out + row_of(i) * a.n + j;
+          for (int64_t r = 0; r < nw; ++r) y[r] += acc[r * mp + i];
+        }
+      }
+      return;
+    }
     thread_local std::vector<float> bt, row;
     const int64_t len = j1 - j0;
     bt.resize(a.rank * len);  // [rank, len]: B's rows j0..j1 transposed
@@ -87,7 +119,7 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
       for (int64_t r = 0; r < a.rank; ++r) bt[r * len + (j - j0)] = row[r];
     }
     for (int64_t i = 0; i < a.n_rows; ++i) {
-      float* y = out + (rows ? int64_t{rows[i]} : i) * a.n + j0;
+      float* y = out + row_of(i) * a.n + j0;
       for (int64_t r = 0; r < a.rank; ++r)
         c.k->axpy_f32(ts[i * a.rank + r], bt.data() + r * len, y, len);
     }

@@ -675,15 +675,24 @@ Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c,
 // ---- LORA (1.8) -------------------------------------------------------------------------------
 // rows: an interleaved, unordered list of rows of a batch (the rows of one of several adapters);
 // contiguous: rows 0 (the first n_rows rows); uploaded: the list with A and B through
-// weight_upload, in the layouts the plugin chose (those the host's adapters have).
-enum class LoraCase { kRows, kContiguous, kUploaded };
+// weight_upload, in the layouts the plugin chose (those the host's adapters have); prefill:
+// 40 of 48 rows listed (a plugin may take another kernel for many rows), uploaded where the
+// plugin has weight_upload.
+enum class LoraCase { kRows, kContiguous, kUploaded, kPrefill };
 
 Verdict Lora(Harness& h, pc_dtype_t a_dtype, pc_dtype_t b_dtype, LoraCase c) {
   // B's rows are rank long: a whole Q8_0 block needs a rank of 32 or more.
-  const int64_t m = 16, k = 256, n = 96, rank = b_dtype == PC_DTYPE_Q8_0 ? 32 : 16;
+  const int64_t m = c == LoraCase::kPrefill ? 48 : 16, k = 256, n = 96;
+  const int64_t rank = b_dtype == PC_DTYPE_Q8_0 ? 32 : 16;
   const float scale = 0.75f;
   std::vector<int32_t> rows = {13, 2, 6, 10, 15};
   if (c == LoraCase::kContiguous) rows = {0, 1, 2, 3, 4, 5};
+  if (c == LoraCase::kPrefill) {
+    rows.resize(m);
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), h.rng);
+    rows.resize(40);
+  }
   PCC_ENCODE(Encoded a, Encode(a_dtype, h.RandomFloats(rank * k), rank, k));
   PCC_ENCODE(Encoded b, Encode(b_dtype, h.RandomFloats(n * rank), n, rank));
   std::vector<float> x = h.RandomFloats(m * k);
@@ -703,8 +712,9 @@ Verdict Lora(Harness& h, pc_dtype_t a_dtype, pc_dtype_t b_dtype, LoraCase c) {
   } free_weights{h, uploaded};
   pc_devptr_t d_a = 0, d_b = 0;
   uint32_t a_layout = PC_LAYOUT_GGUF, b_layout = PC_LAYOUT_GGUF;
-  if (c == LoraCase::kUploaded) {
-    if (!PCC_HAS(h.api, weight_upload)) return Skip("no weight_upload (optional)");
+  const bool upload = PCC_HAS(h.api, weight_upload);
+  if (c == LoraCase::kUploaded && !upload) return Skip("no weight_upload (optional)");
+  if (upload && (c == LoraCase::kUploaded || c == LoraCase::kPrefill)) {
     const Encoded* src[2] = {&a, &b};
     const pc_dtype_t dtypes[2] = {a_dtype, b_dtype};
     const int64_t shape[2][2] = {{rank, k}, {n, rank}};
@@ -719,7 +729,7 @@ Verdict Lora(Harness& h, pc_dtype_t a_dtype, pc_dtype_t b_dtype, LoraCase c) {
   }
   const uint32_t layout = a_layout != PC_LAYOUT_GGUF ? a_layout : b_layout;
   if (!h.Supports(PC_OP_LORA, {a_dtype, b_dtype}, PC_SHAPE_ANY, layout)) return NotClaimed();
-  if (c != LoraCase::kUploaded) {
+  if (d_a == 0) {
     PCC_ASSIGN(d_a, h.UploadVec(a.bytes));
     PCC_ASSIGN(d_b, h.UploadVec(b.bytes));
   }
@@ -879,6 +889,7 @@ void AddOpChecks(std::vector<Check>& checks) {
     add(base + ".rows", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kRows); });
     add(base + ".contiguous", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kContiguous); });
     add(base + ".uploaded", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kUploaded); });
+    add(base + ".prefill", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kPrefill); });
   }
   AddOpListChecks(checks, add);
 }
