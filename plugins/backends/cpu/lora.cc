@@ -1,10 +1,11 @@
 // LORA on the cpu plugin (ABI 1.8): one adapter's low-rank term over the listed rows of a batch.
 // t = scale (x[rows] A^T) is the plugin's MATMUL against A (in the layout weight_upload gave it,
 // x rounded as that MATMUL rounds it: the numbers of the MATMUL the op replaces); then
-// out[rows] += t B^T is one parallel pass over column chunks of B, each task unpacking its B
-// rows once to F32 and adding their products into each listed row (rank axpys per row for a
-// few rows, the float GEMM for many). So the listed rows are scattered inside the pass, and B
-// is read once per launch however the adapter's rows lie in the batch.
+// out[rows] += t B^T is one parallel pass over B's row groups, each run by the kernel MATMUL
+// runs on that layout (gemm_panel on float panels, gemm_packed on packed Q8_0 with t in its
+// int8 blocks) against every listed row at once, the products added into the listed rows
+// straight from the kernel's tile. So the rows are scattered inside the pass, and B is read once
+// per launch however the adapter's rows lie in the batch.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -22,16 +23,8 @@ T* Ptr(pc_devptr_t p) {
   return reinterpret_cast<T*>(static_cast<uintptr_t>(p));
 }
 
-// Row j of B [n, rank] as F32, in any layout weight_upload gives B.
-void BRow(const pc_lora_args_t& a, const uint8_t* b, int64_t j, float* out) {
-  if (a.b_layout == kLayoutPanel) {
-    UnpackPanelRow(a.b_dtype, b, a.rank, j, out);
-  } else if (a.b_layout == kLayoutPacked) {
-    UnpackRow(a.b_dtype, b, a.rank, j, out);
-  } else {
-    sdk::DequantizeRow(a.b_dtype, b + j * sdk::RowBytes(a.b_dtype, a.rank), out, a.rank);
-  }
-}
+// Rows of t per kernel call (MatmulPacked's block: they stay in L2 while a group is reused).
+constexpr int64_t kMBlock = 64;
 
 }  // namespace
 
@@ -42,6 +35,7 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
   for (int64_t i = 0; rows && i < a.n_rows; ++i) {
     if (rows[i] < 0 || rows[i] >= a.m) return "lora row out of range";
   }
+  const auto row_of = [&](int64_t i) { return rows ? int64_t{rows[i]} : i; };
   const auto* x = Ptr<const float>(a.x);  // [m, k]
   auto* out = Ptr<float>(a.out);          // [m, n]
   // Launches on one device are serialised by the plugin: the buffers are reused across them.
@@ -61,82 +55,71 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
   mm.out = reinterpret_cast<uintptr_t>(t.data());
   mm.m = a.n_rows, mm.n = a.rank, mm.k = a.k, mm.x_stride = a.k, mm.out_stride = a.rank;
   if (const char* why = Matmul(c, mm)) return why;
-  // Scaled before B's product (as the SCALE launch was), then rounded as the MATMUL against B
-  // rounds its input: a packed B's to the kernels' int8 activation blocks (an f32 scale per 32,
-  // not the f16 of a Q8_0 block), a GGUF one's not at all.
-  for (float& v : t) v *= a.scale;
-  if (a.b_layout == kLayoutPacked) {
-    std::vector<ActBlock> blocks(a.rank / kBlock);
-    for (int64_t i = 0; i < a.n_rows; ++i) {
-      float* ti = t.data() + i * a.rank;
-      c.k->quantize_row(ti, a.rank, ActScaleBlock(a.b_dtype), blocks.data());
-      for (int64_t e = 0; e < a.rank; ++e)
-        ti[e] = blocks[e / kBlock].q[e % kBlock] * blocks[e / kBlock].d;
-    }
-  }
+  for (float& v : t) v *= a.scale;  // before B's product, as the SCALE launch was
+
   const auto* b = Ptr<const uint8_t>(a.b);
   const float* ts = t.data();
-  const auto row_of = [&](int64_t i) { return rows ? int64_t{rows[i]} : i; };
-  // Many rows (a prefill): B's product as the float GEMM on transposed activations MATMUL runs
-  // float weights with (gemm_t_f32), t transposed once to tt [rank, mp] (rows padded to 32 with
-  // zeros); its output comes transposed, and is added into the listed rows from there. A few
-  // rows (decode): rank axpys per row, which pad nothing.
-  const bool gemm = c.k->gemm_t_f32 != nullptr && a.n_rows > kGemmTRows;
-  const int64_t mp = (a.n_rows + kGemmTCols - 1) / kGemmTCols * kGemmTCols;
-  static std::vector<float> tt;
-  if (gemm) {
-    tt.assign(a.rank * mp, 0.f);
-    for (int64_t i = 0; i < a.n_rows; ++i)
-      for (int64_t r = 0; r < a.rank; ++r) tt[r * mp + i] = ts[i * a.rank + r];
+  // B's row groups: panels of 32 rows, packed groups of 16, or single GGUF rows.
+  int64_t group_rows = 1, group_bytes = sdk::RowBytes(a.b_dtype, a.rank);
+  PackedFormat f;
+  static std::vector<ActBlock> tq;  // [n_rows, rank / 32]: t as the packed kernel reads it
+  const int64_t kb = a.rank / kBlock;
+  if (a.b_layout == kLayoutPanel) {
+    if (!c.k->gemm_panel) return "panel layout for this ISA";
+    group_rows = kPanelRows;
+    group_bytes = kPanelRows * a.rank * PanelElemBytes(a.b_dtype);
+  } else if (a.b_layout == kLayoutPacked) {
+    if (!PackedFormatOf(a.b_dtype, &f) || a.rank % kBlock != 0)
+      return "packed layout for this dtype";
+    group_rows = kPackRows;
+    group_bytes = kb * f.block_bytes();
+    tq.resize(a.n_rows * kb);
+    for (int64_t i = 0; i < a.n_rows; ++i) c.k->quantize_row(ts + i * a.rank, a.rank, ActScaleBlock(a.b_dtype), &tq[i * kb]);
   }
-  const float* tts = tt.data();
-  // Columns [j0, j1) of every listed row.
-  const auto add_columns = [&](int64_t j0, int64_t j1) {
-    if (gemm) {
-      thread_local std::vector<float> bw, acc;
-      bw.resize(kGemmTRows * a.rank);  // [nw, rank]: B's rows j..j + nw
-      acc.resize(kGemmTRows * mp);     // [nw, mp]: their products with every listed row
-      for (int64_t j = j0; j < j1; j += kGemmTRows) {
-        const int64_t nw = std::min(kGemmTRows, j1 - j);
-        for (int64_t r = 0; r < nw; ++r) BRow(a, b, j + r, bw.data() + r * a.rank);
-        std::fill(acc.begin(), acc.begin() + nw * mp, 0.f);
-        for (int64_t i0 = 0; i0 < mp; i0 += kGemmTCols) {
-          c.k->gemm_t_f32(bw.data(), a.rank, nw, tts + i0, mp, a.rank, acc.data() + i0, mp);
+  const int64_t n_groups = (a.n + group_rows - 1) / group_rows;
+  // Groups [g0, g1) against every listed row, added into out.
+  const auto add_groups = [&](int64_t g0, int64_t g1) {
+    thread_local std::vector<float> acc, w;
+    acc.resize(std::min(a.n_rows, kMBlock) * group_rows);  // [rows of a block, group_rows]
+    w.resize(a.rank);
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* group = b + g * group_bytes;
+      const int64_t j0 = g * group_rows, n_cols = std::min(group_rows, a.n - j0);
+      for (int64_t i0 = 0; i0 < a.n_rows; i0 += kMBlock) {
+        const int64_t mb = std::min(kMBlock, a.n_rows - i0);
+        if (a.b_layout == kLayoutPanel) {
+          std::fill(acc.begin(), acc.begin() + mb * group_rows, 0.f);
+          for (int64_t i = 0; i < mb; i += kPanelTileRows) {
+            c.k->gemm_panel(a.b_dtype, group, a.rank, ts + (i0 + i) * a.rank, a.rank,
+                            std::min(kPanelTileRows, mb - i), acc.data() + i * group_rows);
+          }
+        } else if (a.b_layout == kLayoutPacked) {
+          c.k->gemm_packed(f, group, kb, &tq[i0 * kb], kb, mb, acc.data());
+        } else {  // a GGUF row: its dot with every row of t
+          sdk::DequantizeRow(a.b_dtype, group, w.data(), a.rank);
+          for (int64_t i = 0; i < mb; ++i)
+            acc[i] = c.k->dot_f32(ts + (i0 + i) * a.rank, w.data(), a.rank);
         }
-        for (int64_t i = 0; i < a.n_rows; ++i) {
-          float* y = out + row_of(i) * a.n + j;
-          for (int64_t r = 0; r < nw; ++r) y[r] += acc[r * mp + i];
+        for (int64_t i = 0; i < mb; ++i) {
+          float* y = out + row_of(i0 + i) * a.n + j0;
+          const float* v = acc.data() + i * group_rows;
+          for (int64_t r = 0; r < n_cols; ++r) y[r] += v[r];
         }
       }
-      return;
-    }
-    thread_local std::vector<float> bt, row;
-    const int64_t len = j1 - j0;
-    bt.resize(a.rank * len);  // [rank, len]: B's rows j0..j1 transposed
-    row.resize(a.rank);
-    for (int64_t j = j0; j < j1; ++j) {
-      BRow(a, b, j, row.data());
-      for (int64_t r = 0; r < a.rank; ++r) bt[r * len + (j - j0)] = row[r];
-    }
-    for (int64_t i = 0; i < a.n_rows; ++i) {
-      float* y = out + row_of(i) * a.n + j0;
-      for (int64_t r = 0; r < a.rank; ++r)
-        c.k->axpy_f32(ts[i * a.rank + r], bt.data() + r * len, y, len);
     }
   };
   // A thin product (the k and v projections of a few rows) is not worth waking the pool for.
   constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds
   const int threads = c.pool->size();
   if (threads <= 1 || a.n_rows * a.n * a.rank < kMinParallelWork) {
-    add_columns(0, a.n);
+    add_groups(0, n_groups);
     return nullptr;
   }
-  // Two chunks per thread (a core another process is using is helped out), 16 columns at least.
-  const int64_t per_task = (a.n + 2 * threads - 1) / (2 * threads);
-  const int64_t chunk = std::max<int64_t>(16, (per_task + 15) / 16 * 16);
-  const int64_t n_tasks = (a.n + chunk - 1) / chunk;
-  c.pool->Run(n_tasks,
-              [&](int64_t task) { add_columns(task * chunk, std::min(a.n, (task + 1) * chunk)); });
+  // About four tasks per thread (a core another process is using is helped out).
+  const int64_t chunk = std::max<int64_t>(1, (n_groups + 4 * threads - 1) / (4 * threads));
+  c.pool->Run((n_groups + chunk - 1) / chunk, [&](int64_t task) {
+    add_groups(task * chunk, std::min(n_groups, (task + 1) * chunk));
+  });
   return nullptr;
 }
 
