@@ -74,7 +74,8 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
     group_rows = kPackRows;
     group_bytes = kb * f.block_bytes();
     tq.resize(a.n_rows * kb);
-    for (int64_t i = 0; i < a.n_rows; ++i) c.k->quantize_row(ts + i * a.rank, a.rank, ActScaleBlock(a.b_dtype), &tq[i * kb]);
+    for (int64_t i = 0; i < a.n_rows; ++i)
+      c.k->quantize_row(ts + i * a.rank, a.rank, ActScaleBlock(a.b_dtype), &tq[i * kb]);
   }
   const int64_t n_groups = (a.n + group_rows - 1) / group_rows;
   // Groups [g0, g1) against every listed row, added into out.
