@@ -202,16 +202,18 @@ TEST(Engine, AbortFreesBlocksAtOnce) {
   EXPECT_LT(r.tokens.size(), 100u);
 }
 
+// An adapter the engine only tells apart by its id and name.
+struct NamedAdapter : Adapter {
+  NamedAdapter(int64_t id, std::string name) : id_(id), name_(std::move(name)) {}
+  int64_t id() const override { return id_; }
+  const std::string& name() const override { return name_; }
+  int64_t id_;
+  std::string name_;
+};
+
 // vLLM's vllm:lora_requests_info lists the adapters of the running and of the waiting
 // requests (each once) and how many one step may hold; the base model is none of them.
 TEST(Engine, LoraRequestsInfoListsRunningAndWaitingAdapters) {
-  struct NamedAdapter : Adapter {
-    NamedAdapter(int64_t id, std::string name) : id_(id), name_(std::move(name)) {}
-    int64_t id() const override { return id_; }
-    const std::string& name() const override { return name_; }
-    int64_t id_;
-    std::string name_;
-  };
   FakeRunner runner(kVocab, 256, 4, 64);
   EngineOptions options;
   options.max_adapters_per_step = 1;
@@ -251,13 +253,6 @@ TEST(Engine, LoraRequestsInfoListsRunningAndWaitingAdapters) {
 // whatever order they arrived in, so that per-run launches (an adapter's MOE) are per adapter;
 // each request still gets its own tokens.
 TEST(Engine, StepRowsAreGroupedByAdapter) {
-  struct NamedAdapter : Adapter {
-    NamedAdapter(int64_t id, std::string name) : id_(id), name_(std::move(name)) {}
-    int64_t id() const override { return id_; }
-    const std::string& name() const override { return name_; }
-    int64_t id_;
-    std::string name_;
-  };
   FakeRunner runner(kVocab, 512, 4, 256);
   EngineOptions options;
   options.max_adapters_per_step = 4;
