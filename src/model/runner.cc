@@ -22,6 +22,18 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Sub-arrays of the packed index buffer start on 64-element (256-byte) boundaries.
 int64_t Align64(int64_t n) { return CeilDiv(n, 64) * 64; }
 
+// Appends `run` to the runs from `first` on, or extends the last of them when `run` continues
+// it (the same adapter at the same scale, the next rows).
+void AppendLoraRun(std::vector<LoraSegment>* runs, size_t first, const LoraSegment& run) {
+  LoraSegment* last = runs->size() > first ? &runs->back() : nullptr;
+  if (last && last->lora == run.lora && last->scale == run.scale &&
+      last->begin + last->rows == run.begin) {
+    last->rows += run.rows;
+  } else {
+    runs->push_back(run);
+  }
+}
+
 }  // namespace
 
 TransformerRunner::TransformerRunner(ModelConfig config, std::shared_ptr<runtime::Device> device,
@@ -485,15 +497,7 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
     const Piece& p = pieces[s];
     const SequenceStep& seq = *p.seq;
     const LoraSegment lora{t, p.count, LoraOf(seq), seq.adapter_scale};
-    if (lora.lora != nullptr) {  // runs of one adapter at one scale
-      LoraSegment* last = lora_tokens_.empty() ? nullptr : &lora_tokens_.back();
-      if (last && last->lora == lora.lora && last->scale == lora.scale &&
-          last->begin + last->rows == t) {
-        last->rows += p.count;
-      } else {
-        lora_tokens_.push_back(lora);
-      }
-    }
+    if (lora.lora != nullptr) AppendLoraRun(&lora_tokens_, 0, lora);  // runs of one adapter
     m[o_qstart + s] = static_cast<int32_t>(t);
     m[o_lens + s] = static_cast<int32_t>(seq.start_pos + p.begin + p.count);
     for (int64_t b = 0; b < max_blocks; ++b) {
@@ -593,14 +597,8 @@ Status TransformerRunner::RunPieces(std::span<const Piece> pieces, std::vector<f
     l.runs_begin = lora_rows_.size();
     for (int64_t i = 0; i < l.rows && !l.hidden; ++i) {
       const LoraSegment& row = row_lora_[size_t(r + i)];
-      if (row.lora == nullptr) continue;
-      LoraSegment* last = lora_rows_.size() > l.runs_begin ? &lora_rows_.back() : nullptr;
-      if (last && last->lora == row.lora && last->scale == row.scale &&
-          last->begin + last->rows == i) {
-        ++last->rows;
-      } else {
-        lora_rows_.push_back({i, 1, row.lora, row.scale});
-      }
+      if (row.lora != nullptr)
+        AppendLoraRun(&lora_rows_, l.runs_begin, {i, 1, row.lora, row.scale});
     }
     l.runs_end = lora_rows_.size();
     logits_launches_.push_back(l);
