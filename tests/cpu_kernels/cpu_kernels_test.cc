@@ -641,6 +641,90 @@ TEST(ThreadPool, EveryTaskRunsExactlyOnce) {
   }
 }
 
+// LORA through the cpu plugin's few-rows pass (up to 8 rows: A's GGUF rows below rank 32, A's
+// panels from 32; on the calling thread under 256 KB, as one region of the pool above) and its
+// two-step pass (9 rows), against the definition in doubles: out[rows] += s (x A^T) B^T over
+// scattered rows, the rows not listed untouched.
+TEST_P(CpuKernels, LoraMatchesDefinition) {
+  struct Case {
+    int64_t rank, k, n;
+  };
+  // Small (one thread) and large (> 256 KB: the region) launches, A in each layout.
+  for (const Case cs : {Case{16, 96, 80}, Case{48, 96, 80}, Case{16, 4864, 4864},
+                        Case{48, 2048, 1536}}) {
+    for (const int64_t n_rows : {1, 3, 8, 9}) {
+      SCOPED_TRACE("rank " + std::to_string(cs.rank) + " k " + std::to_string(cs.k) + " n " +
+                   std::to_string(cs.n) + " rows " + std::to_string(n_rows));
+      const int64_t m = n_rows + 4;
+      // Weights in the layouts weight_upload gives them: panels from 32 rows where the ISA
+      // has the panel kernel, else as they are.
+      struct Weight {
+        std::vector<float> values;  // [rows, cols], F16-exact
+        std::vector<uint8_t> bytes;
+        uint32_t layout;
+      };
+      const auto weight = [&](int64_t rows, int64_t cols, uint32_t seed) {
+        Weight w{Random(rows * cols, seed, -0.5f, 0.5f), {}, PC_LAYOUT_GGUF};
+        std::vector<uint16_t> f16(w.values.size());
+        for (size_t i = 0; i < f16.size(); ++i) {
+          f16[i] = sdk::Fp32ToFp16(w.values[i]);
+          w.values[i] = sdk::Fp16ToFp32(f16[i]);
+        }
+        const auto* src = reinterpret_cast<const uint8_t*>(f16.data());
+        if (GetParam()->gemm_panel && rows >= kPanelRows) {
+          w.bytes.resize(PanelBytes(PC_DTYPE_F16, rows, cols));
+          PackPanels(PC_DTYPE_F16, src, rows, cols, 0, (rows + kPanelRows - 1) / kPanelRows,
+                     w.bytes.data());
+          w.layout = kLayoutPanel;
+        } else {
+          w.bytes.assign(src, src + f16.size() * 2);
+        }
+        return w;
+      };
+      const Weight a = weight(cs.rank, cs.k, 11), b = weight(cs.n, cs.rank, 12);
+      const std::vector<float> x = Random(m * cs.k, 13), before = Random(m * cs.n, 14);
+      std::vector<int32_t> rows;
+      for (int64_t i = 0; i < n_rows; ++i) rows.push_back(int32_t((i * 5 + 3) % m));
+      std::sort(rows.begin(), rows.end());
+      rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+      ASSERT_EQ(int64_t(rows.size()), n_rows);
+      std::reverse(rows.begin(), rows.end());  // unordered, as an adapter's rows in a batch
+      const float scale = 0.75f;
+      std::vector<double> want(before.begin(), before.end());
+      for (const int32_t r : rows) {
+        std::vector<double> t(cs.rank);
+        for (int64_t q = 0; q < cs.rank; ++q)
+          for (int64_t e = 0; e < cs.k; ++e)
+            t[q] += double(x[r * cs.k + e]) * a.values[q * cs.k + e];
+        for (int64_t j = 0; j < cs.n; ++j)
+          for (int64_t q = 0; q < cs.rank; ++q)
+            want[r * cs.n + j] += scale * t[q] * b.values[j * cs.rank + q];
+      }
+      std::vector<float> out = before;
+      pc_lora_args_t l{};
+      l.struct_size = sizeof(l);
+      l.x = D(x.data()), l.out = D(out.data()), l.m = m, l.rows = D(rows.data());
+      l.n_rows = n_rows, l.k = cs.k, l.n = cs.n, l.rank = cs.rank, l.scale = scale;
+      l.a = D(a.bytes.data()), l.a_dtype = PC_DTYPE_F16, l.a_layout = a.layout;
+      l.b = D(b.bytes.data()), l.b_dtype = PC_DTYPE_F16, l.b_layout = b.layout;
+      ASSERT_EQ(Lora(Ctx(), l), nullptr);
+      double err = 0, norm = 0;
+      for (int64_t i = 0; i < m * cs.n; ++i) {
+        const double term = want[i] - before[i];
+        err += (out[i] - want[i]) * (out[i] - want[i]);
+        norm += term * term;
+      }
+      ASSERT_GT(norm, 0);
+      EXPECT_LT(std::sqrt(err / norm), 1e-5);
+      for (int64_t i = 0; i < m; ++i) {
+        if (std::find(rows.begin(), rows.end(), i) != rows.end()) continue;
+        for (int64_t j = 0; j < cs.n; ++j)
+          ASSERT_EQ(out[i * cs.n + j], before[i * cs.n + j]) << "row " << i << " not listed";
+      }
+    }
+  }
+}
+
 // Work handed to a pool whose workers may be late must still run exactly once per task, and
 // Run must not return before tasks claimed by workers are finished.
 TEST(ThreadPool, SlowTasksFinishBeforeRunReturns) {

@@ -397,8 +397,10 @@ pc_error_t* WeightUpload(pc_device_t* device, pc_dtype_t dtype, int64_t rows, in
     polychip::cpu::PackedFormat f;
     const bool pack = polychip::cpu::PackedFormatOf(dtype, &f) && rows > 0;
     // Float matrices go into panels where the kernel table has a panel GEMM (AVX-512, AVX2).
-    const bool panels =
-        !pack && polychip::cpu::PanelDtype(dtype) && Ctx().k->gemm_panel != nullptr && rows > 0;
+    // One of fewer rows than a panel (a LoRA adapter's A at rank 16) stays as it is: padded to
+    // a panel it would be read twice over, and its few dot products are as fast.
+    const bool panels = !pack && polychip::cpu::PanelDtype(dtype) &&
+                        Ctx().k->gemm_panel != nullptr && rows >= polychip::cpu::kPanelRows;
     const uint64_t bytes = pack     ? polychip::cpu::PackedBytes(f, rows, cols)
                            : panels ? polychip::cpu::PanelBytes(dtype, rows, cols)
                                     : host_bytes;

@@ -20,22 +20,22 @@ inline void Pause() {
 #endif
 }
 
+inline uint64_t Gen(uint64_t job) { return job >> 32; }
+// Task index of a job being set up: nothing can be claimed, and claims of the previous job fail.
+constexpr uint64_t kOpening = 0xFFFFFFFFu;
+
+}  // namespace
+
 // Busy-waits politely: pause for the first few thousand rounds (a few microseconds: the usual
 // wait inside a decode step), then yield the core, which matters when the machine is
 // oversubscribed and the thread we wait for needs this core to finish.
-inline void Backoff(int round) {
+void ThreadPool::Backoff(int round) {
   if (round < 4096) {
     Pause();
   } else {
     std::this_thread::yield();
   }
 }
-
-inline uint64_t Gen(uint64_t job) { return job >> 32; }
-// Task index of a job being set up: nothing can be claimed, and claims of the previous job fail.
-constexpr uint64_t kOpening = 0xFFFFFFFFu;
-
-}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });

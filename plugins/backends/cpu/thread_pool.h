@@ -29,6 +29,10 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
+  // One round of a polite busy-wait (pause, then yield the core after a few thousand rounds):
+  // for a task that waits on work another task has claimed and is running.
+  static void Backoff(int round);
+
   // Runs fn(task) for every task in [0, n_tasks) (n_tasks < 2^32), tasks handed out
   // dynamically. Returns when all are done. One Run at a time (the plugin serialises launches).
   void Run(int64_t n_tasks, const std::function<void(int64_t task)>& fn);
