@@ -13,6 +13,12 @@
 //   decode_kernels matmul-hot [REPS]       each dtype's kernel on a matrix that stays in L2
 //                                          (256 rows of 896, or 64 of 4864): its compute
 //                                          speed in GB/s of weights, with no DRAM in the way
+//   decode_kernels lora [STEPS]            that step alternated with the step with a LoRA
+//                                          adapter's LORA launch after each matmul but the
+//                                          output's (F16, RANK env, default 16; A and B in the
+//                                          layouts weight_upload gives them): the adapter's cost
+//                                          beside the step, and with the LORA launches on one
+//                                          thread (a pool of 1) for comparison
 //   decode_kernels attention LEN [HEADS]   one layer's decode attention at LEN positions (F16
 //                                          cache, 2 KV heads of 64, HEADS query heads, default 14)
 // Built and run by bench/decode-kernels.sh, which alternates the settings under test.
@@ -30,6 +36,7 @@
 #include <vector>
 
 #include "cpu_ops.h"
+#include "panel.h"
 #include "polychip/sdk/quant.h"
 
 namespace {
@@ -84,8 +91,87 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A float [n, k] matrix as weight_upload stores it: panels from 32 rows, else as it is.
+struct Uploaded {
+  std::vector<uint8_t> bytes;
+  uint32_t layout;
+};
+Uploaded UploadF16(int64_t n, int64_t k, std::mt19937* rng) {
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  std::vector<uint16_t> gguf(n * k);
+  for (auto& v : gguf) v = polychip::sdk::Fp32ToFp16(u(*rng));
+  const auto* src = reinterpret_cast<const uint8_t*>(gguf.data());
+  if (n < polychip::cpu::kPanelRows) return {{src, src + gguf.size() * 2}, PC_LAYOUT_GGUF};
+  Uploaded w{std::vector<uint8_t>(polychip::cpu::PanelBytes(PC_DTYPE_F16, n, k)),
+             polychip::cpu::kLayoutPanel};
+  polychip::cpu::PackPanels(PC_DTYPE_F16, src, n, k, 0, (n + 31) / 32, w.bytes.data());
+  return w;
+}
+
+// Mode lora: the matmul step (matmul(i) runs weight i's) alternated with the step with a LORA
+// launch after each matmul but the last (the output), as a decode step interleaves them, the
+// launches on c's pool and on a pool of one thread.
+template <typename Weights, typename Matmul>
+int WithLora(const OpContext& c, const Weights& ws, int64_t rank, int steps, Matmul&& matmul) {
+  std::mt19937 rng(1);
+  std::vector<Uploaded> as, bs;
+  int64_t bytes = 0;
+  for (size_t i = 0; i + 1 < ws.size(); ++i) {
+    as.push_back(UploadF16(rank, ws[i].k, &rng));
+    bs.push_back(UploadF16(ws[i].n, rank, &rng));
+    bytes += (ws[i].k + ws[i].n) * rank * 2;
+  }
+  std::vector<float> x(4864, 0.01f), out(4864);
+  polychip::cpu::ThreadPool one(1);
+  const OpContext single{&one, c.k, c.weight_streams, nullptr, c.weight_prefetch};
+  double lora_seconds = 0;  // of the current step
+  const auto step = [&](const OpContext* lora_ctx) {
+    lora_seconds = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      matmul(i);
+      if (!lora_ctx || i >= as.size()) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      pc_lora_args_t a{};
+      a.struct_size = sizeof(a);
+      a.x = D(x.data()), a.out = D(out.data()), a.m = 1, a.n_rows = 1;
+      a.k = ws[i].k, a.n = ws[i].n, a.rank = rank, a.scale = 0.5f;
+      a.a = D(as[i].bytes.data()), a.a_dtype = PC_DTYPE_F16, a.a_layout = as[i].layout;
+      a.b = D(bs[i].bytes.data()), a.b_dtype = PC_DTYPE_F16, a.b_layout = bs[i].layout;
+      if (const char* e = polychip::cpu::Lora(*lora_ctx, a)) {
+        std::fprintf(stderr, "lora: %s\n", e);
+        std::exit(1);
+      }
+      lora_seconds += Seconds(t0);
+    }
+  };
+  std::vector<double> t_base, t_lora, t_one, only_lora;
+  for (int s = 0; s < steps; ++s) {
+    auto t0 = std::chrono::steady_clock::now();
+    step(nullptr);
+    t_base.push_back(Seconds(t0));
+    t0 = std::chrono::steady_clock::now();
+    step(&c);
+    t_lora.push_back(Seconds(t0));
+    only_lora.push_back(lora_seconds);
+    t0 = std::chrono::steady_clock::now();
+    step(&single);
+    t_one.push_back(Seconds(t0));
+  }
+  const double base = Median(t_base);
+  std::printf("%d alternations (medians): step %.3f ms; with a rank-%ld adapter (%.1f MB, %zu "
+              "LORA launches) %.3f ms (+%.1f%%; the launches alone %.3f ms, %.1f GB/s), the "
+              "launches on one thread %.3f ms (+%.1f%%)\n",
+              steps, base * 1e3, static_cast<long>(rank), bytes / 1e6, as.size(),
+              Median(t_lora) * 1e3, (Median(t_lora) / base - 1) * 100, Median(only_lora) * 1e3,
+              bytes / Median(only_lora) / 1e9, Median(t_one) * 1e3,
+              (Median(t_one) / base - 1) * 100);
+  return 0;
+}
+
 // alt (mode matmul-streams): the same step with other weight streams, alternated with c's.
-int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = nullptr) {
+// lora_rank (mode lora): > 0 alternates the step with and without an adapter of that rank.
+int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = nullptr,
+            int64_t lora_rank = 0) {
   struct Weight {
     pc_dtype_t dtype;
     int64_t n, k, bytes;
@@ -139,6 +225,20 @@ int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = 
   };
   const auto step = [&](Times* per_call) { step_with(c, per_call); };
   step(nullptr);  // first touch
+  if (lora_rank > 0) {
+    return WithLora(c, ws, lora_rank, steps, [&](size_t i) {
+      pc_matmul_args_t a{};
+      a.struct_size = sizeof(a);
+      a.x = D(x.data()), a.w = D(ws[i].data), a.w_dtype = ws[i].dtype;
+      a.w_layout = polychip::cpu::kLayoutPacked;
+      a.out = D(out.data()), a.m = 1, a.n = ws[i].n, a.k = ws[i].k, a.x_stride = ws[i].k;
+      a.out_stride = ws[i].n;
+      if (const char* e = polychip::cpu::Matmul(c, a)) {
+        std::fprintf(stderr, "matmul: %s\n", e);
+        std::exit(1);
+      }
+    });
+  }
   // The tuner's exploration, so that the timed steps read the way it chose.
   for (int i = 0; c.streams_tuner && i < StreamsTuner::kRoundsPerCandidate *
                                              StreamsTuner::kCandidates; ++i)
@@ -331,11 +431,16 @@ int main(int argc, char** argv) {
     const OpContext a = read(argv[2]), b = read(argv[3]);
     return Matmuls(a, argc > 4 ? std::atoi(argv[4]) : 40, false, &b);
   }
+  if (what == "lora") {
+    const char* rank = std::getenv("RANK");
+    return Matmuls(c, argc > 2 ? std::atoi(argv[2]) : 20, false, nullptr,
+                   rank ? std::atoll(rank) : 16);
+  }
   if (what == "matmul-hot") return MatmulsHot(c, argc > 2 ? std::atoi(argv[2]) : 40);
   if (what == "attention")
     return Attention(c, argc > 2 ? std::atoll(argv[2]) : 1024, argc > 3 ? std::atoll(argv[3]) : 14);
   std::fprintf(stderr,
                "usage: decode_kernels matmul[-vs-read] [STEPS] | matmul-streams S1 S2 [STEPS] | "
-               "matmul-hot [REPS] | attention LEN [HEADS]\n");
+               "matmul-hot [REPS] | lora [STEPS] | attention LEN [HEADS]\n");
   return 2;
 }
