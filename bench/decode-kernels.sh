@@ -5,7 +5,8 @@
 # bandwidth (bench/membw.c, probed in every round); then the default settings' step alternated
 # with a plain read of the same weights, per weight shape; three streams against one, and one
 # without prefetch against one with, per ISA (alternated in one process); each dtype's kernel
-# from L2 (compute speed without DRAM in the way); then one layer's decode attention.
+# from L2 (compute speed without DRAM in the way); a LoRA adapter's launches in the step (rank
+# 16 and 64, beside the step without them); then one layer's decode attention.
 #   settings: auto,small pages        (the default: the tuner's choice, streams_tuner.h)
 #             streams=1,small pages   (one sequential read per thread, 4 KiB pages)
 #             streams=1 without prefetch
@@ -82,6 +83,13 @@ echo "two, a call this short is mostly the fork-join): the GB/s of weights one c
 echo "DRAM is not the limit, beside each core's share of the bandwidth above."
 echo
 THREADS=1 "$OUT/decode_kernels" matmul-hot 20 | sed 's/^/    /'
+echo
+echo "A LoRA adapter's LORA launches (F16, rank 16 and 64) interleaved with the step's matmuls,"
+echo "alternated with the step alone (decode_kernels lora): the adapter's share of a decode step."
+echo
+for rank in 16 64; do
+  RANK=$rank "$OUT/decode_kernels" lora 20 | sed 's/^/    /'
+done
 echo
 echo "| decode attention, one layer (F16 cache, 2 KV heads of 64, 14 query heads) | median |"
 echo "| --- | ---: |"
