@@ -5,15 +5,19 @@
 # with --lora where its llama-bench takes it, else llama-perplexity's prefill time per pass
 # without and with the adapter. Prints one table and each configuration's speed relative to the
 # base model (decode at batch 1; prefill and decode together at batch 16, as bench reports them).
+# The configurations run in ROUNDS rounds, one after the other within each round, and the table
+# gives the median speed and the median of each round's ratio to that round's base: a shared
+# VM's bandwidth drifts by a third within a minute, so only runs moments apart compare.
 # Goal: rank-16 decode within 10% of the base model's speed.
 #
 # usage: bench/lora.sh [-s SHAPE] [-y TYPE] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS]
-#   defaults: qwen2.5-0.5b shape (qwen2 vocabulary), Q4_K_M, 2 threads, -p 128 -n 32 -r 2
+#                      [-R ROUNDS]
+#   defaults: qwen2.5-0.5b shape (qwen2 vocabulary), Q4_K_M, 2 threads, -p 128 -n 32 -r 2 -R 3
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${POLYCHIP_BUILD_DIR:-$ROOT/build}/bin/polychip"
 LLAMA="${POLYCHIP_LLAMA_CPP_DIR:-$HOME/.cache/polychip/llama.cpp}"
-SHAPE=qwen2.5-0.5b TYPE=Q4_K_M THREADS=2 NP=128 NG=32 REPS=2
+SHAPE=qwen2.5-0.5b TYPE=Q4_K_M THREADS=2 NP=128 NG=32 REPS=2 ROUNDS=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -s) SHAPE="$2"; shift 2 ;;
@@ -22,7 +26,8 @@ while [[ $# -gt 0 ]]; do
     -p) NP="$2"; shift 2 ;;
     -n) NG="$2"; shift 2 ;;
     -r) REPS="$2"; shift 2 ;;
-    *) sed -n 2,9p "$0" >&2; exit 2 ;;
+    -R) ROUNDS="$2"; shift 2 ;;
+    *) sed -n 2,15p "$0" >&2; exit 2 ;;
   esac
 done
 [[ -x "$BIN" ]] || { echo "missing $BIN (build the polychip target)" >&2; exit 1; }
@@ -43,16 +48,19 @@ trap 'rm -rf "$OUT"' EXIT
 run() {  # label batch lora-flags...
   local label="$1" batch="$2"; shift 2
   "$BIN" bench --model-path "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" --batch "$batch" \
-    -o json "$@" > "$OUT/$label.json" 2> "$OUT/$label.log" || { cat "$OUT/$label.log" >&2; exit 1; }
-  echo "$label" >> "$OUT/order"
+    -o json "$@" > "$OUT/$label.r$round.json" 2> "$OUT/$label.log" || { cat "$OUT/$label.log" >&2; exit 1; }
+  [[ $round -gt 1 ]] || echo "$label" >> "$OUT/order"
 }
-for batch in 1 16; do
-  run "base b$batch" "$batch"
-  for rank in 16 64; do
-    run "1 adapter r$rank b$batch" "$batch" --lora "a=$(adapter $rank 1)"
-    flags=()
-    for i in 1 2 3 4; do flags+=(--lora "a$i=$(adapter $rank $i)"); done
-    run "4 adapters r$rank b$batch" "$batch" "${flags[@]}"
+for round in $(seq "$ROUNDS"); do
+  echo "[lora] round $round of $ROUNDS" >&2
+  for batch in 1 16; do
+    run "base b$batch" "$batch"
+    for rank in 16 64; do
+      run "1 adapter r$rank b$batch" "$batch" --lora "a=$(adapter $rank 1)"
+      flags=()
+      for i in 1 2 3 4; do flags+=(--lora "a$i=$(adapter $rank $i)"); done
+      run "4 adapters r$rank b$batch" "$batch" "${flags[@]}"
+    done
   done
 done
 LB="$LLAMA/build/bin/llama-bench" LP="$LLAMA/build/bin/llama-perplexity"
@@ -77,9 +85,9 @@ if [[ -x "$LB" ]]; then
 else
   echo "no $LB: build it with cmake --build $LLAMA/build --target llama-bench" >&2
 fi
-python3 - "$OUT" "$NP" <<'PY'
-import json, os, re, sys
-out, n_prompt = sys.argv[1], int(sys.argv[2])
+python3 - "$OUT" "$NP" "$ROUNDS" <<'PY'
+import json, os, re, statistics, sys
+out, n_prompt, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def records(path):
     try:
         rec = json.load(open(path))
@@ -94,13 +102,22 @@ def speeds(rec):
     tg = next((r["avg_ts"] for r in rec if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0), nan)
     both = next((r["avg_ts"] for r in rec if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) > 0), nan)
     return pp, tg, both
-order = open(os.path.join(out, "order")).read().split("\n")
-rows = {l: speeds(records(os.path.join(out, l + ".json"))) for l in order if l}
-print(f"{'configuration':28} {'prefill t/s':>12} {'decode t/s':>11} {'pp+tg t/s':>10} {'vs base':>8}")
-for l, (pp, tg, both) in rows.items():
-    base = rows["base " + l.split()[-1]]
-    mine, ref = (tg, base[1]) if tg == tg else (both, base[2])
-    print(f"{l:28} {pp:12.1f} {tg:11.1f} {both:10.1f} {mine / ref:8.1%}")
+order = [l for l in open(os.path.join(out, "order")).read().split("\n") if l]
+# [label][round] = (prefill, decode, pp+tg)
+runs = {l: [speeds(records(os.path.join(out, f"{l}.r{r}.json"))) for r in range(1, rounds + 1)]
+        for l in order}
+def median(v):
+    v = [x for x in v if x == x]
+    return statistics.median(v) if v else float("nan")
+print(f"{'configuration':28} {'prefill t/s':>12} {'decode t/s':>11} {'pp+tg t/s':>10} {'vs base':>8}"
+      f"  {'each round':>10}")
+for l in order:
+    base = runs["base " + l.split()[-1]]
+    col = 1 if runs[l][0][1] == runs[l][0][1] else 2  # decode at batch 1, pp+tg at 16
+    ratios = [mine[col] / ref[col] for mine, ref in zip(runs[l], base)]
+    pp, tg, both = (median([r[i] for r in runs[l]]) for i in range(3))
+    print(f"{l:28} {pp:12.1f} {tg:11.1f} {both:10.1f} {median(ratios):8.1%}  "
+          + " ".join(f"{x:.1%}" for x in ratios))
 for name in ["llama-base", "llama-r16", "llama-r64"]:
     rec = records(os.path.join(out, name + ".json"))
     if not rec:
