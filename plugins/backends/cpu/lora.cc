@@ -275,6 +275,11 @@ class FewRowsRegion {
       return f.claimed.exchange(launch, std::memory_order_acq_rel) != launch;
     };
     c.pool->Run(tasks, [&](int64_t task) {
+      // The start of this task's share of B, asked for now, arrives while A is multiplied.
+      const int64_t own_b = PartBegin(b_groups, b_parts, PartBegin(b_parts, tasks, task));
+      const int64_t ahead = std::max<int64_t>(1, kPrefetchAhead / gb.bytes);
+      Prefetch(Ptr<const uint8_t>(a.b) + own_b * gb.bytes,
+               std::min(b_groups - own_b, ahead) * gb.bytes);
       if (task < a_parts && claim(a_state_[task])) compute(task);
       for (int64_t p = 0; p < a_parts; ++p) {
         if (a_state_[p].claimed.load(std::memory_order_relaxed) != launch && claim(a_state_[p]))
@@ -296,7 +301,8 @@ class FewRowsRegion {
       };
       // Owners claim their parts forwards and helpers backwards, so a claimed part means the
       // rest of the way is taken: one look at another task's parts when it needs no help.
-      const int64_t own0 = PartBegin(b_parts, tasks, task), own1 = PartBegin(b_parts, tasks, task + 1);
+      const int64_t own0 = PartBegin(b_parts, tasks, task);
+      const int64_t own1 = PartBegin(b_parts, tasks, task + 1);
       for (int64_t p = own0; p < own1 && claim(b_state_[p]); ++p) add_part(p);
       for (int k = 1; k < tasks; ++k) {
         const int64_t other = (task + k) % tasks;

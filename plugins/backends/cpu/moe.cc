@@ -57,9 +57,10 @@ const char* ExpertMatmul(const OpContext& c, pc_devptr_t w, pc_dtype_t dtype, ui
 // A [n_experts * rank, cols] and B [n_experts * rows, rank] stacked per expert. Add() puts
 // s B_e (A_e x) into rows of y for expert e, one thread; the callers run it in parallel over
 // experts, or Prepare() an expert once and Apply() it to chunks of its rows in parallel. Each
-// product rounds its input as the plugin's MATMUL does against a weight of that type (the host
-// path and llama.cpp too): against Q8_0 to int8 in blocks of 32 (the SDK's Q8_0), against
-// F32/F16/BF16 not at all.
+// product rounds its input as the host path and llama.cpp do against a weight of that type:
+// against Q8_0 to the SDK's Q8_0 (int8 in blocks of 32 with an f16 scale; the plugin's packed
+// MATMUL and LORA keep an f32 scale, which differs in the last bits), against F32/F16/BF16 not
+// at all.
 struct LowRank {
   const uint8_t* a = nullptr;
   const uint8_t* b = nullptr;
