@@ -383,7 +383,10 @@ const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
     });
     return nullptr;
   }
-  if (c.k->gemm_t_f32 && a.m >= 4 &&
+  // The transposed GEMM splits the work by 32 weight rows and transposes x first: a thinner
+  // matrix (a rank-16 LoRA A, which weight_upload leaves out of panels) is one task and a copy
+  // of x for a few dot products, several times slower at prefill than the dot4x4 path below.
+  if (c.k->gemm_t_f32 && a.m >= 4 && a.n >= kPanelRows &&
       (a.w_dtype == PC_DTYPE_F32 || a.w_dtype == PC_DTYPE_F16 || a.w_dtype == PC_DTYPE_BF16))
     return MatmulFloatT(c, a);
   const int64_t n4 = (a.n + 3) / 4;

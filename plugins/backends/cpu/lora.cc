@@ -10,14 +10,14 @@
 // Under kMinParallelBytes it runs on the calling thread; above, as one region of the pool
 // (FewRowsRegion). The panel layout's padding of A to 32 rows, a MATMUL launch for A and a
 // second parallel pass for B made qwen2.5-0.5b's rank-16 adapter cost 1.23 ms of a decode step;
-// this way it costs 0.84 ms (bench/decode_kernels lora).
+// this way it costs 0.83-0.97 ms (bench/decode_kernels lora).
 //
 // More rows (prefill, batches) take two steps: t is the plugin's MATMUL against A (x rounded as
-// that MATMUL rounds it), then one parallel pass over B's row groups, each run by the kernel
-// MATMUL runs on that layout (gemm_panel on float panels, gemm_packed on packed Q8_0 with t in
-// its int8 blocks) against every listed row at once, the products added into the listed rows
-// straight from the kernel's tile. So the rows are scattered inside the pass, and B is read once
-// per launch however the adapter's rows lie in the batch.
+// that MATMUL rounds it; a thin float A takes its dot4x4 path), then one parallel pass over B's
+// row groups, each run by the kernel MATMUL runs on that layout (gemm_panel on float panels,
+// gemm_packed on packed Q8_0 with t in its int8 blocks) against every listed row at once, the
+// products added into the listed rows straight from the kernel's tile. So the rows are scattered
+// inside the pass, and B is read once per launch however the adapter's rows lie in the batch.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -136,48 +136,6 @@ void ProductOfAGroup(const OpContext& c, const pc_lora_args_t& a, const Groups& 
       for (int64_t r = 0; r < nr; ++r)
         t[(i0 + i) * width + at + r] = a.scale * acc[i * kPanelRows + r];
   }
-}
-
-// t = xs A^T for a float A in the GGUF layout (a rank under 32) and more rows than the few-rows
-// pass takes: A's rows four at a time in f32 against the rows of x four at a time (dot4x4).
-// MATMUL would take its transposed GEMM there, which reads x in columns and splits the work by
-// 32 rows of weights (one task for the whole of a rank-16 A): several times slower at prefill.
-void ProductOfThinA(const OpContext& c, const pc_lora_args_t& a, const float* xs, float* t) {
-  const int64_t quads = (a.rank + 3) / 4;
-  c.pool->Run(quads, [&](int64_t q) {
-    thread_local std::vector<float> w;  // [4, k]: A's rows 4q.. in f32
-    w.resize(4 * a.k);
-    const float* wr[4];
-    const int64_t nr = std::min<int64_t>(4, a.rank - 4 * q);
-    const int64_t row_bytes = sdk::RowBytes(a.a_dtype, a.k);
-    for (int r = 0; r < 4; ++r) {
-      const int64_t j = 4 * q + std::min<int64_t>(r, nr - 1);  // tail: repeat the last row
-      const auto* src = Ptr<const uint8_t>(a.a) + j * row_bytes;
-      float* dst = w.data() + r * a.k;
-      wr[r] = dst;
-      switch (a.a_dtype) {
-        case PC_DTYPE_F16: c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k); break;
-        case PC_DTYPE_BF16:
-          c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k);
-          break;
-        default: wr[r] = reinterpret_cast<const float*>(src);
-      }
-    }
-    int64_t i = 0;
-    for (; i + 4 <= a.n_rows; i += 4) {
-      float v[16];
-      const float* xr[4] = {xs + i * a.k, xs + (i + 1) * a.k, xs + (i + 2) * a.k,
-                            xs + (i + 3) * a.k};
-      c.k->dot4x4_f32(xr, wr, a.k, v);
-      for (int64_t ii = 0; ii < 4; ++ii)
-        for (int64_t r = 0; r < nr; ++r) t[(i + ii) * a.rank + 4 * q + r] = v[ii * 4 + r];
-    }
-    for (; i < a.n_rows; ++i) {
-      float v[4];
-      c.k->dot4_f32(xs + i * a.k, wr[0], wr[1], wr[2], wr[3], a.k, v);
-      for (int64_t r = 0; r < nr; ++r) t[i * a.rank + 4 * q + r] = v[r];
-    }
-  });
 }
 
 // out[rows] += t B^T over B's row groups [g0, g1): each group against every listed row at once
@@ -358,11 +316,7 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
   mm.w = a.a, mm.w_dtype = a.a_dtype, mm.w_layout = a.a_layout;
   mm.out = reinterpret_cast<uintptr_t>(t.data());
   mm.m = a.n_rows, mm.n = a.rank, mm.k = a.k, mm.x_stride = a.k, mm.out_stride = a.rank;
-  if (a.a_layout == PC_LAYOUT_GGUF && FloatDtype(a.a_dtype)) {
-    ProductOfThinA(c, a, xs, t.data());
-  } else if (const char* why = Matmul(c, mm)) {
-    return why;
-  }
+  if (const char* why = Matmul(c, mm)) return why;
   for (float& v : t) v *= a.scale;  // before B's product, as the SCALE launch was
 
   static std::vector<ActBlock> tq;  // [n_rows, rank / 32]: t as the packed kernel reads it
