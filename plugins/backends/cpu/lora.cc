@@ -180,6 +180,10 @@ void AddGroups(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, co
   }
 }
 
+float* AlignedTo64(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+}
+
 // [begin, end) of part p of n items split into n_parts.
 inline int64_t PartBegin(int64_t n, int64_t n_parts, int64_t p) { return n * p / n_parts; }
 
@@ -213,7 +217,8 @@ class FewRowsRegion {
     const int64_t b_parts = std::min<int64_t>(tasks * kBPartsPerTask, b_groups);
     const int64_t launch = ++launches_;
     const int64_t stride = (a.n_rows * a.rank + 15) / 16 * 16;  // a part of t, [n_rows, its rows]
-    parts_t_.resize(a_parts * stride);
+    parts_t_.resize(a_parts * stride + 16);
+    float* const parts_t = AlignedTo64(parts_t_.data());
     const auto rank_rows = [&](int64_t p) {  // [first, end) rank rows of A's part p
       return std::pair{std::min(a.rank, PartBegin(a_groups, a_parts, p) * ga.rows),
                        std::min(a.rank, PartBegin(a_groups, a_parts, p + 1) * ga.rows)};
@@ -224,8 +229,7 @@ class FewRowsRegion {
       const uint8_t* end = Ptr<const uint8_t>(a.a) + (r1 + ga.rows - 1) / ga.rows * ga.bytes;
       Prefetch(first, std::min<int64_t>(kPrefetchAhead, end - first));
       for (int64_t g = r0 / ga.rows; g * ga.rows < r1; ++g) {
-        ProductOfAGroup(c, a, ga, g, xs, r1 - r0, g * ga.rows - r0, parts_t_.data() + p * stride,
-                        end);
+        ProductOfAGroup(c, a, ga, g, xs, r1 - r0, g * ga.rows - r0, parts_t + p * stride, end);
       }
       a_state_[p].done.store(launch, std::memory_order_release);
     };
@@ -250,8 +254,7 @@ class FewRowsRegion {
           ThreadPool::Backoff(round);
         const auto [r0, r1] = rank_rows(p);
         for (int64_t i = 0; i < a.n_rows; ++i)
-          std::copy_n(parts_t_.data() + p * stride + i * (r1 - r0), r1 - r0,
-                      t.data() + i * a.rank + r0);
+          std::copy_n(parts_t + p * stride + i * (r1 - r0), r1 - r0, t.data() + i * a.rank + r0);
       }
       const auto add_part = [&](int64_t p) {
         AddGroups(c, a, gb, t.data(), nullptr, PartBegin(b_groups, b_parts, p),
@@ -277,7 +280,7 @@ class FewRowsRegion {
   };
   int64_t launches_ = 0;
   Flags a_state_[kMaxTasks], b_state_[kMaxTasks * kBPartsPerTask];
-  std::vector<float> parts_t_;
+  std::vector<float> parts_t_;  // the parts of t, from its first 64-byte boundary
 };
 
 }  // namespace
