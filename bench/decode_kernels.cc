@@ -387,6 +387,7 @@ int Attention(const OpContext& c, int64_t len, int64_t n_heads) {
   pc_attention_args_t a{sizeof(a), D(q.data()), D(kc.data()), D(vc.data()), D(out.data()),
                         D(qstart.data()), D(lens.data()), D(table.data()), PC_DTYPE_F16, 1, 1,
                         n_heads, n_kv, hd, bs, blocks, len, 0.125f};
+  a.v_cache_dtype = PC_DTYPE_F16;  // (ABI 1.6) a zero here would read V as F32, past its end
   std::vector<double> t;
   for (int r = 0; r < 300; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
