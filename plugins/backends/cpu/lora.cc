@@ -74,13 +74,10 @@ inline void Prefetch(const uint8_t* p, int64_t n) {
   for (int64_t off = 0; off < n; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
-bool FloatDtype(pc_dtype_t t) {
-  return t == PC_DTYPE_F32 || t == PC_DTYPE_F16 || t == PC_DTYPE_BF16;
-}
-
-// A float weight the few-rows region reads directly (no int8 rounding of its input).
+// A float weight (F32, F16, BF16: the types panels hold) the few-rows region reads directly,
+// with no int8 rounding of its input.
 bool FloatLayout(pc_dtype_t dtype, uint32_t layout) {
-  return FloatDtype(dtype) && (layout == kLayoutPanel || layout == PC_LAYOUT_GGUF);
+  return PanelDtype(dtype) && (layout == kLayoutPanel || layout == PC_LAYOUT_GGUF);
 }
 
 float DotRow(const OpContext& c, pc_dtype_t dtype, const float* x, const uint8_t* row,
@@ -138,6 +135,9 @@ void ProductOfAGroup(const OpContext& c, const pc_lora_args_t& a, const Groups& 
   }
 }
 
+// kPrefetchAhead in whole row groups of g (at least one).
+int64_t GroupsAhead(const Groups& g) { return std::max<int64_t>(1, kPrefetchAhead / g.bytes); }
+
 // out[rows] += t B^T over B's row groups [g0, g1): each group against every listed row at once
 // (t [n_rows, rank]; tq, t in int8 blocks, for packed B).
 void AddGroups(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, const float* t,
@@ -149,7 +149,7 @@ void AddGroups(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, co
   thread_local std::vector<float> acc, w;
   acc.resize(std::min(a.n_rows, kMBlock) * gb.rows);  // [rows of a block, gb.rows]
   w.resize(a.rank);
-  const int64_t ahead = std::max<int64_t>(1, kPrefetchAhead / gb.bytes);  // in groups
+  const int64_t ahead = GroupsAhead(gb);
   Prefetch(b + g0 * gb.bytes, std::min(g1 - g0, ahead) * gb.bytes);
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* group = b + g * gb.bytes;
@@ -239,9 +239,8 @@ class FewRowsRegion {
     c.pool->Run(tasks, [&](int64_t task) {
       // The start of this task's share of B, asked for now, arrives while A is multiplied.
       const int64_t own_b = PartBegin(b_groups, b_parts, PartBegin(b_parts, tasks, task));
-      const int64_t ahead = std::max<int64_t>(1, kPrefetchAhead / gb.bytes);
       Prefetch(Ptr<const uint8_t>(a.b) + own_b * gb.bytes,
-               std::min(b_groups - own_b, ahead) * gb.bytes);
+               std::min(b_groups - own_b, GroupsAhead(gb)) * gb.bytes);
       if (task < a_parts && claim(a_state_[task])) compute(task);
       for (int64_t p = 0; p < a_parts; ++p) {
         if (a_state_[p].claimed.load(std::memory_order_relaxed) != launch && claim(a_state_[p]))
@@ -305,14 +304,14 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
       std::memcpy(gathered.data() + i * a.k, x + rows[i] * a.k, a.k * sizeof(float));
     xs = gathered.data();
   }
-  t.resize(a.n_rows * a.rank);  // [n_rows, rank]
   if (a.n_rows <= kFewRows && FloatLayout(a.a_dtype, a.a_layout) &&
       FloatLayout(a.b_dtype, a.b_layout)) {
-    static FewRowsRegion region;
+    static FewRowsRegion region;  // its parts of t are its own
     region.Run(c, a, ga, gb, xs);
     return nullptr;
   }
 
+  t.resize(a.n_rows * a.rank);  // [n_rows, rank]
   pc_matmul_args_t mm{};
   mm.struct_size = sizeof(mm);
   mm.x = reinterpret_cast<uintptr_t>(xs);
