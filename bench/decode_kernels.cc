@@ -225,6 +225,11 @@ int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = 
   };
   const auto step = [&](Times* per_call) { step_with(c, per_call); };
   step(nullptr);  // first touch
+  // The tuner's exploration, so that the timed steps read the way it chose (mode lora too: its
+  // exploration during the timed steps made them noisier).
+  for (int i = 0; c.streams_tuner && i < StreamsTuner::kRoundsPerCandidate *
+                                             StreamsTuner::kCandidates; ++i)
+    step(nullptr);
   if (lora_rank > 0) {
     return WithLora(c, ws, lora_rank, steps, [&](size_t i) {
       pc_matmul_args_t a{};
@@ -239,10 +244,6 @@ int Matmuls(const OpContext& c, int steps, bool vs_read, const OpContext* alt = 
       }
     });
   }
-  // The tuner's exploration, so that the timed steps read the way it chose.
-  for (int i = 0; c.streams_tuner && i < StreamsTuner::kRoundsPerCandidate *
-                                             StreamsTuner::kCandidates; ++i)
-    step(nullptr);
   if (alt) {  // in-process alternation: the VM's bandwidth drifts too much between processes
     std::vector<double> ta, tb, ratio;
     for (int s = 0; s < steps; ++s) {
