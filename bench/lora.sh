@@ -5,6 +5,9 @@
 # with --lora where its llama-bench takes it, else llama-perplexity's prefill time per pass
 # without and with the adapter. Prints one table and each configuration's speed relative to the
 # base model (decode at batch 1; prefill and decode together at batch 16, as bench reports them).
+# llama.cpp's decode with and without an adapter comes from llama-completion (this llama-bench
+# has no --lora; llama-batched-bench parses it but loads no adapter): N_GEN greedy tokens after
+# a short prompt, its "eval time" rate, in as many rounds.
 # The configurations run in ROUNDS rounds, one after the other within each round, and the table
 # gives the median speed and the median of each round's ratio to that round's base: a shared
 # VM's bandwidth drifts by a third within a minute, so only runs moments apart compare.
@@ -27,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     -n) NG="$2"; shift 2 ;;
     -r) REPS="$2"; shift 2 ;;
     -R) ROUNDS="$2"; shift 2 ;;
-    *) sed -n 2,15p "$0" >&2; exit 2 ;;
+    *) sed -n 2,18p "$0" >&2; exit 2 ;;
   esac
 done
 [[ -x "$BIN" ]] || { echo "missing $BIN (build the polychip target)" >&2; exit 1; }
@@ -64,6 +67,29 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 LB="$LLAMA/build/bin/llama-bench" LP="$LLAMA/build/bin/llama-perplexity"
+LC="$LLAMA/build/bin/llama-completion"
+export LD_LIBRARY_PATH="$LLAMA/build/bin:${LD_LIBRARY_PATH:-}"
+# The oracle's build (tests/setup/fetch-llama-cpp.sh) makes only the tools the tests run;
+# llama-completion is one more target of the same configuration.
+if [[ ! -x "$LC" && -f "$LLAMA/build/build.ninja" ]]; then
+  echo "[lora] building llama-completion in $LLAMA/build (the oracle's configuration)" >&2
+  cmake --build "$LLAMA/build" -j "${POLYCHIP_BUILD_JOBS:-2}" --target llama-completion >&2
+fi
+if [[ -x "$LC" ]]; then
+  PROMPT="$(head -c 300 "$ROOT/tests/data/lighthouse.txt")"
+  for round in $(seq "$ROUNDS"); do
+    echo "[lora] llama.cpp decode, round $round of $ROUNDS" >&2
+    for rank in 0 16 64; do
+      lora=()
+      [[ $rank == 0 ]] || lora=(--lora "$(adapter $rank 1)")
+      "$LC" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$NG" -no-cnv --ignore-eos --temp 0 \
+        "${lora[@]}" > "$OUT/llama-decode-r$rank.$round.log" 2>&1 < /dev/null ||
+        echo "llama-completion failed (rank $rank)" >&2
+    done
+  done
+else
+  echo "no $LC: llama.cpp's decode with an adapter is not measured" >&2
+fi
 if [[ -x "$LB" ]]; then
   "$LB" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" -o json > "$OUT/llama-base.json" 2>/dev/null || true
   # llama-bench has no --lora (this build's): llama.cpp's prefill with an adapter comes from
@@ -124,6 +150,21 @@ for name in ["llama-base", "llama-r16", "llama-r64"]:
         continue
     pp, tg, _ = speeds(rec)
     print(f"{'llama.cpp ' + name[6:] + ' b1':28} {pp:12.1f} {tg:11.1f}")
+def decode_rate(rank, r):  # llama-completion's "eval time" tokens/s, or nan
+    try:
+        text = open(os.path.join(out, f"llama-decode-r{rank}.{r}.log"), errors="replace").read()
+    except OSError:
+        return float("nan")
+    m = re.search(r"\s eval time\s*=.*?([0-9.]+) tokens per second", text)
+    return float(m.group(1)) if m else float("nan")
+decode = {rank: [decode_rate(rank, r) for r in range(1, rounds + 1)] for rank in [0, 16, 64]}
+for rank in [0, 16, 64]:
+    if all(x != x for x in decode[rank]):
+        continue
+    label = "base" if rank == 0 else f"r{rank}"
+    ratios = [mine / ref for mine, ref in zip(decode[rank], decode[0])]
+    print(f"{'llama.cpp ' + label + ' b1 (completion)':28} {'':12} {median(decode[rank]):11.1f} "
+          f"{'':10} {median(ratios):8.1%}  " + " ".join(f"{x:.1%}" for x in ratios))
 for rank in [0, 16, 64]:
     p = os.path.join(out, f"llama-ppl-r{rank}.log")
     if not os.path.exists(p):
