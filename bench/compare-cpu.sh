@@ -39,12 +39,7 @@ while [[ $# -gt 0 ]]; do
 done
 log() { echo "[compare-cpu] $*" >&2; }
 [[ -x "$PC" ]] || { echo "missing $PC (build first, or set POLYCHIP_BUILD_DIR)" >&2; exit 1; }
-if [[ ! -x "$LB/llama-bench" && -f "$LLAMA_DIR/build/build.ninja" ]]; then
-  # The oracle's build (tests/setup/fetch-llama-cpp.sh) makes only the tools the tests run;
-  # llama-bench is one more target of the same configuration (two files on top of libllama).
-  log "building llama-bench in $LLAMA_DIR/build (the oracle's configuration)"
-  cmake --build "$LLAMA_DIR/build" -j "${POLYCHIP_BUILD_JOBS:-1}" --target llama-bench >&2
-fi
+llama_tool llama-bench
 [[ -x "$LB/llama-bench" ]] || { echo "missing $LB/llama-bench" >&2; exit 1; }
 export LD_LIBRARY_PATH="$LB:${LD_LIBRARY_PATH:-}"
 export POLYCHIP_DEVICE_BACKEND="${POLYCHIP_DEVICE_BACKEND:-cpu}"

@@ -42,10 +42,7 @@ while [[ $# -gt 0 ]]; do
 done
 log() { echo "[kv-quant] $*" >&2; }
 [[ -x "$PC" ]] || { echo "missing $PC (build first, or set POLYCHIP_BUILD_DIR)" >&2; exit 1; }
-if [[ $SPEED == 1 && ! -x "$LB/llama-bench" && -f "$LLAMA_DIR/build/build.ninja" ]]; then
-  log "building llama-bench in $LLAMA_DIR/build (the oracle's configuration)"
-  cmake --build "$LLAMA_DIR/build" -j "${POLYCHIP_BUILD_JOBS:-1}" --target llama-bench >&2
-fi
+[[ $SPEED == 0 ]] || llama_tool llama-bench
 export LD_LIBRARY_PATH="$LB:${LD_LIBRARY_PATH:-}"
 mkdir -p "$CACHE"
 OUT="$(mktemp -d)"

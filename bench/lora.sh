@@ -17,9 +17,7 @@
 #                      [-R ROUNDS]
 #   defaults: qwen2.5-0.5b shape (qwen2 vocabulary), Q4_K_M, 2 threads, -p 128 -n 32 -r 2 -R 3
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BIN="${POLYCHIP_BUILD_DIR:-$ROOT/build}/bin/polychip"
-LLAMA="${POLYCHIP_LLAMA_CPP_DIR:-$HOME/.cache/polychip/llama.cpp}"
+source "$(dirname "$0")/paths.sh"
 SHAPE=qwen2.5-0.5b TYPE=Q4_K_M THREADS=2 NP=128 NG=32 REPS=2 ROUNDS=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -33,15 +31,15 @@ while [[ $# -gt 0 ]]; do
     *) sed -n 2,18p "$0" >&2; exit 2 ;;
   esac
 done
-[[ -x "$BIN" ]] || { echo "missing $BIN (build the polychip target)" >&2; exit 1; }
+[[ -x "$PC" ]] || { echo "missing $PC (build the polychip target)" >&2; exit 1; }
 DIR="${POLYCHIP_BENCH_DIR:-$ROOT/build/bench-models}"
 mkdir -p "$DIR"
 MODEL="$DIR/lora-base-$SHAPE-$TYPE.gguf"
-[[ -f "$MODEL" ]] || "$BIN" gguf synth --vocab "$LLAMA/models/ggml-vocab-qwen2.gguf" \
+[[ -f "$MODEL" ]] || "$PC" gguf synth --vocab "$LLAMA_DIR/models/ggml-vocab-qwen2.gguf" \
   --shape "$SHAPE" --type "$TYPE" --quiet --out "$MODEL"
 adapter() {  # rank index -> path
   local f="$DIR/lora-$SHAPE-$TYPE-r$1-$2.gguf"
-  [[ -f "$f" ]] || "$BIN" gguf synth --lora-for "$MODEL" --lora-rank "$1" --lora-alpha $(( $1 * 2 )) \
+  [[ -f "$f" ]] || "$PC" gguf synth --lora-for "$MODEL" --lora-rank "$1" --lora-alpha $(( $1 * 2 )) \
     --type F16 --seed "$2" --quiet --out "$f"
   echo "$f"
 }
@@ -50,7 +48,7 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 run() {  # label batch lora-flags...
   local label="$1" batch="$2"; shift 2
-  "$BIN" bench --model-path "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" --batch "$batch" \
+  "$PC" bench --model-path "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" --batch "$batch" \
     -o json "$@" > "$OUT/$label.r$round.json" 2> "$OUT/$label.log" || { cat "$OUT/$label.log" >&2; exit 1; }
   [[ $round -gt 1 ]] || echo "$label" >> "$OUT/order"
 }
@@ -66,50 +64,44 @@ for round in $(seq "$ROUNDS"); do
     done
   done
 done
-LB="$LLAMA/build/bin/llama-bench" LP="$LLAMA/build/bin/llama-perplexity"
-LC="$LLAMA/build/bin/llama-completion"
-export LD_LIBRARY_PATH="$LLAMA/build/bin:${LD_LIBRARY_PATH:-}"
-# The oracle's build (tests/setup/fetch-llama-cpp.sh) makes only the tools the tests run;
-# llama-completion is one more target of the same configuration.
-if [[ ! -x "$LC" && -f "$LLAMA/build/build.ninja" ]]; then
-  echo "[lora] building llama-completion in $LLAMA/build (the oracle's configuration)" >&2
-  cmake --build "$LLAMA/build" -j "${POLYCHIP_BUILD_JOBS:-2}" --target llama-completion >&2
-fi
-if [[ -x "$LC" ]]; then
+LLAMA_BENCH="$LB/llama-bench" LLAMA_PPL="$LB/llama-perplexity" LLAMA_COMPLETION="$LB/llama-completion"
+export LD_LIBRARY_PATH="$LB:${LD_LIBRARY_PATH:-}"
+llama_tool llama-completion
+if [[ -x "$LLAMA_COMPLETION" ]]; then
   PROMPT="$(head -c 300 "$ROOT/tests/data/lighthouse.txt")"
   for round in $(seq "$ROUNDS"); do
     echo "[lora] llama.cpp decode, round $round of $ROUNDS" >&2
     for rank in 0 16 64; do
       lora=()
       [[ $rank == 0 ]] || lora=(--lora "$(adapter $rank 1)")
-      "$LC" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$NG" -no-cnv --ignore-eos --temp 0 \
+      "$LLAMA_COMPLETION" -m "$MODEL" -t "$THREADS" -p "$PROMPT" -n "$NG" -no-cnv --ignore-eos --temp 0 \
         "${lora[@]}" > "$OUT/llama-decode-r$rank.$round.log" 2>&1 < /dev/null ||
         echo "llama-completion failed (rank $rank)" >&2
     done
   done
 else
-  echo "no $LC: llama.cpp's decode with an adapter is not measured" >&2
+  echo "no $LLAMA_COMPLETION: llama.cpp's decode with an adapter is not measured" >&2
 fi
-if [[ -x "$LB" ]]; then
-  "$LB" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" -o json > "$OUT/llama-base.json" 2>/dev/null || true
+if [[ -x "$LLAMA_BENCH" ]]; then
+  "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" -o json > "$OUT/llama-base.json" 2>/dev/null || true
   # llama-bench has no --lora (this build's): llama.cpp's prefill with an adapter comes from
   # llama-perplexity's time per pass of NP tokens (its first pass, one batch), without and with.
-  if "$LB" --help 2>&1 | grep -q -- '--lora'; then
+  if "$LLAMA_BENCH" --help 2>&1 | grep -q -- '--lora'; then
     for rank in 16 64; do
-      "$LB" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" --lora "$(adapter $rank 1)" -o json \
+      "$LLAMA_BENCH" -m "$MODEL" -t "$THREADS" -p "$NP" -n "$NG" -r "$REPS" --lora "$(adapter $rank 1)" -o json \
         > "$OUT/llama-r$rank.json" 2>/dev/null || echo "llama-bench --lora failed (rank $rank)" >&2
     done
-  elif [[ -x "$LP" ]]; then
+  elif [[ -x "$LLAMA_PPL" ]]; then
     TEXT="$ROOT/tests/data/lighthouse.txt"
     for rank in 0 16 64; do
       lora=()
       [[ $rank == 0 ]] || lora=(--lora "$(adapter $rank 1)")
-      "$LP" -m "$MODEL" -f "$TEXT" -c "$NP" -b "$NP" -t "$THREADS" --chunks 2 "${lora[@]}" \
+      "$LLAMA_PPL" -m "$MODEL" -f "$TEXT" -c "$NP" -b "$NP" -t "$THREADS" --chunks 2 "${lora[@]}" \
         > "$OUT/llama-ppl-r$rank.log" 2>&1 || echo "llama-perplexity failed (rank $rank)" >&2
     done
   fi
 else
-  echo "no $LB: build it with cmake --build $LLAMA/build --target llama-bench" >&2
+  echo "no $LLAMA_BENCH: build it with cmake --build $LLAMA_DIR/build --target llama-bench" >&2
 fi
 python3 - "$OUT" "$NP" "$ROUNDS" <<'PY'
 import json, os, re, statistics, sys

@@ -10,3 +10,13 @@ LLAMA_DIR="${POLYCHIP_LLAMA_CPP_DIR:-$HOME/.cache/polychip/llama.cpp}"
 LB="$LLAMA_DIR/build/bin"
 VOCAB="$LLAMA_DIR/models"
 CACHE="${POLYCHIP_BENCH_CACHE:-$HOME/.cache/polychip/bench-models}"
+
+# Builds llama.cpp's tool NAME into $LB when it is missing there and the oracle's build is
+# configured: tests/setup/fetch-llama-cpp.sh makes only the tools the tests run, the others are
+# more targets of the same configuration.
+llama_tool() {  # NAME
+  if [[ ! -x "$LB/$1" && -f "$LLAMA_DIR/build/build.ninja" ]]; then
+    echo "[bench] building $1 in $LLAMA_DIR/build (the oracle's configuration)" >&2
+    cmake --build "$LLAMA_DIR/build" -j "${POLYCHIP_BUILD_JOBS:-1}" --target "$1" >&2
+  fi
+}

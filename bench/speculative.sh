@@ -62,10 +62,7 @@ for c in ${CASES//,/ }; do
 done
 [[ -x "$PC" ]] || { echo "missing $PC (build first, or set POLYCHIP_BUILD_DIR)" >&2; exit 1; }
 for tool in llama-speculative llama-lookup llama-bench; do
-  if [[ ! -x "$LB/$tool" && -f "$LLAMA_DIR/build/build.ninja" ]]; then
-    log "building $tool in $LLAMA_DIR/build (the oracle's configuration)"
-    cmake --build "$LLAMA_DIR/build" -j "${POLYCHIP_BUILD_JOBS:-1}" --target "$tool" >&2
-  fi
+  llama_tool "$tool"
   [[ -x "$LB/$tool" ]] || { echo "missing $LB/$tool" >&2; exit 1; }
 done
 export LD_LIBRARY_PATH="$LB:${LD_LIBRARY_PATH:-}"

@@ -368,18 +368,8 @@ const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
                                    a.w_dtype == PC_DTYPE_BF16);
   if (direct) {
     ParallelRange(c, a.n, ChunkSize(a.n, c.pool->size(), 16), [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) {
-        const uint8_t* row = w + j * row_bytes;
-        float v;
-        if (a.w_dtype == PC_DTYPE_F32) {
-          v = c.k->dot_f32(x, reinterpret_cast<const float*>(row), a.k);
-        } else if (a.w_dtype == PC_DTYPE_F16) {
-          v = c.k->dot_f16(x, reinterpret_cast<const uint16_t*>(row), a.k);
-        } else {
-          v = c.k->dot_bf16(x, reinterpret_cast<const uint16_t*>(row), a.k);
-        }
-        Store(a, bias, out, 0, j, v);
-      }
+      for (int64_t j = j0; j < j1; ++j)
+        Store(a, bias, out, 0, j, DotFloatRow(*c.k, a.w_dtype, x, w + j * row_bytes, a.k));
     });
     return nullptr;
   }
@@ -518,9 +508,9 @@ void VRowOffsets(const int64_t* k_offsets, int64_t n, int64_t k_row, int64_t v_r
 float DotCacheRow(const OpContext& c, pc_dtype_t dtype, const float* q, const uint8_t* row,
                   int64_t n) {
   switch (dtype) {
-    case PC_DTYPE_F32: return c.k->dot_f32(q, reinterpret_cast<const float*>(row), n);
-    case PC_DTYPE_BF16: return c.k->dot_bf16(q, reinterpret_cast<const uint16_t*>(row), n);
-    case PC_DTYPE_F16: return c.k->dot_f16(q, reinterpret_cast<const uint16_t*>(row), n);
+    case PC_DTYPE_F32:
+    case PC_DTYPE_BF16:
+    case PC_DTYPE_F16: return DotFloatRow(*c.k, dtype, q, row, n);
     default: {
       thread_local std::vector<float> f;
       f.resize(n);

@@ -121,6 +121,17 @@ inline void ForStreamCount(int n_streams, Run&& run) {
   }
 }
 
+// x . row for a row of n F32, F16 or BF16 elements (`dtype`; other types read as F32): the
+// table's dot for that type.
+inline float DotFloatRow(const KernelTable& k, pc_dtype_t dtype, const float* x,
+                         const uint8_t* row, int64_t n) {
+  switch (dtype) {
+    case PC_DTYPE_F16: return k.dot_f16(x, reinterpret_cast<const uint16_t*>(row), n);
+    case PC_DTYPE_BF16: return k.dot_bf16(x, reinterpret_cast<const uint16_t*>(row), n);
+    default: return k.dot_f32(x, reinterpret_cast<const float*>(row), n);
+  }
+}
+
 // Activation rows of one gemm_panel call.
 constexpr int64_t kPanelTileRows = 8;
 

@@ -47,6 +47,8 @@ constexpr int64_t kFewRows = 8;
 struct Groups {
   int64_t rows = 1, bytes = 0;
   PackedFormat packed;  // kLayoutPacked's format
+  // Groups holding n rows.
+  int64_t CountFor(int64_t n) const { return (n + rows - 1) / rows; }
 };
 
 // nullptr, or why the plugin has no kernel for a [n, k] weight of dtype in layout.
@@ -80,15 +82,6 @@ bool FloatLayout(pc_dtype_t dtype, uint32_t layout) {
   return PanelDtype(dtype) && (layout == kLayoutPanel || layout == PC_LAYOUT_GGUF);
 }
 
-float DotRow(const OpContext& c, pc_dtype_t dtype, const float* x, const uint8_t* row,
-             int64_t k) {
-  switch (dtype) {
-    case PC_DTYPE_F16: return c.k->dot_f16(x, reinterpret_cast<const uint16_t*>(row), k);
-    case PC_DTYPE_BF16: return c.k->dot_bf16(x, reinterpret_cast<const uint16_t*>(row), k);
-    default: return c.k->dot_f32(x, reinterpret_cast<const float*>(row), k);
-  }
-}
-
 // Bytes a stream is prefetched ahead of its reads.
 constexpr int64_t kPrefetchAhead = 2048;
 
@@ -103,7 +96,7 @@ float DotRowPrefetched(const OpContext& c, pc_dtype_t dtype, const float* x, con
     const uint8_t* at = row + e * elem;
     if (end && at + kPrefetchAhead < end)
       Prefetch(at + kPrefetchAhead, std::min<int64_t>(512, end - at - kPrefetchAhead));
-    sum += DotRow(c, dtype, x + e, at, std::min(piece, k - e));
+    sum += DotFloatRow(*c.k, dtype, x + e, at, std::min(piece, k - e));
   }
   return sum;
 }
@@ -114,7 +107,6 @@ float DotRowPrefetched(const OpContext& c, pc_dtype_t dtype, const float* x, con
 void ProductOfAGroup(const OpContext& c, const pc_lora_args_t& a, const Groups& ga, int64_t g,
                      const float* xs, int64_t width, int64_t at, float* t, const uint8_t* end) {
   const uint8_t* group = Ptr<const uint8_t>(a.a) + g * ga.bytes;
-  const int64_t nr = std::min(ga.rows, a.rank - g * ga.rows);
   if (a.a_layout != kLayoutPanel) {
     for (int64_t i = 0; i < a.n_rows; ++i) {
       const float* x = xs + i * a.k;
@@ -124,6 +116,7 @@ void ProductOfAGroup(const OpContext& c, const pc_lora_args_t& a, const Groups& 
     }
     return;
   }
+  const int64_t nr = std::min(ga.rows, a.rank - g * ga.rows);  // the panel's rows of A
   float acc[kPanelTileRows * kPanelRows];
   for (int64_t i0 = 0; i0 < a.n_rows; i0 += kPanelTileRows) {
     const int64_t mb = std::min(kPanelTileRows, a.n_rows - i0);
@@ -204,8 +197,8 @@ class FewRowsRegion {
 
   void Run(const OpContext& c, const pc_lora_args_t& a, const Groups& ga, const Groups& gb,
            const float* xs) {
-    const int64_t a_groups = (a.rank + ga.rows - 1) / ga.rows;
-    const int64_t b_groups = (a.n + gb.rows - 1) / gb.rows;
+    const int64_t a_groups = ga.CountFor(a.rank);
+    const int64_t b_groups = gb.CountFor(a.n);
     // A launch under this many bytes runs on the calling thread: waking the other threads and
     // passing t between them costs more than they save. qwen2.5-0.5b on a 2-core Zen 5, one
     // thread against two: rank 16's 33-184 KB launches 1.8-8.5 us on one, as long or 1-2 us
@@ -226,7 +219,7 @@ class FewRowsRegion {
     const auto compute = [&](int64_t p) {
       const auto [r0, r1] = rank_rows(p);
       const uint8_t* first = Ptr<const uint8_t>(a.a) + r0 / ga.rows * ga.bytes;
-      const uint8_t* end = Ptr<const uint8_t>(a.a) + (r1 + ga.rows - 1) / ga.rows * ga.bytes;
+      const uint8_t* end = Ptr<const uint8_t>(a.a) + ga.CountFor(r1) * ga.bytes;
       Prefetch(first, std::min<int64_t>(kPrefetchAhead, end - first));
       for (int64_t g = r0 / ga.rows; g * ga.rows < r1; ++g) {
         ProductOfAGroup(c, a, ga, g, xs, r1 - r0, g * ga.rows - r0, parts_t + p * stride, end);
@@ -328,7 +321,7 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
     for (int64_t i = 0; i < a.n_rows; ++i)
       c.k->quantize_row(t.data() + i * a.rank, a.rank, ActScaleBlock(a.b_dtype), &tq[i * kb]);
   }
-  const int64_t n_groups = (a.n + gb.rows - 1) / gb.rows;
+  const int64_t n_groups = gb.CountFor(a.n);
   // A thin product (the k and v projections of a few rows) is not worth waking the pool for.
   constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds
   const int threads = c.pool->size();
