@@ -8,6 +8,10 @@
 //              speculative decoding; generated tokens/s, and for the second the draft
 //              acceptance and tokens per verification step (docs/speculative-decoding.md)
 // Each test runs once to warm up, then -r times; the result is mean ± stdev over repetitions.
+// With --lora and --lora-vs-base, every decode position runs twice, with the adapters and
+// without them, in alternating order, each timed apart: tg<N> (or pp<P>+tg<N>@B) and the same
+// test with " base" appended come from the same moments of one process, so their ratio is the
+// adapters' cost even where the host's bandwidth drifts between runs (docs/lora.md).
 // `-o json` prints a JSON array of records using llama-bench's field names (n_prompt, n_gen,
 // n_threads, avg_ts, stddev_ts, ...) so a script can compare the two tools, plus ops_per_step:
 // the plugin's per-op counters per forward step (docs/profiling.md). `--membw` measures
@@ -53,6 +57,7 @@ struct BenchOptions {
   std::string output = "md";
   bool membw = false;
   int membw_mib = 1024;
+  bool lora_vs_base = false;
 };
 
 struct Record {
@@ -246,8 +251,13 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
   model::LoraRegistry loras(mf->config);
   if (Status s = launch::LoadLoras(*spec, loras); !s.ok()) return Fail(s);
   const auto adapters = loras.List();
+  if (o.lora_vs_base && (adapters.empty() || o.n_gen == 0 || speculative)) {
+    return Fail(InvalidArgument("--lora-vs-base compares decode with and without the adapters: "
+                                "it needs --lora, -n > 0 and no --speculative-*"));
+  }
+  bool with_adapters = true;  // false for --lora-vs-base's base steps
   auto apply_lora = [&](engine::SequenceStep& st, int seq) {
-    if (adapters.empty()) return;
+    if (adapters.empty() || !with_adapters) return;
     const auto& a = adapters[size_t(seq) % adapters.size()];
     st.adapter = a.get();
     st.adapter_scale = a->default_scale();
@@ -312,6 +322,40 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
 
   std::vector<Record> records;
   const runtime::Device& dev = r.device();
+  // --lora-vs-base: decode's n steps from `start`, each position run with the adapters and
+  // without (the first of the two alternating), timed apart into the two records.
+  auto measure_vs_base = [&](Record rec, const std::function<Status()>& setup, int seqs,
+                             int start, int n) -> Status {
+    Record base = rec;
+    base.test += " base";
+    for (int rep = -1; rep < o.reps; ++rep) {  // rep -1 warms up
+      PC_RETURN_IF_ERROR(setup());
+      double seconds[2] = {0, 0};  // with the adapters, without
+      for (int i = 0; i < n; ++i) {
+        for (int k = 0; k < 2; ++k) {
+          const int which = (i + k) % 2;
+          with_adapters = which == 0;
+          const auto a = Clock::now();
+          const Status st = decode(seqs, start + i, 1);
+          seconds[which] += std::chrono::duration<double>(Clock::now() - a).count();
+          with_adapters = true;
+          PC_RETURN_IF_ERROR(st);
+        }
+      }
+      if (rep < 0) continue;
+      for (int which = 0; which < 2; ++which) {
+        Record& into = which == 0 ? rec : base;
+        into.ts.push_back(n * seqs / seconds[which]);
+        into.ns.push_back(seconds[which] * 1e9);
+      }
+    }
+    for (Record* into : {&rec, &base}) {
+      std::fprintf(stderr, "bench: %s %.2f ± %.2f t/s\n", into->test.c_str(), Mean(into->ts),
+                   Stdev(into->ts));
+      records.push_back(std::move(*into));
+    }
+    return Status::Ok();
+  };
   // `steps`: forward steps one body() runs (for the per-op records per step).
   auto measure = [&](Record rec, const std::function<Status()>& setup,
                      const std::function<Status()>& body, int tokens, int steps) -> Status {
@@ -350,8 +394,10 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
     }
     if (o.n_gen > 0) {
       Record rec{"tg" + std::to_string(o.n_gen) + suffix, 0, o.n_gen, 1, d, {}, {}};
-      if (Status s =
-              measure(rec, at_depth, [&] { return decode(1, d, o.n_gen); }, o.n_gen, o.n_gen);
+      if (Status s = o.lora_vs_base
+                         ? measure_vs_base(rec, at_depth, 1, d, o.n_gen)
+                         : measure(rec, at_depth, [&] { return decode(1, d, o.n_gen); },
+                                   o.n_gen, o.n_gen);
           !s.ok())
         return Fail(s);
     }
@@ -360,8 +406,10 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
                    std::to_string(B) + suffix,
                o.n_prompt, o.n_gen, B, d, {}, {}};
     auto setup = [&]() -> Status { return fill(d + o.n_prompt); };
-    if (Status s = measure(rec, setup, [&] { return decode(B, d + o.n_prompt, o.n_gen); },
-                           o.n_gen * B, o.n_gen);
+    if (Status s = o.lora_vs_base
+                       ? measure_vs_base(rec, setup, B, d + o.n_prompt, o.n_gen)
+                       : measure(rec, setup, [&] { return decode(B, d + o.n_prompt, o.n_gen); },
+                                 o.n_gen * B, o.n_gen);
         !s.ok())
       return Fail(s);
   }
@@ -459,6 +507,9 @@ std::function<int()> Setup(CLI::App& app, const GlobalOptions& globals) {
   app.add_option("--batch", o->batch, "sequences decoding together (default 1)");
   app.add_option("-o,--output", o->output, "md (default) or json")
       ->check(CLI::IsMember({"md", "json"}));
+  app.add_flag("--lora-vs-base", o->lora_vs_base,
+               "with --lora: run each decode position also without the adapters, alternating, "
+               "and report that as the test's ' base' row (the adapters' cost from one process)");
   app.add_flag("--membw", o->membw, "measure the host's read bandwidth instead");
   app.add_option("--membw-mib", o->membw_mib, "buffer size for --membw (default 1024)");
   return [o, &globals] { return Run(*o, globals); };
