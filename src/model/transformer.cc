@@ -409,10 +409,17 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
     norm.eps = c.rms_eps;
     PC_RETURN_IF_ERROR(ops.Launch(norm));
 
-    // [T, n_head*hd], [T, n_head_kv*hd], [T, n_head_kv*hd]
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wq, L.bq, b.q, T, false, lora, LoraSlot(l, kLoraQ)));
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wk, L.bk, b.k, T, false, lora, LoraSlot(l, kLoraK)));
-    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wv, L.bv, b.v, T, false, lora, LoraSlot(l, kLoraV)));
+    // [T, n_head*hd], [T, n_head_kv*hd], [T, n_head_kv*hd]. The adapters' terms after the three
+    // base products, next to each other: a plugin that runs a LORA launch beside the next
+    // independent one (the cpu plugin, launch_overlap.h) runs them two at a time.
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wq, L.bq, b.q, T, false));
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wk, L.bk, b.k, T, false));
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.wv, L.bv, b.v, T, false));
+    if (!lora.segments.empty()) {
+      PC_RETURN_IF_ERROR(ApplyLora(ops, b.xn, L.wq, b.q, T, lora, LoraSlot(l, kLoraQ)));
+      PC_RETURN_IF_ERROR(ApplyLora(ops, b.xn, L.wk, b.k, T, lora, LoraSlot(l, kLoraK)));
+      PC_RETURN_IF_ERROR(ApplyLora(ops, b.xn, L.wv, b.v, T, lora, LoraSlot(l, kLoraV)));
+    }
     if (L.q_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(ops, b.q, L.q_norm, T, c.n_head));
     if (L.k_norm != 0) PC_RETURN_IF_ERROR(HeadNorm(ops, b.k, L.k_norm, T, c.n_head_kv));
     PC_RETURN_IF_ERROR(Rope(ops, b.q, in.positions, T, c.n_head, sliding));
@@ -486,10 +493,13 @@ Status Transformer::Layers(Launcher& ops, const StepInputs& in,
       PC_RETURN_IF_ERROR(Experts(ops, L, b, T, lora, l));
       continue;
     }
-    PC_RETURN_IF_ERROR(  // [T, n_ff]
-        Matmul(ops, b.xn, L.w_gate, 0, b.gate, T, false, lora, LoraSlot(l, kLoraGate)));
-    PC_RETURN_IF_ERROR(  // [T, n_ff]
-        Matmul(ops, b.xn, L.w_up, 0, b.up, T, false, lora, LoraSlot(l, kLoraUp)));
+    // [T, n_ff] each; the adapters' terms after both, as for q, k and v.
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.w_gate, 0, b.gate, T, false));
+    PC_RETURN_IF_ERROR(Matmul(ops, b.xn, L.w_up, 0, b.up, T, false));
+    if (!lora.segments.empty()) {
+      PC_RETURN_IF_ERROR(ApplyLora(ops, b.xn, L.w_gate, b.gate, T, lora, LoraSlot(l, kLoraGate)));
+      PC_RETURN_IF_ERROR(ApplyLora(ops, b.xn, L.w_up, b.up, T, lora, LoraSlot(l, kLoraUp)));
+    }
     // gate = act(gate) * up; GEGLU and SWIGLU take the same arguments.
     auto gated = [&](auto act) {
       act.gate = b.gate;

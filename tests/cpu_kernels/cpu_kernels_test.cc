@@ -16,6 +16,7 @@
 
 #include "cpu_ops.h"
 #include "kernels.h"
+#include "launch_overlap.h"
 #include "packed.h"
 #include "panel.h"
 #include "polychip/sdk/quant.h"
@@ -737,6 +738,75 @@ TEST(ThreadPool, SlowTasksFinishBeforeRunReturns) {
     });
     ASSERT_EQ(finished.load(), 6);
   }
+}
+
+// A posted job runs once, on a worker while the caller runs other jobs, or on the caller when
+// it joins first; Join returns only after it finished.
+TEST(ThreadPool, PostedJobRunsOnceBesideRuns) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int rep = 0; rep < 200; ++rep) {
+      std::atomic<int> posted{0}, tasks{0};
+      pool.Post([&] {
+        if (rep % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        posted.fetch_add(1);
+      });
+      if (rep % 2) pool.Run(5, [&](int64_t) { tasks.fetch_add(1); });  // beside it
+      pool.Join();
+      ASSERT_EQ(posted.load(), 1);
+      ASSERT_FALSE(pool.Busy());
+      if (rep % 2) ASSERT_EQ(tasks.load(), 5);
+    }
+  }
+}
+
+// A job posted while the worker sleeps (past its spin) is run: by the woken worker, or by Join.
+TEST(ThreadPool, PostWakesASleepingWorker) {
+  ThreadPool pool(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the worker goes to sleep
+  std::atomic<std::thread::id> ran_on{};
+  pool.Post([&] { ran_on = std::this_thread::get_id(); });
+  for (int i = 0; i < 2000 && pool.Busy(); ++i)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  EXPECT_FALSE(pool.Busy());  // the worker woke up and ran it without a Join
+  EXPECT_NE(ran_on.load(), std::this_thread::get_id());
+  pool.Join();
+}
+
+// Which launches may run beside a LORA launch on a worker: those touching none of its buffers.
+TEST(LaunchOverlap, OrderedByWhatTheyTouch) {
+  std::vector<float> x(4 * 64), out(4 * 32), other(4 * 32), y(4 * 32);
+  const auto p = [](const std::vector<float>& v, int64_t at = 0) {
+    return static_cast<pc_devptr_t>(reinterpret_cast<uintptr_t>(v.data() + at));
+  };
+  pc_lora_args_t lora{};
+  lora.struct_size = sizeof(lora);
+  lora.x = p(x), lora.out = p(out), lora.m = 4, lora.n_rows = 4, lora.k = 64, lora.n = 32;
+  LaunchAccess earlier;
+  ASSERT_TRUE(AccessOf(PC_OP_LORA, &lora, &earlier));
+  const auto later_matmul = [&](pc_devptr_t in, int64_t k, pc_devptr_t to) {
+    pc_matmul_args_t mm{};
+    mm.struct_size = sizeof(mm);
+    mm.x = in, mm.out = to, mm.m = 4, mm.n = 32, mm.k = k;
+    LaunchAccess a;
+    EXPECT_TRUE(AccessOf(PC_OP_MATMUL, &mm, &a));
+    return earlier.OrderedBefore(a);
+  };
+  EXPECT_FALSE(later_matmul(p(x), 64, p(other)));  // reads what it reads: independent
+  EXPECT_TRUE(later_matmul(p(out), 32, p(y)));     // reads what it writes
+  EXPECT_TRUE(later_matmul(p(y), 32, p(x, 100)));  // writes inside what it reads
+  EXPECT_TRUE(later_matmul(p(y), 32, p(out, 127)));  // writes its last element
+  EXPECT_FALSE(later_matmul(p(y), 32, p(other)));
+  pc_lora_args_t next = lora;  // the next adapter term: same input, another output
+  next.out = p(other);
+  LaunchAccess a;
+  ASSERT_TRUE(AccessOf(PC_OP_LORA, &next, &a));
+  EXPECT_FALSE(earlier.OrderedBefore(a));
+  next.out = p(out, 64);
+  ASSERT_TRUE(AccessOf(PC_OP_LORA, &next, &a));
+  EXPECT_TRUE(earlier.OrderedBefore(a));
+  pc_rms_norm_args_t norm{};  // any other op: its access is unknown
+  EXPECT_FALSE(AccessOf(PC_OP_RMS_NORM, &norm, &a));
 }
 
 TEST(KernelSelection, NamesAndFallback) {

@@ -1,6 +1,7 @@
 // The cpu device plugin. Device memory is host memory (devptr == host pointer, 64-byte
-// aligned), every operation runs synchronously on the calling thread (helped by the plugin's
-// thread pool), and the flags say so. Kernels: SIMD variants chosen from CPUID (kernels.h)
+// aligned), every operation runs on the calling thread (helped by the plugin's thread pool)
+// except a small LORA launch, which runs on a worker beside the independent launches after it
+// (launch_overlap.h); every other call waits for it, so the host sees synchronous execution. Kernels: SIMD variants chosen from CPUID (kernels.h)
 // for matmul, attention, rope, rms_norm, swiglu, moe and lora; the SDK reference kernels for
 // the rest.
 // At weight_upload, quantized weights are repacked into the layout of packed.h and, on AVX-512
@@ -15,7 +16,8 @@
 // also POLYCHIP_CPU_HUGE_PAGES; see kHugePage), weight_streams (auto|1..4, default auto: measured
 // while decoding, streams_tuner.h; also POLYCHIP_CPU_WEIGHT_STREAMS; decode's weight streams per
 // thread, OpContext), weight_prefetch (on|off, default on; also POLYCHIP_CPU_WEIGHT_PREFETCH;
-// whether decode prefetches in software where weight_streams is a number; auto tunes both).
+// whether decode prefetches in software where weight_streams is a number; auto tunes both),
+// lora_overlap (on|off, default on; also POLYCHIP_CPU_LORA_OVERLAP; launch_overlap.h).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -38,6 +40,7 @@
 
 #include "cpu_ops.h"
 #include "kernels.h"
+#include "launch_overlap.h"
 #include "packed.h"
 #include "panel.h"
 #include "polychip/sdk/op_counters.h"
@@ -65,7 +68,7 @@ struct pc_stream {
 struct pc_event {
   pc_device* device;
   bool recorded = false;
-  std::chrono::steady_clock::time_point when;  // execution is synchronous: record time = done
+  std::chrono::steady_clock::time_point when;  // record waits for the work before it: its time = done
 };
 
 namespace {
@@ -77,12 +80,23 @@ constexpr uint64_t kAlignment = 64;
 // qwen2.5-0.5b and ~20% on qwen3-0.6b Q4_K_M, though a step streams every weight once.
 constexpr uint64_t kHugePage = uint64_t{2} << 20;
 
+// The LORA launch running on a pool worker beside the launches after it (launch_overlap.h), if
+// any. Guarded by State::launch_mu.
+struct DeferredLora {
+  bool pending = false;
+  pc_lora_args_t args{};
+  polychip::cpu::LaunchAccess access;
+  pc_device* device = nullptr;  // whose op counters count it
+  uint64_t ns = 0;              // its run time, written by the thread that ran it
+};
+
 struct State {
   const pc_host_services_t* host = nullptr;
   int threads = 1;
   int n_devices = 1;
   bool count_ops = true;  // parameter op_counters
   bool huge_pages = false;  // parameter huge_pages
+  bool lora_overlap = true;  // parameter lora_overlap (launch_overlap.h)
   bool tune_weight_reads = true;  // parameter weight_streams=auto
   int weight_streams = polychip::cpu::OpContext{}.weight_streams;  // weight_streams=N
   bool weight_prefetch = true;  // parameter weight_prefetch (OpContext::weight_prefetch)
@@ -91,12 +105,33 @@ struct State {
   const polychip::cpu::KernelTable* kernels = nullptr;
   std::unique_ptr<polychip::cpu::ThreadPool> pool;
   std::mutex launch_mu;  // the pool runs one op at a time
+  DeferredLora deferred;
   std::mutex mu;
   std::vector<pc_device*> open;  // by ordinal, nullptr when closed
 };
 State& G() {
   static State s;
   return s;
+}
+
+// Waits for the LORA launch on the worker, if any, and counts it. The caller holds launch_mu.
+void FinishDeferredLocked() {
+  State& s = G();
+  DeferredLora& d = s.deferred;
+  if (!d.pending) return;
+  s.pool->Join();
+  d.pending = false;
+  if (s.count_ops) {
+    const polychip::sdk::DeviceMemory host = polychip::sdk::IdentityMemory();
+    d.device->op_counters.Record(PC_OP_LORA, d.ns,
+                                 polychip::sdk::OpWorkOf(PC_OP_LORA, &d.args, &host));
+  }
+}
+
+// Before a call that reads or writes device memory outside a launch, or says work is done.
+void FinishDeferred() {
+  std::lock_guard<std::mutex> launch(G().launch_mu);
+  FinishDeferredLocked();
 }
 
 void Log(pc_log_level_t level, const std::string& msg) {
@@ -207,6 +242,8 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     std::string weight_streams = env_streams ? env_streams : "auto";
     const char* env_prefetch = std::getenv("POLYCHIP_CPU_WEIGHT_PREFETCH");
     std::string weight_prefetch = env_prefetch ? env_prefetch : "on";
+    const char* env_overlap = std::getenv("POLYCHIP_CPU_LORA_OVERLAP");
+    std::string lora_overlap = env_overlap ? env_overlap : "on";
     for (size_t i = 0; i < n_params; ++i) {
       const std::string key = params[i].key ? params[i].key : "";
       long long v = 0;
@@ -220,6 +257,8 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
         weight_streams = params[i].value ? params[i].value : "";
       } else if (key == "weight_prefetch") {
         weight_prefetch = params[i].value ? params[i].value : "";
+      } else if (key == "lora_overlap") {
+        lora_overlap = params[i].value ? params[i].value : "";
       } else if (key == "threads" || key == "devices") {
         if (!polychip::sdk::ParseInt(params[i].value, &v) || v < 1 || v > 1024) {
           return BadArg("parameter " + key + " must be a positive integer, got '" +
@@ -238,6 +277,10 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
       return BadArg("parameter huge_pages must be on or off, got '" + huge_pages + "'");
     }
     s.huge_pages = huge_pages == "on";
+    if (lora_overlap != "on" && lora_overlap != "off") {
+      return BadArg("parameter lora_overlap must be on or off, got '" + lora_overlap + "'");
+    }
+    s.lora_overlap = lora_overlap == "on";
     long long streams = 0;
     if (weight_streams != "auto" &&
         (!polychip::sdk::ParseInt(weight_streams.c_str(), &streams) || streams < 1 ||
@@ -261,6 +304,7 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
     s.kernels = kernels;
     if (!s.pool || s.pool->size() != s.threads) {
       std::lock_guard<std::mutex> launch(s.launch_mu);
+      FinishDeferredLocked();
       s.pool = std::make_unique<polychip::cpu::ThreadPool>(s.threads);
     }
     if (!s.streams_tuner) {
@@ -277,6 +321,7 @@ pc_error_t* Initialize(const pc_param_t* params, size_t n_params) {
 
 void Shutdown() {
   std::lock_guard<std::mutex> launch(G().launch_mu);
+  FinishDeferredLocked();
   G().pool.reset();
 }
 
@@ -329,6 +374,7 @@ pc_error_t* DeviceOpen(int32_t ordinal, pc_device_t** device) {
 
 void DeviceClose(pc_device_t* device) {
   if (!device) return;
+  FinishDeferred();
   State& s = G();
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -368,13 +414,14 @@ pc_error_t* MemFree(pc_device_t* device, pc_devptr_t ptr) {
   return Guard([&]() -> pc_error_t* {
     if (!device) return BadArg("device is null");
     if (ptr == 0) return nullptr;
+    FinishDeferred();
     void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(ptr));
     std::lock_guard<std::mutex> lock(device->mu);
     auto it = device->allocations.find(p);
     if (it == device->allocations.end()) return BadArg("pointer was not allocated by mem_alloc");
     device->allocated -= it->second;
     device->allocations.erase(it);
-    std::free(p);  // execution is synchronous, so no work can still be using it
+    std::free(p);  // no work can still be using it: the LORA on a worker is finished
     return nullptr;
   });
 }
@@ -404,6 +451,7 @@ pc_error_t* WeightUpload(pc_device_t* device, pc_dtype_t dtype, int64_t rows, in
     const uint64_t bytes = pack     ? polychip::cpu::PackedBytes(f, rows, cols)
                            : panels ? polychip::cpu::PanelBytes(dtype, rows, cols)
                                     : host_bytes;
+    FinishDeferred();
     pc_devptr_t dst = 0;
     if (pc_error_t* e = MemAlloc(device, bytes, &dst)) return e;
     void* dst_host = reinterpret_cast<void*>(static_cast<uintptr_t>(dst));
@@ -435,21 +483,25 @@ void* Host(pc_devptr_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t
 
 pc_error_t* MemcpyH2D(pc_stream_t* stream, pc_devptr_t dst, const void* src, uint64_t n) {
   if (!stream || (n && (!dst || !src))) return BadArg("null argument");
+  FinishDeferred();
   if (n) std::memcpy(Host(dst), src, n);
   return nullptr;
 }
 pc_error_t* MemcpyD2H(pc_stream_t* stream, void* dst, pc_devptr_t src, uint64_t n) {
   if (!stream || (n && (!dst || !src))) return BadArg("null argument");
+  FinishDeferred();
   if (n) std::memcpy(dst, Host(src), n);
   return nullptr;
 }
 pc_error_t* MemcpyD2D(pc_stream_t* stream, pc_devptr_t dst, pc_devptr_t src, uint64_t n) {
   if (!stream || (n && (!dst || !src))) return BadArg("null argument");
+  FinishDeferred();
   if (n) std::memmove(Host(dst), Host(src), n);
   return nullptr;
 }
 pc_error_t* Memset(pc_stream_t* stream, pc_devptr_t dst, uint8_t value, uint64_t n) {
   if (!stream || (n && !dst)) return BadArg("null argument");
+  FinishDeferred();
   if (n) std::memset(Host(dst), value, n);
   return nullptr;
 }
@@ -461,9 +513,14 @@ pc_error_t* StreamCreate(pc_device_t* device, int32_t priority, pc_stream_t** ou
     return nullptr;
   });
 }
-void StreamDestroy(pc_stream_t* stream) { delete stream; }
+void StreamDestroy(pc_stream_t* stream) {
+  FinishDeferred();
+  delete stream;
+}
 pc_error_t* StreamSynchronize(pc_stream_t* stream) {
-  return stream ? nullptr : BadArg("stream is null");  // nothing is ever pending
+  if (!stream) return BadArg("stream is null");
+  FinishDeferred();  // the only work ever pending
+  return nullptr;
 }
 
 pc_error_t* EventCreate(pc_device_t* device, pc_event_t** out) {
@@ -476,6 +533,7 @@ pc_error_t* EventCreate(pc_device_t* device, pc_event_t** out) {
 void EventDestroy(pc_event_t* event) { delete event; }
 pc_error_t* EventRecord(pc_event_t* event, pc_stream_t* stream) {
   if (!event || !stream) return BadArg("null argument");
+  FinishDeferred();
   event->recorded = true;
   event->when = std::chrono::steady_clock::now();
   return nullptr;
@@ -624,8 +682,15 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
                        why);
     }
     const char* why = nullptr;
-    std::lock_guard<std::mutex> launch(G().launch_mu);
-    const uint64_t start = G().count_ops ? polychip::sdk::OpCounterTable::Now() : 0;
+    State& s = G();
+    std::lock_guard<std::mutex> launch(s.launch_mu);
+    polychip::cpu::LaunchAccess access;
+    const bool known_access = polychip::cpu::AccessOf(op, args, &access);
+    if (s.deferred.pending &&
+        (!known_access || s.deferred.access.OrderedBefore(access) || !s.pool->Busy())) {
+      FinishDeferredLocked();
+    }
+    const uint64_t start = s.count_ops ? polychip::sdk::OpCounterTable::Now() : 0;
     const polychip::cpu::OpContext c = Ctx();
     switch (op) {
       case PC_OP_EMBEDDING:
@@ -644,13 +709,29 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
       case PC_OP_SWIGLU: why = Swiglu(c, *static_cast<const pc_swiglu_args_t*>(args)); break;
       case PC_OP_GEGLU: why = Geglu(c, *static_cast<const pc_geglu_args_t*>(args)); break;
       case PC_OP_MOE: why = Moe(c, *static_cast<const pc_moe_args_t*>(args)); break;
-      case PC_OP_LORA:
-        why = Lora(c, *static_cast<const pc_lora_args_t*>(args));
+      case PC_OP_LORA: {
+        const auto& lora = *static_cast<const pc_lora_args_t*>(args);
+        if (s.lora_overlap && !s.deferred.pending && s.pool->size() > 1 &&
+            LoraRunsAlone(c, lora)) {
+          DeferredLora& d = s.deferred;
+          d.pending = true;
+          d.args = lora;
+          d.access = access;
+          d.device = stream->device;
+          s.pool->Post([c, &d] {
+            const uint64_t t0 = polychip::sdk::OpCounterTable::Now();
+            (void)Lora(c, d.args);  // LoraRunsAlone: it cannot fail
+            d.ns = polychip::sdk::OpCounterTable::Now() - t0;
+          });
+          return nullptr;
+        }
+        why = Lora(c, lora);
         break;
+      }
       default: why = polychip::sdk::RefLaunch(op, args, polychip::sdk::IdentityMemory());
     }
     if (why) return MakeError(PC_CODE_INVALID_ARGUMENT, why);
-    if (G().count_ops) {
+    if (s.count_ops) {
       const polychip::sdk::DeviceMemory host = polychip::sdk::IdentityMemory();
       stream->device->op_counters.Record(op, polychip::sdk::OpCounterTable::Now() - start,
                                          polychip::sdk::OpWorkOf(op, args, &host));
@@ -673,6 +754,7 @@ pc_error_t* CounterGet(pc_device_t* device, int32_t i, const char** name, double
 
 int32_t OpCountersRead(pc_device_t* device, pc_op_counters_t* out, int32_t capacity) {
   if (!device || !G().count_ops) return -1;
+  FinishDeferred();
   return device->op_counters.Read(out, capacity);
 }
 

@@ -40,6 +40,9 @@ const char* Moe(const OpContext& c, const pc_moe_args_t& a);
 // LORA, A and B each in any of the plugin's layouts (lora.cc); a.*_layout are not validated
 // here.
 const char* Lora(const OpContext& c, const pc_lora_args_t& a);
+// Whether Lora(c, a) succeeds on the calling thread alone, using no pool (a decode step's
+// launches of a small adapter): the plugin may then run it on a worker beside the next ones.
+bool LoraRunsAlone(const OpContext& c, const pc_lora_args_t& a);
 // EMBEDDING whose table is in one of the plugin's layouts (kLayoutPacked or kLayoutPanel;
 // a.table_layout is ignored), embedding.cc; GGUF tables use the SDK's.
 const char* EmbeddingPacked(const pc_embedding_args_t& a, uint32_t layout);

@@ -192,6 +192,16 @@ inline int64_t PartBegin(int64_t n, int64_t n_parts, int64_t p) { return n * p /
 // completes whoever runs its tasks.
 class FewRowsRegion {
  public:
+  // Whether a launch runs on the calling thread. One under kMinParallelBytes does: waking the
+  // other threads and passing t between them costs more than they save. qwen2.5-0.5b on a
+  // 2-core Zen 5, one thread against two: rank 16's 33-184 KB launches 1.8-8.5 us on one, as
+  // long or 1-2 us longer on two; rank 64's 229 KB q 8.5 against 9.8 us, its 737 KB gate 25
+  // against 18 us.
+  static bool OnOneThread(const pc_lora_args_t& a, const Groups& ga, const Groups& gb) {
+    constexpr int64_t kMinParallelBytes = 256 << 10;
+    return ga.CountFor(a.rank) * ga.bytes + gb.CountFor(a.n) * gb.bytes < kMinParallelBytes;
+  }
+
   static constexpr int kMaxTasks = 16;
   static constexpr int kBPartsPerTask = 4;
 
@@ -199,13 +209,7 @@ class FewRowsRegion {
            const float* xs) {
     const int64_t a_groups = ga.CountFor(a.rank);
     const int64_t b_groups = gb.CountFor(a.n);
-    // A launch under this many bytes runs on the calling thread: waking the other threads and
-    // passing t between them costs more than they save. qwen2.5-0.5b on a 2-core Zen 5, one
-    // thread against two: rank 16's 33-184 KB launches 1.8-8.5 us on one, as long or 1-2 us
-    // longer on two; rank 64's 229 KB q 8.5 against 9.8 us, its 737 KB gate 25 against 18 us.
-    constexpr int64_t kMinParallelBytes = 256 << 10;
-    const int64_t bytes = a_groups * ga.bytes + b_groups * gb.bytes;
-    const int tasks = bytes < kMinParallelBytes ? 1 : std::min(c.pool->size(), kMaxTasks);
+    const int tasks = OnOneThread(a, ga, gb) ? 1 : std::min(c.pool->size(), kMaxTasks);
     const int64_t a_parts = std::min<int64_t>(tasks, a_groups);
     const int64_t b_parts = std::min<int64_t>(tasks * kBPartsPerTask, b_groups);
     const int64_t launch = ++launches_;
@@ -275,21 +279,39 @@ class FewRowsRegion {
   std::vector<float> parts_t_;  // the parts of t, from its first 64-byte boundary
 };
 
-}  // namespace
-
-const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
-  if (a.n_rows == 0) return nullptr;
+// nullptr, or why the plugin cannot run the launch; the row groups of A and B.
+const char* Prepare(const OpContext& c, const pc_lora_args_t& a, Groups* ga, Groups* gb) {
   if (!a.x || !a.out || !a.a || !a.b) return "null operand";
   const auto* rows = Ptr<const int32_t>(a.rows);  // [n_rows], or null for 0..n_rows-1
   for (int64_t i = 0; rows && i < a.n_rows; ++i) {
     if (rows[i] < 0 || rows[i] >= a.m) return "lora row out of range";
   }
+  if (const char* why = GroupsOf(c, a.a_dtype, a.a_layout, a.k, ga)) return why;
+  return GroupsOf(c, a.b_dtype, a.b_layout, a.rank, gb);
+}
+
+bool FewRows(const pc_lora_args_t& a) {
+  return a.n_rows <= kFewRows && FloatLayout(a.a_dtype, a.a_layout) &&
+         FloatLayout(a.b_dtype, a.b_layout);
+}
+
+}  // namespace
+
+bool LoraRunsAlone(const OpContext& c, const pc_lora_args_t& a) {
   Groups ga, gb;
-  if (const char* why = GroupsOf(c, a.a_dtype, a.a_layout, a.k, &ga)) return why;
-  if (const char* why = GroupsOf(c, a.b_dtype, a.b_layout, a.rank, &gb)) return why;
+  return a.n_rows > 0 && !Prepare(c, a, &ga, &gb) && FewRows(a) &&
+         FewRowsRegion::OnOneThread(a, ga, gb);
+}
+
+const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
+  if (a.n_rows == 0) return nullptr;
+  Groups ga, gb;
+  if (const char* why = Prepare(c, a, &ga, &gb)) return why;
+  const auto* rows = Ptr<const int32_t>(a.rows);
   const auto* x = Ptr<const float>(a.x);  // [m, k]
-  // Launches on one device are serialised by the plugin: the buffers are reused across them.
-  static std::vector<float> gathered, t;
+  // Per thread: a launch the plugin runs on a worker (LoraRunsAlone) may overlap one on the
+  // caller. A thread's launches follow each other, and reuse them.
+  thread_local std::vector<float> gathered;
   const float* xs = x;  // [n_rows, k]: the listed rows of x
   if (rows) {
     gathered.resize(a.n_rows * a.k);
@@ -297,13 +319,13 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
       std::memcpy(gathered.data() + i * a.k, x + rows[i] * a.k, a.k * sizeof(float));
     xs = gathered.data();
   }
-  if (a.n_rows <= kFewRows && FloatLayout(a.a_dtype, a.a_layout) &&
-      FloatLayout(a.b_dtype, a.b_layout)) {
-    static FewRowsRegion region;  // its parts of t are its own
+  if (FewRows(a)) {
+    thread_local FewRowsRegion region;  // its parts of t are its own
     region.Run(c, a, ga, gb, xs);
     return nullptr;
   }
 
+  static std::vector<float> t;  // the two-step path runs on the caller only
   t.resize(a.n_rows * a.rank);  // [n_rows, rank]
   pc_matmul_args_t mm{};
   mm.struct_size = sizeof(mm);

@@ -81,11 +81,19 @@ void ThreadPool::WorkerLoop() {
     int spins = 0;
     uint64_t gen;
     while ((gen = Gen(job_.load(std::memory_order_acquire))) == seen) {
+      if (post_.load(std::memory_order_acquire) == kPosted) {
+        TryRunPosted();
+        start = std::chrono::steady_clock::now();
+        continue;
+      }
       Backoff(spins);
       if (++spins % 1024 == 0 && std::chrono::steady_clock::now() - start > kSpin) {
         std::unique_lock<std::mutex> lock(mu_);
         sleepers_.fetch_add(1);
-        wake_.wait(lock, [&] { return Gen(job_.load(std::memory_order_acquire)) != seen; });
+        wake_.wait(lock, [&] {
+          return Gen(job_.load(std::memory_order_acquire)) != seen ||
+                 post_.load(std::memory_order_acquire) == kPosted;
+        });
         sleepers_.fetch_sub(1);
         start = std::chrono::steady_clock::now();
         spins = 0;
@@ -119,6 +127,31 @@ void ThreadPool::Run(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
   if (sleepers_.load() > 0) wake_.notify_all();
   Work(gen);
   for (int round = 0; done_.load(std::memory_order_acquire) != n_tasks; ++round) Backoff(round);
+}
+
+void ThreadPool::TryRunPosted() {
+  int posted = kPosted;
+  if (!post_.compare_exchange_strong(posted, kPostRunning, std::memory_order_acq_rel)) return;
+  post_fn_();
+  post_.store(kNoPost, std::memory_order_release);
+}
+
+void ThreadPool::Post(std::function<void()> fn) {
+  if (n_threads_ == 1) {
+    fn();
+    return;
+  }
+  post_fn_ = std::move(fn);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // as in Run: a sleeper cannot miss it
+    post_.store(kPosted, std::memory_order_release);
+  }
+  if (sleepers_.load() > 0) wake_.notify_one();
+}
+
+void ThreadPool::Join() {
+  TryRunPosted();
+  for (int round = 0; post_.load(std::memory_order_acquire) != kNoPost; ++round) Backoff(round);
 }
 
 }  // namespace polychip::cpu

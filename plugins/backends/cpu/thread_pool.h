@@ -37,10 +37,23 @@ class ThreadPool {
   // dynamically. Returns when all are done. One Run at a time (the plugin serialises launches).
   void Run(int64_t n_tasks, const std::function<void(int64_t task)>& fn);
 
+  // Runs fn on a worker while the caller goes on (a launch the plugin lets overlap the ones
+  // after it); Join waits for it. One at a time, posted and joined by the thread that calls
+  // Run, and fn must not call Run. A job no worker has started by Join runs on the caller, so
+  // Join never waits for a sleeping or descheduled worker. With one thread, Post runs fn.
+  void Post(std::function<void()> fn);
+  // Whether the posted job has not finished (false once Join returned).
+  bool Busy() const { return post_.load(std::memory_order_acquire) != kNoPost; }
+  void Join();
+
  private:
   void WorkerLoop();
   // Claims and runs tasks of job `gen` until none are left or the job is no longer current.
   void Work(uint64_t gen);
+  // Runs the posted job if no one has started it.
+  void TryRunPosted();
+
+  enum : int { kNoPost, kPosted, kPostRunning };
 
   const int n_threads_;
   std::vector<std::thread> workers_;
@@ -50,6 +63,8 @@ class ThreadPool {
   std::atomic<const std::function<void(int64_t)>*> fn_{nullptr};
   std::atomic<int64_t> done_{0};  // tasks of the current job finished
   std::atomic<int> sleepers_{0};
+  std::atomic<int> post_{kNoPost};
+  std::function<void()> post_fn_;  // written by Post while post_ is kNoPost
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable wake_;

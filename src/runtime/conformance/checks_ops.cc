@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 #include "polychip/sdk/op_list.h"
 #include "runtime/conformance/harness.h"
@@ -677,8 +678,10 @@ Verdict Moe(Harness& h, pc_dtype_t gate_dtype, pc_dtype_t down_dtype, MoeCase c,
 // contiguous: rows 0 (the first n_rows rows); uploaded: the list with A and B through
 // weight_upload, in the layouts the plugin chose (those the host's adapters have); prefill:
 // 40 of 48 rows listed (a plugin may take another kernel for many rows), uploaded where the
-// plugin has weight_upload.
-enum class LoraCase { kRows, kContiguous, kUploaded, kPrefill };
+// plugin has weight_upload; in_order: the list, then at once a MATMUL reading out and one
+// overwriting x (a plugin that runs a LORA launch beside the next ones, as the cpu plugin does
+// a decode step's, must still give each launch what came before it).
+enum class LoraCase { kRows, kContiguous, kUploaded, kPrefill, kInOrder };
 
 Verdict Lora(Harness& h, pc_dtype_t a_dtype, pc_dtype_t b_dtype, LoraCase c) {
   // B's rows are rank long: a whole Q8_0 block needs a rank of 32 or more.
@@ -714,7 +717,8 @@ Verdict Lora(Harness& h, pc_dtype_t a_dtype, pc_dtype_t b_dtype, LoraCase c) {
   uint32_t a_layout = PC_LAYOUT_GGUF, b_layout = PC_LAYOUT_GGUF;
   const bool upload = PCC_HAS(h.api, weight_upload);
   if (c == LoraCase::kUploaded && !upload) return Skip("no weight_upload (optional)");
-  if (upload && (c == LoraCase::kUploaded || c == LoraCase::kPrefill)) {
+  if (upload && (c == LoraCase::kUploaded || c == LoraCase::kPrefill ||
+                 c == LoraCase::kInOrder)) {
     const Encoded* src[2] = {&a, &b};
     const pc_dtype_t dtypes[2] = {a_dtype, b_dtype};
     const int64_t shape[2][2] = {{rank, k}, {n, rank}};
@@ -744,10 +748,53 @@ Verdict Lora(Harness& h, pc_dtype_t a_dtype, pc_dtype_t b_dtype, LoraCase c) {
   l.x = d_x, l.out = d_out, l.m = m, l.rows = d_rows, l.n_rows = int64_t(rows.size());
   l.k = k, l.n = n, l.a = d_a, l.b = d_b, l.a_dtype = a_dtype, l.b_dtype = b_dtype;
   l.a_layout = a_layout, l.b_layout = b_layout, l.rank = rank, l.scale = scale;
-  PCC_TRY(h.Launch(PC_OP_LORA, &l));
-  PCC_ASSIGN(auto result, h.DownloadVec<float>(d_out, out.size()));
+  // in_order: read = out W1^T [m, 8], launched right after the LORA, then x = read W2^T [m, k]
+  // (everything uploaded before the LORA: a copy would wait for it).
+  const int64_t n_read = 8;
+  const std::vector<float> w1 = h.RandomFloats(n_read * n), w2 = h.RandomFloats(k * n_read);
+  pc_devptr_t d_w1 = 0, d_w2 = 0, d_read = 0;
+  if (c == LoraCase::kInOrder) {
+    PCC_ASSIGN(d_w1, h.UploadVec(w1));
+    PCC_ASSIGN(d_w2, h.UploadVec(w2));
+    PCC_ASSIGN(d_read, h.UploadVec(std::vector<float>(m * n_read)));
+  }
+  // Launched one after the other with no synchronize between them, as the host does.
+  const auto launch = [&](pc_op_t op, const void* args) {
+    return c == LoraCase::kInOrder ? h.Take(h.api->op_launch(h.stream, op, args), "op_launch")
+                                   : h.Launch(op, args);
+  };
+  PCC_TRY(launch(PC_OP_LORA, &l));
   // Two chained products, each input possibly rounded to its weight's precision.
   const double tol = 2 * std::max(MatmulTolerance(a_dtype), MatmulTolerance(b_dtype));
+  if (c == LoraCase::kInOrder) {
+    pc_matmul_args_t mm{};
+    mm.struct_size = sizeof(mm);
+    mm.w_dtype = PC_DTYPE_F32, mm.w_layout = PC_LAYOUT_GGUF;
+    mm.x = d_out, mm.w = d_w1, mm.out = d_read, mm.m = m, mm.n = n_read, mm.k = n;
+    mm.x_stride = n, mm.out_stride = n_read;
+    PCC_TRY(launch(PC_OP_MATMUL, &mm));
+    mm.x = d_read, mm.w = d_w2, mm.out = d_x, mm.n = k, mm.k = n_read;
+    mm.x_stride = n_read, mm.out_stride = k;
+    PCC_TRY(launch(PC_OP_MATMUL, &mm));
+    PCC_TRY(h.Sync());
+    std::vector<float> read(m * n_read), new_x(m * k);
+    ref::Matmul(expected, n, w1, {}, m, n_read, n, false, read, n_read);
+    ref::Matmul(read, n_read, w2, {}, m, k, n_read, false, new_x, k);
+    PCC_ASSIGN(auto got_out, h.DownloadVec<float>(d_out, out.size()));
+    PCC_ASSIGN(auto got_read, h.DownloadVec<float>(d_read, read.size()));
+    PCC_ASSIGN(auto got_x, h.DownloadVec<float>(d_x, new_x.size()));
+    for (const auto& [got, want, what] :
+         {std::tuple{&got_out, &expected, "out"}, {&got_read, &read, "out W1^T"},
+          {&got_x, &new_x, "x overwritten"}}) {
+      Verdict v = CompareOutputs(*got, *want, 2 * tol);
+      if (v.outcome != Outcome::kPass) {
+        v.detail = std::string(what) + ": " + v.detail;
+        return v;
+      }
+    }
+    return Pass();
+  }
+  PCC_ASSIGN(auto result, h.DownloadVec<float>(d_out, out.size()));
   // The term must move the output by more than the tolerance, or a no-op would pass.
   const double moved = RelativeError(out, expected);
   if (moved < 4 * tol)
@@ -890,6 +937,7 @@ void AddOpChecks(std::vector<Check>& checks) {
     add(base + ".contiguous", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kContiguous); });
     add(base + ".uploaded", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kUploaded); });
     add(base + ".prefill", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kPrefill); });
+    add(base + ".in_order", [a, b](Harness& h) { return Lora(h, a, b, LoraCase::kInOrder); });
   }
   AddOpListChecks(checks, add);
 }
