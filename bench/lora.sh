@@ -11,7 +11,10 @@
 # The configurations run in ROUNDS rounds, one after the other within each round, and the table
 # gives the median speed and the median of each round's ratio to that round's base: a shared
 # VM's bandwidth drifts by a third within a minute, so only runs moments apart compare.
-# Goal: rank-16 decode within 10% of the base model's speed.
+# The "paired" rows come from `polychip bench --lora-vs-base`: every decode position run with the
+# adapters and without, alternating, in one process, so each round's ratio is taken at the same
+# moments (the separate runs' ratios move by 5 points and more between rounds).
+# Goal: rank-16 decode within 10% of the base model's speed (the paired rows judge it).
 #
 # usage: bench/lora.sh [-s SHAPE] [-y TYPE] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS]
 #                      [-R ROUNDS]
@@ -52,6 +55,13 @@ run() {  # label batch lora-flags...
     -o json "$@" > "$OUT/$label.r$round.json" 2> "$OUT/$label.log" || { cat "$OUT/$label.log" >&2; exit 1; }
   [[ $round -gt 1 ]] || echo "$label" >> "$OUT/order"
 }
+paired() {  # label lora-flags...: decode at batch 1, with and without the adapters alternating
+  local label="$1"; shift
+  "$PC" bench --model-path "$MODEL" -t "$THREADS" -p 0 -n "$NG" -r "$REPS" --batch 1 --lora-vs-base \
+    -o json "$@" > "$OUT/paired $label.r$round.json" 2> "$OUT/paired.log" ||
+    { cat "$OUT/paired.log" >&2; exit 1; }
+  [[ $round -gt 1 ]] || echo "$label" >> "$OUT/paired-order"
+}
 for round in $(seq "$ROUNDS"); do
   echo "[lora] round $round of $ROUNDS" >&2
   for batch in 1 16; do
@@ -62,6 +72,12 @@ for round in $(seq "$ROUNDS"); do
       for i in 1 2 3 4; do flags+=(--lora "a$i=$(adapter $rank $i)"); done
       run "4 adapters r$rank b$batch" "$batch" "${flags[@]}"
     done
+  done
+  for rank in 16 64; do
+    paired "1 adapter r$rank" --lora "a=$(adapter $rank 1)"
+    flags=()
+    for i in 1 2 3 4; do flags+=(--lora "a$i=$(adapter $rank $i)"); done
+    paired "4 adapters r$rank" "${flags[@]}"
   done
 done
 LLAMA_BENCH="$LB/llama-bench" LLAMA_PPL="$LB/llama-perplexity" LLAMA_COMPLETION="$LB/llama-completion"
@@ -135,6 +151,17 @@ for l in order:
     ratios = [mine[col] / ref[col] for mine, ref in zip(runs[l], base)]
     pp, tg, both = (median([r[i] for r in runs[l]]) for i in range(3))
     print(f"{l:28} {pp:12.1f} {tg:11.1f} {both:10.1f} {median(ratios):8.1%}  "
+          + " ".join(f"{x:.1%}" for x in ratios))
+# The paired runs: "tgN" with the adapters and "tgN base" without, per round.
+for l in [l for l in open(os.path.join(out, "paired-order")).read().split("\n") if l]:
+    with_a, ratios = [], []
+    for r in range(1, rounds + 1):
+        rec = records(os.path.join(out, f"paired {l}.r{r}.json"))
+        a = next((x["avg_ts"] for x in rec if not x["test"].endswith(" base")), float("nan"))
+        b = next((x["avg_ts"] for x in rec if x["test"].endswith(" base")), float("nan"))
+        with_a.append(a)
+        ratios.append(a / b)
+    print(f"{l + ' b1 paired':28} {'':12} {median(with_a):11.1f} {'':10} {median(ratios):8.1%}  "
           + " ".join(f"{x:.1%}" for x in ratios))
 for name in ["llama-base", "llama-r16", "llama-r64"]:
     rec = records(os.path.join(out, name + ".json"))

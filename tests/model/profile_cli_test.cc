@@ -127,6 +127,32 @@ TEST_P(ProfileCliTest, BenchReportsSpeculativeAcceptance) {
   EXPECT_NE(d.err.find("no -d"), std::string::npos) << d.err;
 }
 
+// --lora-vs-base: the test with the adapter and the same test without it, both timed.
+TEST_P(ProfileCliTest, BenchLoraVsBaseReportsBothRows) {
+  if (GetParam() != "cpu") GTEST_SKIP() << "one backend is enough";
+  const std::string adapter = ::testing::TempDir() + "/bench_lora_vs_base.gguf";
+  const CommandResult synth =
+      RunCommand(kPolychip + " gguf synth --quiet --lora-for " + ShellQuote(kBundledModel) +
+                 " --lora-rank 4 --lora-alpha 8 --type F16 --out " + ShellQuote(adapter));
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string bench = kPolychip + " bench -o json -r 2 -p 0 -n 6 --device cpu:0 " +
+                            "--model-path " + ShellQuote(kBundledModel) + " --lora-vs-base";
+  const CommandResult r = RunCommand(bench + " --lora a=" + ShellQuote(adapter));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto records = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(records.is_array() && records.size() == 2) << r.out;
+  EXPECT_EQ(records[0]["test"], "tg6") << r.out;
+  EXPECT_EQ(records[1]["test"], "tg6 base") << r.out;
+  for (const auto& rec : records) {
+    EXPECT_GT(rec["avg_ts"].get<double>(), 0) << r.out;
+    EXPECT_EQ(rec["samples_ts"].size(), 2u) << r.out;
+  }
+  // Without an adapter there is nothing to compare.
+  const CommandResult none = RunCommand(bench);
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("needs --lora"), std::string::npos) << none.err;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ProfileCliTest, ::testing::Values(POLYCHIP_BACKEND_PLUGINS),
                          [](const auto& info) { return info.param; });
 

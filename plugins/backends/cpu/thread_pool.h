@@ -38,8 +38,8 @@ class ThreadPool {
   void Run(int64_t n_tasks, const std::function<void(int64_t task)>& fn);
 
   // Runs fn on a worker while the caller goes on (a launch the plugin lets overlap the ones
-  // after it); Join waits for it. One at a time, posted and joined by the thread that calls
-  // Run, and fn must not call Run. A job no worker has started by Join runs on the caller, so
+  // after it); Join waits for it. One at a time, Post and Join serialised with Run (the
+  // plugin's launch lock), and fn must not call Run. A job no worker has started by Join runs on the caller, so
   // Join never waits for a sleeping or descheduled worker. With one thread, Post runs fn.
   void Post(std::function<void()> fn);
   // Whether the posted job has not finished (false once Join returned).
