@@ -1,9 +1,9 @@
 // The cpu device plugin. Device memory is host memory (devptr == host pointer, 64-byte
 // aligned), every operation runs on the calling thread (helped by the plugin's thread pool)
 // except a small LORA launch, which runs on a worker beside the independent launches after it
-// (launch_overlap.h); every other call waits for it, so the host sees synchronous execution. Kernels: SIMD variants chosen from CPUID (kernels.h)
-// for matmul, attention, rope, rms_norm, swiglu, moe and lora; the SDK reference kernels for
-// the rest.
+// (launch_overlap.h); every other call waits for it, so the host sees synchronous execution.
+// Kernels: SIMD variants chosen from CPUID (kernels.h) for matmul, attention, rope, rms_norm,
+// swiglu, moe and lora; the SDK reference kernels for the rest.
 // At weight_upload, quantized weights are repacked into the layout of packed.h and, on AVX-512
 // and AVX2, float weights into the panels of panel.h; MATMUL and EMBEDDING both read those layouts (a tied
 // embedding table is held once). One counter: allocated_bytes. Per-op counters (ABI 1.3):
@@ -68,7 +68,8 @@ struct pc_stream {
 struct pc_event {
   pc_device* device;
   bool recorded = false;
-  std::chrono::steady_clock::time_point when;  // record waits for the work before it: its time = done
+  // Record waits for the work before it, so its time is when that work was done.
+  std::chrono::steady_clock::time_point when;
 };
 
 namespace {
