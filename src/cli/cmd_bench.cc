@@ -322,6 +322,11 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
 
   std::vector<Record> records;
   const runtime::Device& dev = r.device();
+  auto keep = [&](Record rec) {  // a measured test: its line on stderr, its record
+    std::fprintf(stderr, "bench: %s %.2f ± %.2f t/s\n", rec.test.c_str(), Mean(rec.ts),
+                 Stdev(rec.ts));
+    records.push_back(std::move(rec));
+  };
   // --lora-vs-base: decode's n steps from `start`, each position run with the adapters and
   // without (the first of the two alternating), timed apart into the two records.
   auto measure_vs_base = [&](Record rec, const std::function<Status()>& setup, int seqs,
@@ -349,11 +354,8 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
         into.ns.push_back(seconds[which] * 1e9);
       }
     }
-    for (Record* into : {&rec, &base}) {
-      std::fprintf(stderr, "bench: %s %.2f ± %.2f t/s\n", into->test.c_str(), Mean(into->ts),
-                   Stdev(into->ts));
-      records.push_back(std::move(*into));
-    }
+    keep(std::move(rec));
+    keep(std::move(base));
     return Status::Ok();
   };
   // `steps`: forward steps one body() runs (for the per-op records per step).
@@ -376,9 +378,7 @@ int Run(const BenchOptions& o, const GlobalOptions& globals) {
         }
       }
     }
-    std::fprintf(stderr, "bench: %s %.2f ± %.2f t/s\n", rec.test.c_str(), Mean(rec.ts),
-                 Stdev(rec.ts));
-    records.push_back(std::move(rec));
+    keep(std::move(rec));
     return Status::Ok();
   };
   const int d = o.depth;

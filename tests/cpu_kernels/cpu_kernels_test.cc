@@ -788,7 +788,7 @@ TEST(LaunchOverlap, OrderedByWhatTheyTouch) {
   const auto later_matmul = [&](pc_devptr_t in, int64_t k, pc_devptr_t to) {
     pc_matmul_args_t mm{};
     mm.struct_size = sizeof(mm);
-    mm.x = in, mm.out = to, mm.m = 4, mm.n = 32, mm.k = k;
+    mm.x = in, mm.out = to, mm.m = 4, mm.n = 32, mm.k = k, mm.x_stride = k, mm.out_stride = 32;
     LaunchAccess a;
     EXPECT_TRUE(AccessOf(PC_OP_MATMUL, &mm, &a));
     return earlier.OrderedBefore(a);

@@ -685,8 +685,10 @@ pc_error_t* OpLaunch(pc_stream_t* stream, pc_op_t op, const void* args) {
     const char* why = nullptr;
     State& s = G();
     std::lock_guard<std::mutex> launch(s.launch_mu);
+    // What the launch touches: needed only beside a pending LORA, or to defer this one.
     polychip::cpu::LaunchAccess access;
-    const bool known_access = polychip::cpu::AccessOf(op, args, &access);
+    const bool known_access = (s.deferred.pending || op == PC_OP_LORA) &&
+                              polychip::cpu::AccessOf(op, args, &access);
     if (s.deferred.pending &&
         (!known_access || s.deferred.access.OrderedBefore(access) || !s.pool->Busy())) {
       FinishDeferredLocked();

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "polychip/plugin/pc_ops.h"
+#include "polychip/sdk/op_list.h"
 
 namespace polychip::cpu {
 
@@ -23,54 +24,62 @@ struct ByteRange {
   }
 };
 
-// The activation buffers a launch reads and writes. Weights are left out: no launch writes one
-// (weight_upload and mem_free wait for the worker).
+// The activation buffers a launch reads and writes, as the op list gives them. Weights are left
+// out: no launch writes one (weight_upload and mem_free wait for the worker).
 struct LaunchAccess {
-  static constexpr int kMaxReads = 2;
-  ByteRange reads[kMaxReads];
-  int n_reads = 0;
-  ByteRange write;
+  static constexpr int kMaxRanges = 4;
+  ByteRange reads[kMaxRanges], writes[kMaxRanges];
+  int n_reads = 0, n_writes = 0;
 
   // Whether a later launch with access `later` must wait for this one: it writes what this one
   // reads or writes, or reads what this one writes.
   bool OrderedBefore(const LaunchAccess& later) const {
-    if (later.write.Overlaps(write)) return true;
-    for (int i = 0; i < n_reads; ++i) {
-      if (later.write.Overlaps(reads[i])) return true;
+    for (int w = 0; w < later.n_writes; ++w) {
+      for (int i = 0; i < n_reads; ++i) {
+        if (later.writes[w].Overlaps(reads[i])) return true;
+      }
+      for (int i = 0; i < n_writes; ++i) {
+        if (later.writes[w].Overlaps(writes[i])) return true;
+      }
     }
-    for (int i = 0; i < later.n_reads; ++i) {
-      if (write.Overlaps(later.reads[i])) return true;
+    for (int w = 0; w < n_writes; ++w) {
+      for (int i = 0; i < later.n_reads; ++i) {
+        if (writes[w].Overlaps(later.reads[i])) return true;
+      }
     }
     return false;
   }
 };
 
-// The access of a MATMUL or LORA launch (args validated); false for any other op, which may
-// touch anything and so waits for a launch on the worker.
+// The access of a MATMUL or LORA launch (args validated): its address members' extents from
+// the op list (polychip/sdk/op_list.h). False for any other op, which waits for a launch on the
+// worker: the ops that follow a decode step's adapter terms read their outputs anyway.
 inline bool AccessOf(pc_op_t op, const void* args, LaunchAccess* out) {
   *out = LaunchAccess{};
-  const auto range = [](pc_devptr_t p, int64_t elems) {  // of 4-byte elements (f32, int32)
-    return ByteRange{p, p + static_cast<uintptr_t>(elems > 0 ? elems : 0) * 4};
-  };
-  if (op == PC_OP_MATMUL) {
-    const auto& a = *static_cast<const pc_matmul_args_t*>(args);
-    const int64_t x_stride = a.x_stride > a.k ? a.x_stride : a.k;
-    const int64_t out_stride = a.out_stride > a.n ? a.out_stride : a.n;
-    if (a.m > 0) {
-      out->reads[out->n_reads++] = range(a.x, (a.m - 1) * x_stride + a.k);
-      out->write = range(a.out, (a.m - 1) * out_stride + a.n);
-    }
-    if (a.bias) out->reads[out->n_reads++] = range(a.bias, a.n);
-    return true;
-  }
-  if (op == PC_OP_LORA) {
-    const auto& a = *static_cast<const pc_lora_args_t*>(args);
-    out->reads[out->n_reads++] = range(a.x, a.m * a.k);
-    if (a.rows) out->reads[out->n_reads++] = range(a.rows, a.n_rows);
-    out->write = range(a.out, a.m * a.n);
-    return true;
-  }
-  return false;
+  if (op != PC_OP_MATMUL && op != PC_OP_LORA) return false;
+  return sdk::VisitOp(op, false, [&](auto t) {
+    using T = decltype(t);
+    const auto& a = *static_cast<const typename T::Args*>(args);
+    bool known = true;
+    T::Members(sdk::MemberVisitor{
+        [](auto&&...) {},
+        [&](auto member, const char*, sdk::Access access, auto extent_fn, uint32_t, size_t) {
+          if (access == sdk::Access::kPaged) known = false;  // reached through tables
+          const pc_devptr_t p = a.*member;
+          const int64_t bytes = extent_fn(a).bytes;
+          if (access == sdk::Access::kWeight || p == 0 || bytes <= 0) return;
+          const ByteRange range{p, p + static_cast<uintptr_t>(bytes)};
+          const bool reads = access != sdk::Access::kOut, writes = access != sdk::Access::kIn;
+          if ((reads && out->n_reads == LaunchAccess::kMaxRanges) ||
+              (writes && out->n_writes == LaunchAccess::kMaxRanges)) {
+            known = false;
+            return;
+          }
+          if (reads) out->reads[out->n_reads++] = range;
+          if (writes) out->writes[out->n_writes++] = range;
+        }});
+    return known;
+  });
 }
 
 }  // namespace polychip::cpu
