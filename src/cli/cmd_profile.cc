@@ -3,7 +3,9 @@
 // single-token steps after it, each as a table of calls, total time, % of the step's wall
 // time, achieved GB/s and GFLOP/s, beside the device's figure: on a host-memory device the
 // host's read bandwidth, measured here as `polychip bench --membw` does (the ABI reports no
-// peak figures of a device). A warm-up prefill and decode run first and are not counted.
+// peak figures of a device). A warm-up prefill and decode run first and are not counted. With
+// --lora, the first adapter applies to the sequence (as in `polychip run`): its terms' time is
+// the LORA row (or the MATMUL and SCALE launches of a plugin that composes them).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -62,6 +64,8 @@ int Run(const ProfileOptions& o, const GlobalOptions& globals) {
   spec->tp_size = spec->pp_size = 1;
   auto launch = launch::Resolve(*spec, *mf, nullptr);
   if (!launch.ok()) return Fail(launch.status());
+  auto lora = launch::LoadOfflineLora(*spec, mf->config);
+  if (!lora.ok()) return Fail(lora.status());
   auto runner = launch::CreateRunner(*launch, *mf, nullptr);
   if (!runner.ok()) return Fail(runner.status());
   model::TransformerRunner& r = static_cast<model::TransformerRunner&>(**runner);
@@ -85,6 +89,7 @@ int Run(const ProfileOptions& o, const GlobalOptions& globals) {
     st.tokens = tokens;
     st.start_pos = start;
     st.block_table = table;
+    lora->Apply(st);
     return r.Forward({&st, 1}, &logits);
   };
   struct Measured {
@@ -131,6 +136,9 @@ int Run(const ProfileOptions& o, const GlobalOptions& globals) {
   }
   std::printf("model: %s, %.1f MiB of weights\n", mf->config.Summary().c_str(),
               r.weight_bytes() / 1048576.0);
+  if (lora->adapter) {
+    std::printf("adapter: %s (scale %g)\n", spec->lora.front().c_str(), lora->scale);
+  }
   std::printf("device: %s (backend %s %s, generation %llu)\n", dev.props().name.c_str(),
               dev.backend()->name().c_str(), dev.backend()->version().c_str(),
               static_cast<unsigned long long>(dev.backend()->generation()));

@@ -153,6 +153,36 @@ TEST_P(ProfileCliTest, BenchLoraVsBaseReportsBothRows) {
   EXPECT_NE(none.err.find("needs --lora"), std::string::npos) << none.err;
 }
 
+// profile --lora: the adapter applies to the profiled sequence, its terms a row of their own; a
+// file that is no adapter is refused.
+TEST_P(ProfileCliTest, ProfileWithLoraHasTheAdaptersRow) {
+  if (GetParam() != "cpu") GTEST_SKIP() << "one backend is enough";
+  const std::string adapter = ::testing::TempDir() + "/profile_lora.gguf";
+  const CommandResult synth =
+      RunCommand(kPolychip + " gguf synth --quiet --lora-for " + ShellQuote(kBundledModel) +
+                 " --lora-rank 4 --lora-alpha 8 --type F16 --out " + ShellQuote(adapter));
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string profile = kPolychip + " profile --device cpu:0 --model-path " +
+                              ShellQuote(kBundledModel) + " -p 12 -n 3 --membw-mib 16";
+  const CommandResult r = RunCommand(profile + " --lora a=" + ShellQuote(adapter));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("adapter: a="), std::string::npos) << r.out;
+  const auto tables = Tables(r.out);
+  ASSERT_TRUE(tables.count("decode")) << r.out;
+  for (const auto& [step, rows] : tables) {
+    ASSERT_TRUE(rows.count("lora")) << step << " has no lora row:\n" << r.out;
+    // Every adapted matrix of every layer (q k v o gate up down), and the output.
+    EXPECT_GE(rows.at("lora").calls, 7 * rows.at("attention").calls) << step << r.out;
+    EXPECT_GT(std::stod(rows.at("lora").time), 0) << step;
+  }
+  const CommandResult base = RunCommand(profile);
+  ASSERT_EQ(base.exit_code, 0) << base.err;
+  EXPECT_FALSE(Tables(base.out).at("decode").count("lora")) << base.out;
+  const CommandResult bad = RunCommand(profile + " --lora a=" + ShellQuote(kBundledModel));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--lora a="), std::string::npos) << bad.err;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ProfileCliTest, ::testing::Values(POLYCHIP_BACKEND_PLUGINS),
                          [](const auto& info) { return info.param; });
 
