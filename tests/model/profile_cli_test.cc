@@ -45,6 +45,17 @@ std::map<std::string, std::map<std::string, Row>> Tables(const std::string& out)
   return tables;
 }
 
+// A random rank-4 F16 adapter for the bundled model in the test's temporary directory: its
+// path, or "" (and a failure) if `gguf synth` could not write it.
+std::string SynthAdapter(const std::string& name) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  const CommandResult synth =
+      RunCommand(kPolychip + " gguf synth --quiet --lora-for " + ShellQuote(kBundledModel) +
+                 " --lora-rank 4 --lora-alpha 8 --type F16 --out " + ShellQuote(path));
+  EXPECT_EQ(synth.exit_code, 0) << synth.err;
+  return synth.exit_code == 0 ? path : "";
+}
+
 class ProfileCliTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ProfileCliTest, PrintsPerOpRowsForAPrefillAndADecodeStep) {
@@ -130,11 +141,8 @@ TEST_P(ProfileCliTest, BenchReportsSpeculativeAcceptance) {
 // --lora-vs-base: the test with the adapter and the same test without it, both timed.
 TEST_P(ProfileCliTest, BenchLoraVsBaseReportsBothRows) {
   if (GetParam() != "cpu") GTEST_SKIP() << "one backend is enough";
-  const std::string adapter = ::testing::TempDir() + "/bench_lora_vs_base.gguf";
-  const CommandResult synth =
-      RunCommand(kPolychip + " gguf synth --quiet --lora-for " + ShellQuote(kBundledModel) +
-                 " --lora-rank 4 --lora-alpha 8 --type F16 --out " + ShellQuote(adapter));
-  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string adapter = SynthAdapter("bench_lora_vs_base.gguf");
+  ASSERT_FALSE(adapter.empty());
   const std::string bench = kPolychip + " bench -o json -r 2 -p 0 -n 6 --device cpu:0 " +
                             "--model-path " + ShellQuote(kBundledModel) + " --lora-vs-base";
   const CommandResult r = RunCommand(bench + " --lora a=" + ShellQuote(adapter));
@@ -157,11 +165,8 @@ TEST_P(ProfileCliTest, BenchLoraVsBaseReportsBothRows) {
 // file that is no adapter is refused.
 TEST_P(ProfileCliTest, ProfileWithLoraHasTheAdaptersRow) {
   if (GetParam() != "cpu") GTEST_SKIP() << "one backend is enough";
-  const std::string adapter = ::testing::TempDir() + "/profile_lora.gguf";
-  const CommandResult synth =
-      RunCommand(kPolychip + " gguf synth --quiet --lora-for " + ShellQuote(kBundledModel) +
-                 " --lora-rank 4 --lora-alpha 8 --type F16 --out " + ShellQuote(adapter));
-  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string adapter = SynthAdapter("profile_lora.gguf");
+  ASSERT_FALSE(adapter.empty());
   const std::string profile = kPolychip + " profile --device cpu:0 --model-path " +
                               ShellQuote(kBundledModel) + " -p 12 -n 3 --membw-mib 16";
   const CommandResult r = RunCommand(profile + " --lora a=" + ShellQuote(adapter));
