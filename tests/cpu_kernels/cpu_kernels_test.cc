@@ -653,7 +653,7 @@ TEST_P(CpuKernels, LoraMatchesDefinition) {
   // Small (one thread) and large (> 256 KB: the region) launches, A in each layout.
   for (const Case cs : {Case{16, 96, 80}, Case{6, 96, 80}, Case{48, 96, 80}, Case{16, 4864, 4864},
                         Case{48, 2048, 1536}}) {
-    for (const int64_t n_rows : {1, 3, 8, 9}) {
+    for (const int64_t n_rows : {1, 3, 8, 9, 20}) {
       SCOPED_TRACE("rank " + std::to_string(cs.rank) + " k " + std::to_string(cs.k) + " n " +
                    std::to_string(cs.n) + " rows " + std::to_string(n_rows));
       const int64_t m = n_rows + 4;
@@ -721,6 +721,16 @@ TEST_P(CpuKernels, LoraMatchesDefinition) {
         if (std::find(rows.begin(), rows.end(), i) != rows.end()) continue;
         for (int64_t j = 0; j < cs.n; ++j)
           ASSERT_EQ(out[i * cs.n + j], before[i * cs.n + j]) << "row " << i << " not listed";
+      }
+      // More rows than the few-rows pass takes: each thread's share of the rows (RowShares)
+      // gives what the two-step path of a one-thread pool gives, value for value.
+      if (n_rows > 8) {
+        ThreadPool one(1);
+        std::vector<float> alone = before;
+        pc_lora_args_t l1 = l;
+        l1.out = D(alone.data());
+        ASSERT_EQ(Lora(OpContext{&one, GetParam()}, l1), nullptr);
+        for (int64_t i = 0; i < m * cs.n; ++i) ASSERT_EQ(out[i], alone[i]) << "element " << i;
       }
     }
   }

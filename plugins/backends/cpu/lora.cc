@@ -12,12 +12,15 @@
 // second parallel pass for B made qwen2.5-0.5b's rank-16 adapter cost 1.23 ms of a decode step;
 // this way it costs 0.83-0.97 ms (bench/decode_kernels lora).
 //
-// More rows (prefill, batches) take two steps: t is the plugin's MATMUL against A (x rounded as
-// that MATMUL rounds it; a thin float A takes its dot4x4 path), then one parallel pass over B's
-// row groups, each run by the kernel MATMUL runs on that layout (gemm_panel on float panels,
-// gemm_packed on packed Q8_0 with t in its int8 blocks) against every listed row at once, the
-// products added into the listed rows straight from the kernel's tile. So the rows are scattered
-// inside the pass, and B is read once per launch however the adapter's rows lie in the batch.
+// More rows (prefill, batches) with a thin float A and float B (a rank under 32, the usual
+// adapter) run as shares of the rows, one per thread (RowShares): each thread computes its rows
+// of t and adds its rows of t B^T, so no part of t passes between threads and a launch is one
+// region of the pool. Other types take two steps: t is the plugin's MATMUL against A (x rounded
+// as that MATMUL rounds it; a thin float A takes its dot4x4 path), then one parallel pass over
+// B's row groups. Both add B's products with the kernel MATMUL runs on B's layout (gemm_panel on
+// float panels, gemm_packed on packed Q8_0 with t in its int8 blocks) against many rows at once,
+// straight from the kernel's tile into the listed rows, so the rows are scattered inside the
+// pass, and a row's sums are the same on both paths.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -131,10 +134,12 @@ void ProductOfAGroup(const OpContext& c, const pc_lora_args_t& a, const Groups& 
 // kPrefetchAhead in whole row groups of g (at least one).
 int64_t GroupsAhead(const Groups& g) { return std::max<int64_t>(1, kPrefetchAhead / g.bytes); }
 
-// out[rows] += t B^T over B's row groups [g0, g1): each group against every listed row at once
-// (t [n_rows, rank]; tq, t in int8 blocks, for packed B).
+// out[rows] += t B^T over B's row groups [g0, g1) for the listed rows [r0, r1): each group
+// against all those rows at once (t [r1 - r0, rank]; tq, t in int8 blocks, for packed B). Rows
+// go through the kernel in tiles of kPanelTileRows from r0, so with r0 a multiple of it a row's
+// sums do not depend on how the rows are shared out.
 void AddGroups(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, const float* t,
-               const ActBlock* tq, int64_t g0, int64_t g1) {
+               const ActBlock* tq, int64_t g0, int64_t g1, int64_t r0, int64_t r1) {
   const auto* rows = Ptr<const int32_t>(a.rows);  // [n_rows], or null for 0..n_rows-1
   auto* out = Ptr<float>(a.out);                  // [m, n]
   const auto* b = Ptr<const uint8_t>(a.b);
@@ -148,20 +153,20 @@ void AddGroups(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, co
     const uint8_t* group = b + g * gb.bytes;
     if (g + ahead < g1) Prefetch(group + ahead * gb.bytes, gb.bytes);
     const int64_t j0 = g * gb.rows, n_cols = std::min(gb.rows, a.n - j0);
-    for (int64_t i0 = 0; i0 < a.n_rows; i0 += kMBlock) {
-      const int64_t mb = std::min(kMBlock, a.n_rows - i0);
+    for (int64_t i0 = r0; i0 < r1; i0 += kMBlock) {
+      const int64_t mb = std::min(kMBlock, r1 - i0);
+      const float* ti = t + (i0 - r0) * a.rank;  // the block's rows of t
       if (a.b_layout == kLayoutPanel) {
         std::fill(acc.begin(), acc.begin() + mb * gb.rows, 0.f);
         for (int64_t i = 0; i < mb; i += kPanelTileRows) {
-          c.k->gemm_panel(a.b_dtype, group, a.rank, t + (i0 + i) * a.rank, a.rank,
+          c.k->gemm_panel(a.b_dtype, group, a.rank, ti + i * a.rank, a.rank,
                           std::min(kPanelTileRows, mb - i), acc.data() + i * gb.rows);
         }
       } else if (a.b_layout == kLayoutPacked) {
-        c.k->gemm_packed(gb.packed, group, kb, tq + i0 * kb, kb, mb, acc.data());
+        c.k->gemm_packed(gb.packed, group, kb, tq + (i0 - r0) * kb, kb, mb, acc.data());
       } else {  // a GGUF row: its dot with every row of t
         sdk::DequantizeRow(a.b_dtype, group, w.data(), a.rank);
-        for (int64_t i = 0; i < mb; ++i)
-          acc[i] = c.k->dot_f32(t + (i0 + i) * a.rank, w.data(), a.rank);
+        for (int64_t i = 0; i < mb; ++i) acc[i] = c.k->dot_f32(ti + i * a.rank, w.data(), a.rank);
       }
       for (int64_t i = 0; i < mb; ++i) {
         const int64_t row = rows ? int64_t{rows[i0 + i]} : i0 + i;
@@ -254,7 +259,7 @@ class FewRowsRegion {
       }
       const auto add_part = [&](int64_t p) {
         AddGroups(c, a, gb, t.data(), nullptr, PartBegin(b_groups, b_parts, p),
-                  PartBegin(b_groups, b_parts, p + 1));
+                  PartBegin(b_groups, b_parts, p + 1), 0, a.n_rows);
       };
       // Owners claim their parts forwards and helpers backwards, so a claimed part means the
       // rest of the way is taken: one look at another task's parts when it needs no help.
@@ -278,6 +283,67 @@ class FewRowsRegion {
   Flags a_state_[kMaxTasks], b_state_[kMaxTasks * kBPartsPerTask];
   std::vector<float> parts_t_;  // the parts of t, from its first 64-byte boundary
 };
+
+// Whether a launch of more rows than the few-rows pass takes runs as RowShares: a thin float A
+// as the file has it (a rank under 32) and float B in panels, on a pool of several threads.
+bool TakesRowShares(const OpContext& c, const pc_lora_args_t& a) {
+  return c.pool->size() > 1 && a.a_layout == PC_LAYOUT_GGUF && PanelDtype(a.a_dtype) &&
+         a.b_layout == kLayoutPanel;
+}
+
+// A launch of more rows (a batch's decode, a prefill) as shares of its rows, one per thread in
+// whole tiles of kPanelTileRows: each task computes its rows of t, A's rows converted to f32
+// four at a time against its rows of x four at a time (the dot4x4 and dot4 calls MatmulGguf
+// makes for the two-step path's A product), then adds its rows of t B^T over every group of B
+// (AddGroups). No part of t passes between threads and a launch is one region: the two-step
+// path runs two, each thread reading all of x against a share of A, then the rows of out a
+// share of B's groups covers, half of them stored by the other core. A row's sums are the
+// two-step path's.
+void RowShares(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, const float* xs) {
+  const int64_t tiles = (a.n_rows + kPanelTileRows - 1) / kPanelTileRows;
+  const int tasks = static_cast<int>(std::min<int64_t>(c.pool->size(), tiles));
+  const int64_t row_bytes = sdk::RowBytes(a.a_dtype, a.k);
+  const auto* w = Ptr<const uint8_t>(a.a);
+  c.pool->Run(tasks, [&](int64_t task) {
+    const int64_t r0 = kPanelTileRows * PartBegin(tiles, tasks, task);
+    const int64_t r1 = std::min(a.n_rows, kPanelTileRows * PartBegin(tiles, tasks, task + 1));
+    thread_local std::vector<float> t, buf;
+    t.resize((r1 - r0) * a.rank);  // [r1 - r0, rank]
+    buf.resize(4 * a.k);           // [4, k]: four rows of A as f32
+    for (int64_t j0 = 0; j0 < a.rank; j0 += 4) {
+      const float* rows[4];
+      const int64_t nr = std::min<int64_t>(4, a.rank - j0);
+      for (int r = 0; r < 4; ++r) {
+        const uint8_t* src = w + (j0 + std::min<int64_t>(r, nr - 1)) * row_bytes;  // tail: repeat
+        float* dst = buf.data() + r * a.k;
+        rows[r] = dst;
+        if (a.a_dtype == PC_DTYPE_F32) {
+          rows[r] = reinterpret_cast<const float*>(src);
+        } else if (a.a_dtype == PC_DTYPE_F16) {
+          c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k);
+        } else {
+          c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k);
+        }
+      }
+      int64_t i = r0;
+      for (; i + 4 <= r1; i += 4) {
+        float v[16];
+        const float* xr[4] = {xs + i * a.k, xs + (i + 1) * a.k, xs + (i + 2) * a.k,
+                              xs + (i + 3) * a.k};
+        c.k->dot4x4_f32(xr, rows, a.k, v);
+        for (int64_t ii = 0; ii < 4; ++ii)
+          for (int64_t r = 0; r < nr; ++r) t[(i - r0 + ii) * a.rank + j0 + r] = v[ii * 4 + r];
+      }
+      for (; i < r1; ++i) {
+        float v[4];
+        c.k->dot4_f32(xs + i * a.k, rows[0], rows[1], rows[2], rows[3], a.k, v);
+        for (int64_t r = 0; r < nr; ++r) t[(i - r0) * a.rank + j0 + r] = v[r];
+      }
+    }
+    for (float& v : t) v *= a.scale;  // as the two-step path scales t
+    AddGroups(c, a, gb, t.data(), nullptr, 0, gb.CountFor(a.n), r0, r1);
+  });
+}
 
 // nullptr, or why the plugin cannot run the launch; the row groups of A and B.
 const char* Prepare(const OpContext& c, const pc_lora_args_t& a, Groups* ga, Groups* gb) {
@@ -324,6 +390,10 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
     region.Run(c, a, ga, gb, xs);
     return nullptr;
   }
+  if (TakesRowShares(c, a)) {
+    RowShares(c, a, gb, xs);
+    return nullptr;
+  }
 
   static std::vector<float> t;  // the two-step path runs on the caller only
   t.resize(a.n_rows * a.rank);  // [n_rows, rank]
@@ -348,13 +418,14 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a) {
   constexpr int64_t kMinParallelWork = 1 << 16;  // multiply-adds
   const int threads = c.pool->size();
   if (threads <= 1 || a.n_rows * a.n * a.rank < kMinParallelWork) {
-    AddGroups(c, a, gb, t.data(), tq.data(), 0, n_groups);
+    AddGroups(c, a, gb, t.data(), tq.data(), 0, n_groups, 0, a.n_rows);
     return nullptr;
   }
   // About four tasks per thread (a core another process is using is helped out).
   const int64_t chunk = std::max<int64_t>(1, (n_groups + 4 * threads - 1) / (4 * threads));
   c.pool->Run((n_groups + chunk - 1) / chunk, [&](int64_t task) {
-    AddGroups(c, a, gb, t.data(), tq.data(), task * chunk, std::min(n_groups, (task + 1) * chunk));
+    AddGroups(c, a, gb, t.data(), tq.data(), task * chunk, std::min(n_groups, (task + 1) * chunk),
+              0, a.n_rows);
   });
   return nullptr;
 }
