@@ -387,33 +387,12 @@ const char* MatmulGguf(const OpContext& c, const pc_matmul_args_t& a) {
     for (int64_t q = q0; q < q1; ++q) {
       const float* rows[4];
       const int64_t nr = std::min<int64_t>(4, a.n - 4 * q);
-      for (int r = 0; r < 4; ++r) {
-        const int64_t j = 4 * q + std::min<int64_t>(r, nr - 1);  // tail: repeat the last row
-        const uint8_t* src = w + j * row_bytes;
-        float* dst = buf.data() + r * a.k;
-        rows[r] = dst;
-        switch (a.w_dtype) {
-          case PC_DTYPE_F32: rows[r] = reinterpret_cast<const float*>(src); break;
-          case PC_DTYPE_F16: c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k); break;
-          case PC_DTYPE_BF16: c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k); break;
-          default:
-            if (!sdk::DequantizeRow(a.w_dtype, src, dst, a.k)) ok = false;
-        }
+      if (!FourWeightRows(c, a.w_dtype, w, row_bytes, 4 * q, a.n, a.k, buf.data(), rows)) {
+        ok = false;
       }
-      int64_t i = 0;
-      for (; i + 4 <= a.m; i += 4) {
-        float v[16];
-        const float* xr[4] = {x + i * a.x_stride, x + (i + 1) * a.x_stride,
-                              x + (i + 2) * a.x_stride, x + (i + 3) * a.x_stride};
-        c.k->dot4x4_f32(xr, rows, a.k, v);
-        for (int64_t ii = 0; ii < 4; ++ii)
-          for (int64_t r = 0; r < nr; ++r) Store(a, bias, out, i + ii, 4 * q + r, v[ii * 4 + r]);
-      }
-      for (; i < a.m; ++i) {
-        float v[4];
-        c.k->dot4_f32(x + i * a.x_stride, rows[0], rows[1], rows[2], rows[3], a.k, v);
+      DotFourRows(*c.k, x, a.x_stride, 0, a.m, rows, a.k, [&](int64_t i, const float* v) {
         for (int64_t r = 0; r < nr; ++r) Store(a, bias, out, i, 4 * q + r, v[r]);
-      }
+      });
     }
   });
   return ok ? nullptr : "unsupported weight dtype";
@@ -428,6 +407,24 @@ constexpr int64_t kAttnChunk = kGemmTCols;
 constexpr int64_t kAttnLookahead = 3;  // chunks of K/V rows prefetched ahead
 
 }  // namespace
+
+bool FourWeightRows(const OpContext& c, pc_dtype_t dtype, const uint8_t* w, int64_t row_bytes,
+                    int64_t j0, int64_t n, int64_t k, float* buf, const float* rows[4]) {
+  bool ok = true;
+  for (int r = 0; r < 4; ++r) {
+    const uint8_t* src = w + std::min<int64_t>(j0 + r, n - 1) * row_bytes;
+    float* dst = buf + r * k;
+    rows[r] = dst;
+    switch (dtype) {
+      case PC_DTYPE_F32: rows[r] = reinterpret_cast<const float*>(src); break;
+      case PC_DTYPE_F16: c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, k); break;
+      case PC_DTYPE_BF16: c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, k); break;
+      default:
+        if (!sdk::DequantizeRow(dtype, src, dst, k)) ok = false;
+    }
+  }
+  return ok;
+}
 
 const char* Matmul(const OpContext& c, const pc_matmul_args_t& a) {
   if (a.m == 0) return nullptr;

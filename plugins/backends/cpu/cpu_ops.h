@@ -43,6 +43,33 @@ const char* Lora(const OpContext& c, const pc_lora_args_t& a);
 // Whether Lora(c, a) succeeds on the calling thread alone, using no pool (a decode step's
 // launches of a small adapter): the plugin may then run it on a worker beside the next ones.
 bool LoraRunsAlone(const OpContext& c, const pc_lora_args_t& a);
+// Weight rows [j0, j0 + 4) of an [n, k] GGUF-layout matrix (row_bytes each; past row n - 1
+// the last row repeats) in f32 for dot4x4/dot4: pointers into the matrix for F32, else
+// converted or dequantized into buf [4, k]. False for a dtype with no f32 form.
+bool FourWeightRows(const OpContext& c, pc_dtype_t dtype, const uint8_t* w, int64_t row_bytes,
+                    int64_t j0, int64_t n, int64_t k, float* buf, const float* rows[4]);
+
+// Rows [i0, i1) of x (x_stride apart) against four weight rows of length k: emit(i, v), v the
+// row's four dot products, four rows of x at a time (dot4x4) from i0 and the rest one at a
+// time (dot4), so a row's sums depend only on its place among the fours from i0.
+template <typename Emit>
+void DotFourRows(const KernelTable& kt, const float* x, int64_t x_stride, int64_t i0, int64_t i1,
+                 const float* const rows[4], int64_t k, Emit&& emit) {
+  int64_t i = i0;
+  for (; i + 4 <= i1; i += 4) {
+    float v[16];
+    const float* xr[4] = {x + i * x_stride, x + (i + 1) * x_stride, x + (i + 2) * x_stride,
+                          x + (i + 3) * x_stride};
+    kt.dot4x4_f32(xr, rows, k, v);
+    for (int64_t ii = 0; ii < 4; ++ii) emit(i + ii, v + ii * 4);
+  }
+  for (; i < i1; ++i) {
+    float v[4];
+    kt.dot4_f32(x + i * x_stride, rows[0], rows[1], rows[2], rows[3], k, v);
+    emit(i, v);
+  }
+}
+
 // EMBEDDING whose table is in one of the plugin's layouts (kLayoutPacked or kLayoutPanel;
 // a.table_layout is ignored), embedding.cc; GGUF tables use the SDK's.
 const char* EmbeddingPacked(const pc_embedding_args_t& a, uint32_t layout);

@@ -293,11 +293,11 @@ bool TakesRowShares(const OpContext& c, const pc_lora_args_t& a) {
 
 // A launch of more rows (a batch's decode, a prefill) as shares of its rows, one per thread in
 // whole tiles of kPanelTileRows: each task computes its rows of t, A's rows converted to f32
-// four at a time against its rows of x four at a time (the dot4x4 and dot4 calls MatmulGguf
-// makes for the two-step path's A product), then adds its rows of t B^T over every group of B
-// (AddGroups). No part of t passes between threads and a launch is one region: the two-step
-// path runs two, each thread reading all of x against a share of A, then the rows of out a
-// share of B's groups covers, half of them stored by the other core. A row's sums are the
+// four at a time against its rows of x four at a time (FourWeightRows and DotFourRows, as
+// MatmulGguf does for the two-step path's A product), then adds its rows of t B^T over every
+// group of B (AddGroups). No part of t passes between threads and a launch is one region: the
+// two-step path runs two, each thread reading all of x against a share of A, then the rows of
+// out a share of B's groups covers, half of them stored by the other core. A row's sums are the
 // two-step path's.
 void RowShares(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, const float* xs) {
   const int64_t tiles = (a.n_rows + kPanelTileRows - 1) / kPanelTileRows;
@@ -313,32 +313,11 @@ void RowShares(const OpContext& c, const pc_lora_args_t& a, const Groups& gb, co
     for (int64_t j0 = 0; j0 < a.rank; j0 += 4) {
       const float* rows[4];
       const int64_t nr = std::min<int64_t>(4, a.rank - j0);
-      for (int r = 0; r < 4; ++r) {
-        const uint8_t* src = w + (j0 + std::min<int64_t>(r, nr - 1)) * row_bytes;  // tail: repeat
-        float* dst = buf.data() + r * a.k;
-        rows[r] = dst;
-        if (a.a_dtype == PC_DTYPE_F32) {
-          rows[r] = reinterpret_cast<const float*>(src);
-        } else if (a.a_dtype == PC_DTYPE_F16) {
-          c.k->f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k);
-        } else {
-          c.k->bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, a.k);
-        }
-      }
-      int64_t i = r0;
-      for (; i + 4 <= r1; i += 4) {
-        float v[16];
-        const float* xr[4] = {xs + i * a.k, xs + (i + 1) * a.k, xs + (i + 2) * a.k,
-                              xs + (i + 3) * a.k};
-        c.k->dot4x4_f32(xr, rows, a.k, v);
-        for (int64_t ii = 0; ii < 4; ++ii)
-          for (int64_t r = 0; r < nr; ++r) t[(i - r0 + ii) * a.rank + j0 + r] = v[ii * 4 + r];
-      }
-      for (; i < r1; ++i) {
-        float v[4];
-        c.k->dot4_f32(xs + i * a.k, rows[0], rows[1], rows[2], rows[3], a.k, v);
+      // A float A (TakesRowShares): it has an f32 form.
+      (void)FourWeightRows(c, a.a_dtype, w, row_bytes, j0, a.rank, a.k, buf.data(), rows);
+      DotFourRows(*c.k, xs, a.k, r0, r1, rows, a.k, [&](int64_t i, const float* v) {
         for (int64_t r = 0; r < nr; ++r) t[(i - r0) * a.rank + j0 + r] = v[r];
-      }
+      });
     }
     for (float& v : t) v *= a.scale;  // as the two-step path scales t
     AddGroups(c, a, gb, t.data(), nullptr, 0, gb.CountFor(a.n), r0, r1);
