@@ -85,7 +85,8 @@ echo
 THREADS=1 "$OUT/decode_kernels" matmul-hot 20 | sed 's/^/    /'
 echo
 echo "A LoRA adapter's LORA launches (F16, rank 16 and 64) interleaved with the step's matmuls,"
-echo "alternated with the step alone (decode_kernels lora): the adapter's share of a decode step."
+echo "alternated with the step alone (decode_kernels lora): the adapter's share of a decode step;"
+echo "and a plain read of the same bytes in the launches' places, what reading them costs alone."
 echo
 for rank in 16 64; do
   RANK=$rank "$OUT/decode_kernels" lora 20 | sed 's/^/    /'

@@ -17,8 +17,10 @@
 //                                          adapter's LORA launch after each matmul but the
 //                                          output's (F16, RANK env, default 16; A and B in the
 //                                          layouts weight_upload gives them): the adapter's cost
-//                                          beside the step, and with the LORA launches on one
-//                                          thread (a pool of 1) for comparison
+//                                          beside the step, with the LORA launches on one
+//                                          thread (a pool of 1), and with a plain read of the
+//                                          same bytes in their place (the floor: reading them
+//                                          with no kernel)
 //   decode_kernels attention LEN [HEADS]   one layer's decode attention at LEN positions (F16
 //                                          cache, 2 KV heads of 64, HEADS query heads, default 14)
 // Built and run by bench/decode-kernels.sh, which alternates the settings under test.
@@ -110,7 +112,8 @@ Uploaded UploadF16(int64_t n, int64_t k, std::mt19937* rng) {
 
 // Mode lora: the matmul step (matmul(i) runs weight i's) alternated with the step with a LORA
 // launch after each matmul but the last (the output), as a decode step interleaves them, the
-// launches on c's pool and on a pool of one thread.
+// launches on c's pool and on a pool of one thread, and with a plain read of the same adapter
+// bytes in their place (ReadRange, one thread): what reading them costs with no kernel at all.
 template <typename Weights, typename Matmul>
 int WithLora(const OpContext& c, const Weights& ws, int64_t rank, int steps, Matmul&& matmul) {
   std::mt19937 rng(1);
@@ -125,12 +128,19 @@ int WithLora(const OpContext& c, const Weights& ws, int64_t rank, int steps, Mat
   polychip::cpu::ThreadPool one(1);
   const OpContext single{&one, c.k, c.weight_streams, nullptr, c.weight_prefetch};
   double lora_seconds = 0;  // of the current step
-  const auto step = [&](const OpContext* lora_ctx) {
+  uint64_t read_sum = 0;
+  const auto step = [&](const OpContext* lora_ctx, bool plain_read = false) {
     lora_seconds = 0;
     for (size_t i = 0; i < ws.size(); ++i) {
       matmul(i);
-      if (!lora_ctx || i >= as.size()) continue;
+      if ((!lora_ctx && !plain_read) || i >= as.size()) continue;
       const auto t0 = std::chrono::steady_clock::now();
+      if (plain_read) {
+        for (const Uploaded* u : {&as[i], &bs[i]})
+          read_sum += ReadRange(u->bytes.data(), 0, static_cast<int64_t>(u->bytes.size()));
+        lora_seconds += Seconds(t0);
+        continue;
+      }
       pc_lora_args_t a{};
       a.struct_size = sizeof(a);
       a.x = D(x.data()), a.out = D(out.data()), a.m = 1, a.n_rows = 1;
@@ -144,7 +154,7 @@ int WithLora(const OpContext& c, const Weights& ws, int64_t rank, int steps, Mat
       lora_seconds += Seconds(t0);
     }
   };
-  std::vector<double> t_base, t_lora, t_one, only_lora;
+  std::vector<double> t_base, t_lora, t_one, only_lora, t_read, only_read;
   for (int s = 0; s < steps; ++s) {
     auto t0 = std::chrono::steady_clock::now();
     step(nullptr);
@@ -156,6 +166,10 @@ int WithLora(const OpContext& c, const Weights& ws, int64_t rank, int steps, Mat
     t0 = std::chrono::steady_clock::now();
     step(&single);
     t_one.push_back(Seconds(t0));
+    t0 = std::chrono::steady_clock::now();
+    step(nullptr, /*plain_read=*/true);
+    t_read.push_back(Seconds(t0));
+    only_read.push_back(lora_seconds);
   }
   const double base = Median(t_base);
   std::printf("%d alternations (medians): step %.3f ms; with a rank-%ld adapter (%.1f MB, %zu "
@@ -165,6 +179,12 @@ int WithLora(const OpContext& c, const Weights& ws, int64_t rank, int steps, Mat
               Median(t_lora) * 1e3, (Median(t_lora) / base - 1) * 100, Median(only_lora) * 1e3,
               bytes / Median(only_lora) / 1e9, Median(t_one) * 1e3,
               (Median(t_one) / base - 1) * 100);
+  std::printf("  a plain read of the same bytes in their place %.3f ms (+%.1f%%; the reads alone "
+              "%.3f ms, %.1f GB/s)\n",
+              Median(t_read) * 1e3, (Median(t_read) / base - 1) * 100, Median(only_read) * 1e3,
+              bytes / Median(only_read) / 1e9);
+  static volatile uint64_t sink;
+  sink = read_sum;  // the reads are not optimized away
   return 0;
 }
 
