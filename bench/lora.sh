@@ -15,6 +15,10 @@
 # adapters and without, alternating, in one process, so each round's ratio is taken at the same
 # moments (the separate runs' ratios move by 5 points and more between rounds).
 # Goal: rank-16 decode within 10% of the base model's speed (the paired rows judge it).
+# With the default shape and type, each round also runs bench/decode_kernels.cc's lora mode (the
+# step's matmuls without the engine): the rank-16 adapter's LORA launches after each matmul, and
+# a plain read of the same bytes in their places: what reading them there costs with no kernel
+# (the engine, which runs some terms two at a time, can do a little better than that at times).
 #
 # usage: bench/lora.sh [-s SHAPE] [-y TYPE] [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS]
 #                      [-R ROUNDS]
@@ -31,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     -n) NG="$2"; shift 2 ;;
     -r) REPS="$2"; shift 2 ;;
     -R) ROUNDS="$2"; shift 2 ;;
-    *) sed -n 2,18p "$0" >&2; exit 2 ;;
+    *) sed -n 2,24p "$0" >&2; exit 2 ;;
   esac
 done
 [[ -x "$PC" ]] || { echo "missing $PC (build the polychip target)" >&2; exit 1; }
@@ -62,8 +66,16 @@ paired() {  # label lora-flags...: decode at batch 1, with and without the adapt
     { cat "$OUT/paired.log" >&2; exit 1; }
   [[ $round -gt 1 ]] || echo "$label" >> "$OUT/paired-order"
 }
+KLIB="$BUILD/lib/libpolychip_cpu_kernels.a"
+if [[ "$SHAPE" == qwen2.5-0.5b && "$TYPE" == Q4_K_M && -f "$KLIB" ]]; then
+  c++ -std=c++20 -O2 -I "$ROOT/plugins/backends/cpu" -I "$ROOT/include" \
+    "$ROOT/bench/decode_kernels.cc" "$KLIB" "$BUILD/lib/libpolychip_sdk.a" -pthread \
+    -o "$OUT/decode_kernels"
+fi
 for round in $(seq "$ROUNDS"); do
   echo "[lora] round $round of $ROUNDS" >&2
+  [[ ! -x "$OUT/decode_kernels" ]] ||
+    THREADS="$THREADS" RANK=16 "$OUT/decode_kernels" lora 20 > "$OUT/floor.r$round.txt"
   for batch in 1 16; do
     run "base b$batch" "$batch"
     for rank in 16 64; do
@@ -162,6 +174,21 @@ for l in [l for l in open(os.path.join(out, "paired-order")).read().split("\n") 
         with_a.append(a)
         ratios.append(a / b)
     print(f"{l + ' b1 paired':28} {'':12} {median(with_a):11.1f} {'':10} {median(ratios):8.1%}  "
+          + " ".join(f"{x:.1%}" for x in ratios))
+# decode_kernels lora: "... (+X%; the launches alone ..." and "in their place ... (+Y%; ...".
+floor = {"r16 LORA launches, kernels": r"\(\+([0-9.]+)%; the launches alone",
+         "r16 bytes, a plain read": r"in their place [0-9.]+ ms \(\+([0-9.]+)%"}
+for label, pattern in floor.items():
+    ratios = []
+    for r in range(1, rounds + 1):
+        try:
+            m = re.search(pattern, open(os.path.join(out, f"floor.r{r}.txt")).read())
+        except OSError:
+            m = None
+        ratios.append(1 / (1 + float(m.group(1)) / 100) if m else float("nan"))
+    if all(x != x for x in ratios):
+        continue
+    print(f"{label:28} {'':12} {'':11} {'':10} {median(ratios):8.1%}  "
           + " ".join(f"{x:.1%}" for x in ratios))
 for name in ["llama-base", "llama-r16", "llama-r64"]:
     rec = records(os.path.join(out, name + ".json"))
