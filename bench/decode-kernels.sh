@@ -24,13 +24,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-LIB="$BUILD/lib/libpolychip_cpu_kernels.a"
-[[ -f "$LIB" ]] || { echo "missing $LIB (build first: cmake --build $BUILD --target polychip_cpu_kernels polychip_sdk)" >&2; exit 1; }
+[[ -f "$KERNELS_LIB" ]] || { echo "missing $KERNELS_LIB (build first: cmake --build $BUILD --target polychip_cpu_kernels polychip_sdk)" >&2; exit 1; }
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 echo "[decode-kernels] building bench/decode_kernels.cc and bench/membw.c" >&2
-c++ -std=c++20 -O2 -I "$ROOT/plugins/backends/cpu" -I "$ROOT/include" "$ROOT/bench/decode_kernels.cc" \
-  "$LIB" "$BUILD/lib/libpolychip_sdk.a" -pthread -o "$OUT/decode_kernels"
+build_decode_kernels "$OUT/decode_kernels"
 cc -O3 -march=native -pthread "$ROOT/bench/membw.c" -o "$OUT/membw"
 export THREADS
 SETTINGS=("POLYCHIP_CPU_WEIGHT_STREAMS=auto POLYCHIP_CPU_HUGE_PAGES=off"

@@ -66,16 +66,13 @@ paired() {  # label lora-flags...: decode at batch 1, with and without the adapt
     { cat "$OUT/paired.log" >&2; exit 1; }
   [[ $round -gt 1 ]] || echo "$label" >> "$OUT/paired-order"
 }
-KLIB="$BUILD/lib/libpolychip_cpu_kernels.a"
-if [[ "$SHAPE" == qwen2.5-0.5b && "$TYPE" == Q4_K_M && -f "$KLIB" ]]; then
-  c++ -std=c++20 -O2 -I "$ROOT/plugins/backends/cpu" -I "$ROOT/include" \
-    "$ROOT/bench/decode_kernels.cc" "$KLIB" "$BUILD/lib/libpolychip_sdk.a" -pthread \
-    -o "$OUT/decode_kernels"
+if [[ "$SHAPE" == qwen2.5-0.5b && "$TYPE" == Q4_K_M && -f "$KERNELS_LIB" ]]; then
+  build_decode_kernels "$OUT/decode_kernels"
 fi
 for round in $(seq "$ROUNDS"); do
   echo "[lora] round $round of $ROUNDS" >&2
   [[ ! -x "$OUT/decode_kernels" ]] ||
-    THREADS="$THREADS" RANK=16 "$OUT/decode_kernels" lora 20 > "$OUT/floor.r$round.txt"
+    THREADS="$THREADS" RANK=16 "$OUT/decode_kernels" lora 20 > "$OUT/kernels.r$round.txt"
   for batch in 1 16; do
     run "base b$batch" "$batch"
     for rank in 16 64; do
@@ -176,13 +173,13 @@ for l in [l for l in open(os.path.join(out, "paired-order")).read().split("\n") 
     print(f"{l + ' b1 paired':28} {'':12} {median(with_a):11.1f} {'':10} {median(ratios):8.1%}  "
           + " ".join(f"{x:.1%}" for x in ratios))
 # decode_kernels lora: "... (+X%; the launches alone ..." and "in their place ... (+Y%; ...".
-floor = {"r16 LORA launches, kernels": r"\(\+([0-9.]+)%; the launches alone",
-         "r16 bytes, a plain read": r"in their place [0-9.]+ ms \(\+([0-9.]+)%"}
-for label, pattern in floor.items():
+kernel_rows = {"r16 LORA launches, kernels": r"\(\+([0-9.]+)%; the launches alone",
+               "r16 bytes, a plain read": r"in their place [0-9.]+ ms \(\+([0-9.]+)%"}
+for label, pattern in kernel_rows.items():
     ratios = []
     for r in range(1, rounds + 1):
         try:
-            m = re.search(pattern, open(os.path.join(out, f"floor.r{r}.txt")).read())
+            m = re.search(pattern, open(os.path.join(out, f"kernels.r{r}.txt")).read())
         except OSError:
             m = None
         ratios.append(1 / (1 + float(m.group(1)) / 100) if m else float("nan"))

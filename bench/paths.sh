@@ -20,3 +20,11 @@ llama_tool() {  # NAME
     cmake --build "$LLAMA_DIR/build" -j "${POLYCHIP_BUILD_JOBS:-1}" --target "$1" >&2
   fi
 }
+
+# The cpu plugin's static kernel library, which bench/decode_kernels.cc links against.
+KERNELS_LIB="$BUILD/lib/libpolychip_cpu_kernels.a"
+# Builds bench/decode_kernels.cc into OUTPUT (bench/decode-kernels.sh, bench/lora.sh).
+build_decode_kernels() {  # OUTPUT
+  c++ -std=c++20 -O2 -I "$ROOT/plugins/backends/cpu" -I "$ROOT/include" \
+    "$ROOT/bench/decode_kernels.cc" "$KERNELS_LIB" "$BUILD/lib/libpolychip_sdk.a" -pthread -o "$1"
+}
